@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Sets up everything sparsim needs on a fresh Debian 12 machine, builds it and runs the
+# main job. Idempotent: a second run only re-checks and rebuilds what changed.
+#
+#   scripts/setup.sh                 # dependencies + Kokkos bootstrap + build + main job
+#   scripts/setup.sh --deps-only     # stop after the dependencies
+#   scripts/setup.sh --no-run        # build, but do not run the main job
+#
+# Environment:
+#   SPARSIM_DEPS   prefix for the bootstrapped Kokkos / Kokkos Kernels (default ~/.cache/sparsim-deps)
+#   Kokkos_ROOT    use this Kokkos (and KokkosKernels_ROOT) instead of bootstrapping 3.4.1
+#   JOBS           parallel build jobs (default: nproc)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+deps="${SPARSIM_DEPS:-$HOME/.cache/sparsim-deps}"
+jobs="${JOBS:-$(nproc)}"
+deps_only=0
+run_main=1
+for a in "$@"; do
+  case "$a" in
+    --deps-only) deps_only=1 ;;
+    --no-run) run_main=0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$a'" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+# ---------------------------------------------------------------- Debian packages
+debs=(build-essential cmake ninja-build pkg-config git ca-certificates dpkg-dev
+      libhdf5-dev hdf5-tools zlib1g-dev libopenblas-openmp-dev liblapacke-dev
+      libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libpcre2-dev
+      libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
+      python3 python3-pip python3-venv)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+# ---------------------------------------------------------------- Python tools (scripts only)
+venv="$deps/venv"
+if [ ! -x "$venv/bin/python" ]; then
+  log "creating Python environment for scripts in $venv"
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c 'import numpy, gguf, h5py' 2>/dev/null; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py
+fi
+
+# ---------------------------------------------------------------- Kokkos 3.4.1 bootstrap
+kk_prefix="$deps/kokkos-3.4.1"
+if [ -n "${Kokkos_ROOT:-}" ]; then
+  log "using Kokkos from Kokkos_ROOT=$Kokkos_ROOT (no bootstrap)"
+  kk_prefix="$Kokkos_ROOT"
+elif [ ! -f "$kk_prefix/.complete" ]; then
+  src="$deps/src"
+  mkdir -p "$src"
+  tri="$src/Trilinos-trilinos-release-13-2-0"
+  if [ ! -d "$tri/packages/kokkos-kernels" ]; then
+    if ! ls "$src"/trilinos_13.2.0.orig.tar.* >/dev/null 2>&1; then
+      if ! grep -rqs '^Types:.*deb-src' /etc/apt/sources.list.d/ && ! grep -qs '^deb-src' /etc/apt/sources.list; then
+        log "enabling Debian source packages"
+        printf 'Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+          | $SUDO tee /etc/apt/sources.list.d/sparsim-deb-src.sources >/dev/null
+        $SUDO apt-get update -q
+      fi
+      log "downloading the trilinos source package (Kokkos 3.4.1 lives inside it)"
+      (cd "$src" && apt-get source --download-only trilinos)
+    fi
+    log "unpacking packages/kokkos and packages/kokkos-kernels"
+    (cd "$src" && tar xzf trilinos_13.2.0.orig.tar.gz --wildcards '*/packages/kokkos/*' '*/packages/kokkos-kernels/*')
+  fi
+  obl_dir=/usr/lib/$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)/openblas-openmp
+  log "building Kokkos 3.4.1 (Serial + OpenMP) into $kk_prefix"
+  cmake -S "$tri/packages/kokkos" -B "$src/build-kokkos" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$kk_prefix" \
+    -DCMAKE_CXX_STANDARD=17 -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DKokkos_ENABLE_SERIAL=ON -DKokkos_ENABLE_OPENMP=ON -DKokkos_ENABLE_TESTS=OFF
+  cmake --build "$src/build-kokkos" -j "$jobs"
+  cmake --install "$src/build-kokkos"
+  log "building Kokkos Kernels 3.4.1 (float ETI, OpenBLAS TPL) into $kk_prefix"
+  cmake -S "$tri/packages/kokkos-kernels" -B "$src/build-kk" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$kk_prefix" -DKokkos_ROOT="$kk_prefix" \
+    -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
+    -DKokkosKernels_INST_DOUBLE=OFF -DKokkosKernels_INST_FLOAT=ON \
+    -DKokkosKernels_INST_ORDINAL_INT64_T=OFF -DKokkosKernels_INST_OFFSET_SIZE_T=OFF \
+    -DKokkosKernels_ENABLE_TPL_BLAS=ON -DBLAS_LIBRARIES=openblas -DBLAS_LIBRARY_DIRS="$obl_dir" \
+    -DKokkosKernels_ENABLE_TESTS=OFF -DKokkosKernels_ENABLE_EXAMPLES=OFF
+  cmake --build "$src/build-kk" -j "$jobs"
+  cmake --install "$src/build-kk"
+  touch "$kk_prefix/.complete"
+else
+  log "Kokkos 3.4.1 already in $kk_prefix"
+fi
+[ "$deps_only" = 1 ] && exit 0
+
+# ---------------------------------------------------------------- sparsim
+log "configuring and building sparsim (preset openmp)"
+cd "$here"
+cmake --preset openmp -DKokkos_ROOT="$kk_prefix" -DKokkosKernels_ROOT="${KokkosKernels_ROOT:-$kk_prefix}" >/dev/null
+cmake --build --preset openmp -j "$jobs"
+log "built $here/build/bin/sparsim"
+
+if [ "$run_main" = 1 ]; then
+  log "main job: sparsim on a seeded synthetic model"
+  "$here/scripts/main_job.sh"
+fi

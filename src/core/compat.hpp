@@ -1,0 +1,48 @@
+#pragma once
+/// The one place where Kokkos 3.4 and Kokkos 4.x differ for sparsim.
+///  - math functions live in Kokkos::Experimental up to 3.6 and in Kokkos from 3.7 on;
+///  - View::rank is a value in 3.x and a callable constant in 4.x (`V::rank` works in both);
+///  - Kokkos::printf / abort spellings.
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+
+#define SPARSIM_KOKKOS_VERSION_AT_LEAST(maj, min) \
+  (KOKKOS_VERSION >= ((maj) * 10000 + (min) * 100))
+
+namespace sparsim::kx {
+
+#if SPARSIM_KOKKOS_VERSION_AT_LEAST(3, 7)
+KOKKOS_INLINE_FUNCTION float exp(float x) { return Kokkos::exp(x); }
+KOKKOS_INLINE_FUNCTION float sqrt(float x) { return Kokkos::sqrt(x); }
+KOKKOS_INLINE_FUNCTION float cos(float x) { return Kokkos::cos(x); }
+KOKKOS_INLINE_FUNCTION float sin(float x) { return Kokkos::sin(x); }
+KOKKOS_INLINE_FUNCTION float fabs(float x) { return Kokkos::fabs(x); }
+KOKKOS_INLINE_FUNCTION float log(float x) { return Kokkos::log(x); }
+KOKKOS_INLINE_FUNCTION double exp(double x) { return Kokkos::exp(x); }
+KOKKOS_INLINE_FUNCTION double log(double x) { return Kokkos::log(x); }
+KOKKOS_INLINE_FUNCTION bool isfinite(float x) { return Kokkos::isfinite(x); }
+#else
+KOKKOS_INLINE_FUNCTION float exp(float x) { return Kokkos::Experimental::exp(x); }
+KOKKOS_INLINE_FUNCTION float sqrt(float x) { return Kokkos::Experimental::sqrt(x); }
+KOKKOS_INLINE_FUNCTION float cos(float x) { return Kokkos::Experimental::cos(x); }
+KOKKOS_INLINE_FUNCTION float sin(float x) { return Kokkos::Experimental::sin(x); }
+KOKKOS_INLINE_FUNCTION float fabs(float x) { return Kokkos::Experimental::fabs(x); }
+KOKKOS_INLINE_FUNCTION float log(float x) { return Kokkos::Experimental::log(x); }
+KOKKOS_INLINE_FUNCTION double exp(double x) { return Kokkos::Experimental::exp(x); }
+KOKKOS_INLINE_FUNCTION double log(double x) { return Kokkos::Experimental::log(x); }
+KOKKOS_INLINE_FUNCTION bool isfinite(float x) { return Kokkos::Experimental::isfinite(x); }
+#endif
+
+/// Rank of a View type, as a constant in both major versions.
+template <class View>
+constexpr int rank_of() {
+  return static_cast<int>(View::rank);
+}
+
+}  // namespace sparsim::kx
+
+namespace sparsim {
+/// Row-major matrices everywhere (token-major activations, [out][in] weights as in GGUF).
+using Layout = Kokkos::LayoutRight;
+}  // namespace sparsim

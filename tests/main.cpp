@@ -1,0 +1,11 @@
+// GoogleTest entry point: Kokkos lives for the whole test run.
+#include <Kokkos_Core.hpp>
+#include <gtest/gtest.h>
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  Kokkos::initialize(argc, argv);
+  int rc = RUN_ALL_TESTS();
+  Kokkos::finalize();
+  return rc;
+}
