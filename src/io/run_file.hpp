@@ -1,0 +1,84 @@
+#pragma once
+/// Output files that appear complete or not at all: everything is written to a temporary file
+/// next to the final path ("<path>.tmp.<pid>") and renamed over it only on commit. A run that
+/// fails (throws, returns early) destroys its uncommitted writer, which deletes the temporary.
+#include "io/hdf5.hpp"
+
+#include <fstream>
+#include <string>
+
+namespace sparsim::io {
+
+/// The temporary name used for `path` by this process: "<path>.tmp.<pid>".
+std::string temp_path_for(const std::string& path);
+
+/// The HDF5 run file of one simulation run.
+class RunFile {
+ public:
+  /// Creates the temporary HDF5 file. With overwrite == false, fails if `path` already exists
+  /// (checked here and again, atomically, at commit).
+  explicit RunFile(std::string path, bool overwrite = true);
+  /// Without commit(): closes and deletes the temporary file.
+  ~RunFile();
+  RunFile(const RunFile&) = delete;
+  RunFile& operator=(const RunFile&) = delete;
+  RunFile(RunFile&&) = delete;
+  RunFile& operator=(RunFile&&) = delete;
+
+  H5File& file();
+  Group root();
+  /// Flushes, closes (every Group/Dataset of the file becomes invalid), syncs to disk and
+  /// renames the temporary onto the final path. Throws sparsim::Error on failure, in which case
+  /// the temporary is deleted by the destructor.
+  void commit();
+  /// Discards the run now (what the destructor does when commit() was never called).
+  void abort() noexcept;
+
+  bool committed() const noexcept { return committed_; }
+  const std::string& path() const noexcept { return path_; }
+  const std::string& temp_path() const noexcept { return tmp_; }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  bool overwrite_;
+  bool committed_ = false;
+  bool aborted_ = false;
+  H5File file_;
+};
+
+/// Writes `contents` to `path` through a temporary file and a rename (fsynced first).
+/// With overwrite == false, fails if `path` exists.
+void write_file_atomically(const std::string& path, const std::string& contents,
+                           bool overwrite = true);
+
+/// A text output built through a stream and published atomically on commit().
+class AtomicTextFile {
+ public:
+  explicit AtomicTextFile(std::string path, bool overwrite = true);
+  /// Without commit(): deletes the temporary file.
+  ~AtomicTextFile();
+  AtomicTextFile(const AtomicTextFile&) = delete;
+  AtomicTextFile& operator=(const AtomicTextFile&) = delete;
+
+  std::ostream& stream() { return out_; }
+  template <class T>
+  AtomicTextFile& operator<<(const T& v) {
+    out_ << v;
+    return *this;
+  }
+  /// Flushes, syncs and renames onto the final path; throws sparsim::Error on failure.
+  void commit();
+  bool committed() const noexcept { return committed_; }
+  const std::string& path() const noexcept { return path_; }
+  const std::string& temp_path() const noexcept { return tmp_; }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  bool overwrite_;
+  bool committed_ = false;
+  std::ofstream out_;
+};
+
+}  // namespace sparsim::io
