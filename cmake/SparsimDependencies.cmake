@@ -1,7 +1,8 @@
 # Finds everything sparsim depends on. Kokkos and Kokkos Kernels come from Kokkos_ROOT /
 # KokkosKernels_ROOT (scripts/setup.sh bootstraps 3.4.1; clusters bring 4.x).
 find_package(Kokkos 3.4 REQUIRED)
-find_package(KokkosKernels REQUIRED)
+# Kokkos Kernels is usually installed beside Kokkos; KokkosKernels_ROOT points elsewhere.
+find_package(KokkosKernels REQUIRED HINTS ${KokkosKernels_ROOT} ${Kokkos_ROOT} $ENV{Kokkos_ROOT})
 find_package(HDF5 REQUIRED COMPONENTS C)
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options)
 find_package(fmt REQUIRED)

@@ -46,3 +46,21 @@ namespace sparsim {
 /// Row-major matrices everywhere (token-major activations, [out][in] weights as in GGUF).
 using Layout = Kokkos::LayoutRight;
 }  // namespace sparsim
+
+namespace sparsim {
+/// Initialises Kokkos with `threads` host threads (0: the backend's default), spelled for the
+/// Kokkos version at hand (InitArguments in 3.x, InitializationSettings in 4.x).
+inline void initialize_kokkos(int threads) {
+#if SPARSIM_KOKKOS_VERSION_AT_LEAST(3, 7)
+  Kokkos::InitializationSettings s;
+  if (threads > 0) s.set_num_threads(threads);
+  s.set_disable_warnings(true);
+  Kokkos::initialize(s);
+#else
+  Kokkos::InitArguments a;
+  if (threads > 0) a.num_threads = threads;
+  a.disable_warnings = true;
+  Kokkos::initialize(a);
+#endif
+}
+}  // namespace sparsim

@@ -1,6 +1,7 @@
 #pragma once
 /// Errors: exceptions inside the library, a clear message and a non-zero exit at the edges.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <stdexcept>
 #include <string>

@@ -1,0 +1,68 @@
+#pragma once
+// Shared plumbing of the sparsim subcommands: option parsing, Kokkos start-up, backend choice.
+#include "core/compat.hpp"
+#include "core/error.hpp"
+
+#include <boost/program_options.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <string>
+#include <vector>
+
+namespace sparsim::app {
+
+namespace po = boost::program_options;
+
+/// Options every compute subcommand takes.
+struct CommonOptions {
+  std::string backend;  ///< serial | openmp | cuda | default
+  int threads = 0;      ///< host threads (0: OMP_NUM_THREADS or all cores)
+  std::string log_level = "info";
+};
+
+void add_common_options(po::options_description& d, CommonOptions& c);
+
+/// Parses argv (after the subcommand name); prints help and returns false for --help.
+/// Throws sparsim::Error for unknown or malformed options.
+bool parse(int argc, char** argv, const std::string& usage, po::options_description& desc,
+           po::variables_map& vm, const po::positional_options_description* pos = nullptr);
+
+/// Starts Kokkos (and sets the BLAS / OpenMP thread count) for the lifetime of the object.
+class Runtime {
+ public:
+  explicit Runtime(const CommonOptions& c);
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  int threads() const { return threads_; }
+
+ private:
+  int threads_ = 1;
+};
+
+/// Parses "1,2,3" into token ids.
+std::vector<int> parse_int_list(const std::string& s, const std::string& what);
+
+/// Name of the backend actually selected ("serial", "openmp", "cuda").
+std::string resolve_backend(const std::string& requested);
+
+/// Calls f(ExecSpace{}) for the selected backend.
+template <class F>
+int with_backend(const std::string& requested, F&& f) {
+  const std::string b = resolve_backend(requested);
+#ifdef KOKKOS_ENABLE_CUDA
+  if (b == "cuda") return f(Kokkos::Cuda());
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+  if (b == "openmp") return f(Kokkos::OpenMP());
+#endif
+#ifdef KOKKOS_ENABLE_SERIAL
+  if (b == "serial") return f(Kokkos::Serial());
+#endif
+  fail("backend '{}' is not enabled in this build", b);
+}
+
+/// Enabled backends, comma separated.
+std::string enabled_backends();
+
+}  // namespace sparsim::app

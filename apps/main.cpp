@@ -1,0 +1,70 @@
+// sparsim: simulate and evaluate sparse and pruned Llama inference.
+#include "core/error.hpp"
+
+#include <cstring>
+#include <exception>
+#include <iostream>
+#include <string>
+
+namespace sparsim::app {
+int cmd_inspect(int argc, char** argv);
+int cmd_synth(int argc, char** argv);
+int cmd_forward(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
+}  // namespace sparsim::app
+
+namespace {
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+  const char* help;
+};
+
+const Command kCommands[] = {
+    {"inspect", sparsim::app::cmd_inspect, "show a model file's metadata, tensors and memory needs"},
+    {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
+    {"forward", sparsim::app::cmd_forward,
+     "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
+    {"bench", sparsim::app::cmd_bench, "prefill and decode speed, and decode against memory bandwidth"},
+};
+
+void usage(std::ostream& os) {
+  os << "usage: sparsim <command> [options]   (sparsim <command> --help for its options)\n\n"
+     << "commands:\n";
+  for (const auto& c : kCommands) os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.help << "\n";
+  os << "\nsparsim " << SPARSIM_VERSION << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    usage(std::cerr);
+    return 2;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+    usage(std::cout);
+    return 0;
+  }
+  if (cmd == "--version") {
+    std::cout << "sparsim " << SPARSIM_VERSION << "\n";
+    return 0;
+  }
+  for (const auto& c : kCommands) {
+    if (cmd != c.name) continue;
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const sparsim::Error& e) {
+      std::cerr << "sparsim " << cmd << ": error: " << e.what() << "\n";
+      return 1;
+    } catch (const std::exception& e) {
+      std::cerr << "sparsim " << cmd << ": internal error: " << e.what() << "\n";
+      return 3;
+    }
+  }
+  std::cerr << "sparsim: unknown command '" << cmd << "'\n\n";
+  usage(std::cerr);
+  return 2;
+}

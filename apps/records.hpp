@@ -1,0 +1,16 @@
+#pragma once
+// Groups every run file starts with: what ran, on what, with which model.
+#include "io/hdf5.hpp"
+#include "model/config.hpp"
+#include "model/loader.hpp"
+
+#include <string>
+
+namespace sparsim::app {
+
+/// Writes /run (command line, version, time), /backend (name, threads, Kokkos version) and
+/// /model (path, fingerprint, hyper-parameters, storage type).
+void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
+                      int threads, const ModelInfo& mi, const Config& cfg, DType storage);
+
+}  // namespace sparsim::app

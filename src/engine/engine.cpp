@@ -1,0 +1,202 @@
+#include "engine/engine.hpp"
+
+#include "core/error.hpp"
+#include "kernels/pointwise.hpp"
+
+#include <cmath>
+
+namespace sparsim {
+
+template <class E>
+Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int max_ctx,
+                  flops::Ledger* ledger, E exec)
+    : w_(std::move(weights)), max_seqs_(max_seqs), max_ctx_(max_ctx), ledger_(ledger),
+      exec_(exec) {
+  const Config& c = w_->cfg;
+  require(max_seqs > 0, "engine: need at least one sequence, got {}", max_seqs);
+  require(max_ctx > 0 && max_ctx <= c.context_length,
+          "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,
+          c.context_length);
+  for (int l = 0; l < c.n_layer; ++l) {
+    kcache_.emplace_back("sparsim::kcache", max_seqs, max_ctx, c.kv_dim());
+    vcache_.emplace_back("sparsim::vcache", max_seqs, max_ctx, c.kv_dim());
+  }
+  // RoPE angles in double precision on the host, then rounded once to fp32.
+  const int half = c.head_dim / 2;
+  const std::vector<double> inv = c.rope_inv_freq(w_->rope_freq_factors);
+  cos_ = Mat<E>("sparsim::rope_cos", max_ctx, half);
+  sin_ = Mat<E>("sparsim::rope_sin", max_ctx, half);
+  auto hc = Kokkos::create_mirror_view(cos_);
+  auto hs = Kokkos::create_mirror_view(sin_);
+  for (int p = 0; p < max_ctx; ++p)
+    for (int j = 0; j < half; ++j) {
+      const double a = p * inv[j];
+      hc(p, j) = static_cast<float>(std::cos(a));
+      hs(p, j) = static_cast<float>(std::sin(a));
+    }
+  Kokkos::deep_copy(cos_, hc);
+  Kokkos::deep_copy(sin_, hs);
+}
+
+template <class E>
+void Engine<E>::ensure_rows(int n, int n_out) {
+  const Config& c = w_->cfg;
+  if (n > cap_rows_) {
+    auto alloc = [](const char* name, int r, int cols) {
+      return Mat<E>(Kokkos::view_alloc(std::string(name), Kokkos::WithoutInitializing), r, cols);
+    };
+    x_ = alloc("sparsim::x", n, c.d_model);
+    xn_ = alloc("sparsim::xn", n, c.d_model);
+    q_ = alloc("sparsim::q", n, c.q_dim());
+    k_ = alloc("sparsim::k", n, c.kv_dim());
+    v_ = alloc("sparsim::v", n, c.kv_dim());
+    att_ = alloc("sparsim::att", n, c.q_dim());
+    tmp_ = alloc("sparsim::tmp", n, c.d_model);
+    gate_ = alloc("sparsim::gate", n, c.d_ff);
+    up_ = alloc("sparsim::up", n, c.d_ff);
+    tok_ = IVec<E>("sparsim::tokens", n);
+    pos_ = IVec<E>("sparsim::positions", n);
+    cap_rows_ = n;
+  }
+  if (n_out > cap_out_) {
+    logits_ = Mat<E>(Kokkos::view_alloc("sparsim::logits", Kokkos::WithoutInitializing), n_out,
+                     c.vocab);
+    last_ = Mat<E>("sparsim::last", n_out, c.d_model);
+    last_rows_ = IVec<E>("sparsim::last_rows", n_out);
+    cap_out_ = n_out;
+  }
+}
+
+template <class E>
+void Engine<E>::proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
+                     int layer, flops::Phase ph) {
+  linear(exec_, x, w, y, scratch_);
+  if (ledger_) {
+    const double n = static_cast<double>(x.extent(0));
+    const double fl = 2.0 * n * w.rows * w.cols;
+    const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
+    ledger_->add(op, layer, ph, fl, fl, by, by);
+  }
+}
+
+namespace {
+// A row-major view over the first n rows of a capacity buffer.
+template <class E>
+Mat<E> rows(const Mat<E>& buf, int n) {
+  return Mat<E>(buf.data(), n, buf.extent(1));
+}
+}  // namespace
+
+template <class E>
+Mat<E> Engine<E>::forward(const std::vector<std::vector<int>>& tokens, int p0, bool all_logits) {
+  const Config& c = w_->cfg;
+  const int n_seq = static_cast<int>(tokens.size());
+  require(n_seq >= 1 && n_seq <= max_seqs_, "forward: {} sequences, engine holds 1 … {}", n_seq,
+          max_seqs_);
+  const int T = static_cast<int>(tokens[0].size());
+  require(T >= 1, "forward: empty token sequence");
+  for (const auto& s : tokens)
+    require(static_cast<int>(s.size()) == T, "forward: sequences of unequal length ({} vs {})",
+            s.size(), T);
+  require(p0 >= 0 && p0 + T <= max_ctx_,
+          "forward: positions {} … {} exceed the context of {} tokens", p0, p0 + T - 1, max_ctx_);
+  const int n = n_seq * T;
+  const int n_out = all_logits ? n : n_seq;
+  ensure_rows(n, n_out);
+  const flops::Phase ph = T > 1 ? flops::Phase::Prefill : flops::Phase::Decode;
+
+  {
+    auto ht = Kokkos::create_mirror_view(tok_);
+    auto hp = Kokkos::create_mirror_view(pos_);
+    for (int s = 0; s < n_seq; ++s)
+      for (int t = 0; t < T; ++t) {
+        const int id = tokens[s][t];
+        require(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary 0 … {}", id,
+                c.vocab - 1);
+        ht(s * T + t) = id;
+        hp(s * T + t) = p0 + t;
+      }
+    Kokkos::deep_copy(exec_, tok_, ht);
+    Kokkos::deep_copy(exec_, pos_, hp);
+  }
+  IVec<E> tok(tok_.data(), n), pos(pos_.data(), n);
+  Mat<E> x = rows(x_, n), xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
+         att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n);
+
+  embed(exec_, w_->tok_embd, tok, x);
+  if (ledger_)
+    ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
+                 4.0 * n * c.d_model * 2);
+  const double nd = static_cast<double>(n) * c.d_model;
+  // attention FLOPs: scores and value mixing over all visible positions
+  double att_pairs = 0;
+  for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
+  att_pairs *= n_seq;
+
+  for (int l = 0; l < c.n_layer; ++l) {
+    const LayerWeights<E>& lw = w_->layers[l];
+    rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
+    proj(xn, lw.wq, q, flops::Op::QProj, l, ph);
+    proj(xn, lw.wk, k, flops::Op::KProj, l, ph);
+    proj(xn, lw.wv, v, flops::Op::VProj, l, ph);
+    rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
+         c.rope_layout == RopeLayout::Adjacent);
+    kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
+    attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
+              c.head_dim);
+    proj(att, lw.wo, tmp, flops::Op::OProj, l, ph);
+    add_inplace(exec_, x, CMat<E>(tmp));
+    rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
+    proj(xn, lw.w_gate, gate, flops::Op::GateProj, l, ph);
+    proj(xn, lw.w_up, up, flops::Op::UpProj, l, ph);
+    swiglu(exec_, gate, CMat<E>(up));
+    proj(gate, lw.w_down, tmp, flops::Op::DownProj, l, ph);
+    add_inplace(exec_, x, CMat<E>(tmp));
+    if (ledger_) {
+      const double hd = c.head_dim, nh = c.n_head;
+      ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd,
+                   2 * 8.0 * nd);
+      const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
+      ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
+                   8.0 * n * (c.q_dim() + c.kv_dim()));
+      const double sf = 2.0 * att_pairs * nh * hd;
+      const double kvb = 4.0 * att_pairs * c.kv_dim();
+      ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
+      ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
+      ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
+      const double sw = 6.0 * n * c.d_ff;
+      ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
+      ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+    }
+  }
+
+  Mat<E> src = x;
+  if (!all_logits) {
+    Mat<E> last = rows(last_, n_seq);
+    auto xs = x;
+    const int d = c.d_model;
+    Kokkos::parallel_for(
+        "sparsim::engine::gather_last",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_seq, d}),
+        KOKKOS_LAMBDA(const int s, const int j) { last(s, j) = xs(s * T + T - 1, j); });
+    src = last;
+  }
+  Mat<E> hn = rows(xn_, n_out);
+  rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
+  Mat<E> logits = rows(logits_, n_out);
+  proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
+  exec_.fence();
+  return logits;
+}
+
+#ifdef KOKKOS_ENABLE_SERIAL
+template class Engine<Kokkos::Serial>;
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+template class Engine<Kokkos::OpenMP>;
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+template class Engine<Kokkos::Cuda>;
+#endif
+
+}  // namespace sparsim

@@ -1,0 +1,80 @@
+#pragma once
+/// Causal grouped-query attention over a KV cache.
+///
+/// Rows are (sequence, token) pairs, row = s·T + t, at cache position p0 + t. The cache of one
+/// layer is [n_seq][max_ctx][kv_dim]. One team computes one (row, query head): it scores every
+/// cached key up to its own position, takes a max-shifted softmax and mixes the values. Each
+/// score and each output element is produced by one thread with a fixed summation order.
+#include "core/compat.hpp"
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+namespace sparsim {
+
+template <class E>
+using Cache = Kokkos::View<float***, Layout, DeviceOf<E>>;  // [seq][pos][kv_dim]
+
+/// Writes the new keys/values of rows (s, t) into cache position p0 + t of sequence s.
+template <class E>
+void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>& kc,
+              const Cache<E>& vc, int n_seq, int T, int p0) {
+  const int kvd = static_cast<int>(k.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::kv_store",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, kvd}),
+      KOKKOS_LAMBDA(const int r, const int j) {
+        const int s = r / T, t = r % T;
+        kc(s, p0 + t, j) = k(r, j);
+        vc(s, p0 + t, j) = v(r, j);
+      });
+}
+
+/// out[r][h·hd + i] = Σ_p softmax_p(q_h·k_p / √hd) v_p[i] over p ≤ p0 + t.
+template <class E>
+void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
+               const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
+               int head_dim) {
+  using Policy = Kokkos::TeamPolicy<E>;
+  using Team = typename Policy::member_type;
+  using ScratchVec =
+      Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const int ctx = p0 + T;
+  const int group = n_head / n_kv_head;
+  const float scale = 1.0f / kx::sqrt(static_cast<float>(head_dim));
+  Policy pol = team_policy(exec, n_seq * T * n_head);
+  pol = pol.set_scratch_size(1, Kokkos::PerTeam(ScratchVec::shmem_size(ctx)));
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention", pol, KOKKOS_LAMBDA(const Team& team) {
+        const int r = team.league_rank() / n_head;
+        const int h = team.league_rank() % n_head;
+        const int s = r / T, t = r % T;
+        const int kvh = h / group;
+        const int npos = p0 + t + 1;
+        ScratchVec sc(team.team_scratch(1), ctx);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos), [&](const int p) {
+          float acc = 0.0f;
+          for (int i = 0; i < head_dim; ++i) acc += q(r, h * head_dim + i) * kc(s, p, kvh * head_dim + i);
+          sc(p) = acc * scale;
+        });
+        team.team_barrier();
+        float mx = -3.0e38f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, npos),
+            [&](const int p, float& m) { m = sc(p) > m ? sc(p) : m; }, Kokkos::Max<float>(mx));
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos),
+                             [&](const int p) { sc(p) = kx::exp(sc(p) - mx); });
+        team.team_barrier();
+        float sum = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, npos), [&](const int p, float& a) { a += sc(p); }, sum);
+        const float inv = 1.0f / sum;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, head_dim), [&](const int i) {
+          float acc = 0.0f;
+          for (int p = 0; p < npos; ++p) acc += sc(p) * vc(s, p, kvh * head_dim + i);
+          out(r, h * head_dim + i) = acc * inv;
+        });
+      });
+}
+
+}  // namespace sparsim

@@ -1,0 +1,137 @@
+#pragma once
+/// y = x · Wᵀ for a batch of rows x[n][in] and a weight W[out][in] in any storage type.
+///
+/// f32 weights go through KokkosBlas (the vendor BLAS on the host, cuBLAS or the native kernels
+/// on a GPU): GEMM when n > 1, GEMV when n == 1. Row-major matrices are passed to BLAS as their
+/// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
+/// in which one thread owns one output and sums in a fixed order; for large n they are first
+/// widened to fp32 in a scratch buffer so the GEMM path can be used.
+#include "kernels/views.hpp"
+
+#include <KokkosBlas2_gemv.hpp>
+#include <KokkosBlas3_gemm.hpp>
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+
+namespace sparsim {
+
+/// Rows at or above which 16-bit weights are widened to fp32 and multiplied by GEMM.
+inline constexpr int kWidenRows = 16;
+
+namespace detail {
+
+template <class E, class T>
+void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& w,
+                   const Mat<E>& y) {
+  const int n = static_cast<int>(x.extent(0));
+  const int out = static_cast<int>(w.extent(0));
+  const int in = static_cast<int>(w.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, out),
+      KOKKOS_LAMBDA(const int o) {
+        for (int t = 0; t < n; ++t) {
+          float acc = 0.0f;
+          for (int i = 0; i < in; ++i) acc += x(t, i) * to_f32(w(o, i));
+          y(t, o) = acc;
+        }
+      });
+}
+
+template <class E, class T>
+void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const Mat<E>& dst) {
+  const int cols = static_cast<int>(w.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::widen",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
+                                                 {static_cast<int>(w.extent(0)), cols}),
+      KOKKOS_LAMBDA(const int r, const int c) { dst(r, c) = to_f32(w(r, c)); });
+}
+
+/// Output rows and tokens of one BLAS call on the host. Fixed sizes make the work of every
+/// output element independent of the thread count: each tile is one single-threaded BLAS call,
+/// and an element always lands in the same tile with the same shape.
+inline constexpr int kTileRows = 64;
+inline constexpr int kTileTokens = 256;
+
+template <class E>
+void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y) {
+  using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const int n = static_cast<int>(x.extent(0));
+  const int in = static_cast<int>(w.extent(1));
+  const int out = static_cast<int>(w.extent(0));
+  // Row-major W[out][in] is the column-major (in, out) matrix; likewise x (in, n), y (out, n).
+  // A tile of y is a LayoutLeft subview whose column stride (BLAS ldc) stays `out`.
+  const LL wl(w.data(), in, out), xl(x.data(), in, n);
+  const LLout yl(y.data(), out, n);
+  auto call = [=](int r0, int nr, int t0, int nt) {
+    const auto rows = Kokkos::make_pair(r0, r0 + nr);
+    const auto toks = Kokkos::make_pair(t0, t0 + nt);
+    auto wt = Kokkos::subview(wl, Kokkos::ALL, rows);
+    if (nt == 1) {
+      KokkosBlas::gemv("T", 1.0f, wt, Kokkos::subview(xl, Kokkos::ALL, t0), 0.0f,
+                       Kokkos::subview(yl, rows, t0));
+    } else {
+      KokkosBlas::gemm("T", "N", 1.0f, wt, Kokkos::subview(xl, Kokkos::ALL, toks), 0.0f,
+                       Kokkos::subview(yl, rows, toks));
+    }
+  };
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible) {
+    const int rt = (out + kTileRows - 1) / kTileRows;
+    const int tt = (n + kTileTokens - 1) / kTileTokens;
+    Kokkos::parallel_for(
+        "sparsim::kernels::linear_blas_tiles", Kokkos::RangePolicy<E>(exec, 0, rt * tt),
+        [=](const int i) {
+          const int r0 = (i % rt) * kTileRows, t0 = (i / rt) * kTileTokens;
+          call(r0, std::min(kTileRows, out - r0), t0, std::min(kTileTokens, n - t0));
+        });
+    exec.fence();
+  } else {
+    call(0, out, 0, n);
+  }
+}
+
+}  // namespace detail
+
+/// Workspace for widening 16-bit weights; grows on demand.
+template <class E>
+struct LinearScratch {
+  Mat<E> wide;
+  Mat<E> get(int rows, int cols) {
+    if (wide.extent(0) * wide.extent(1) < static_cast<std::size_t>(rows) * cols)
+      wide = Mat<E>(Kokkos::view_alloc("sparsim::linear::wide", Kokkos::WithoutInitializing),
+                    rows, cols);
+    return Mat<E>(wide.data(), rows, cols);
+  }
+};
+
+/// y[n][out] = x[n][in] · W[out][in]ᵀ. Extents must agree (checked on the host).
+template <class E>
+void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y,
+            LinearScratch<E>& scratch) {
+  const int n = static_cast<int>(x.extent(0));
+  if (w.dtype == DType::F32) {
+    exec.fence();
+    detail::blas_linear<E>(exec, x, w.f32, y);
+    return;
+  }
+  if (n >= kWidenRows) {
+    Mat<E> wide = scratch.get(w.rows, w.cols);
+    if (w.dtype == DType::BF16)
+      detail::widen(exec, w.bf16, wide);
+    else
+      detail::widen(exec, w.f16, wide);
+    exec.fence();
+    detail::blas_linear<E>(exec, x, wide, y);
+    return;
+  }
+  if (w.dtype == DType::BF16)
+    detail::linear_direct(exec, x, w.bf16, y);
+  else
+    detail::linear_direct(exec, x, w.f16, y);
+}
+
+}  // namespace sparsim

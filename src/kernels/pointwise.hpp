@@ -1,0 +1,117 @@
+#pragma once
+/// Row-wise kernels of the forward pass: embedding lookup, RMSNorm, RoPE, SwiGLU, residual add.
+/// Every output element is written by exactly one thread and every reduction runs in a fixed
+/// order, so results do not depend on the thread count.
+#include "core/compat.hpp"
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+namespace sparsim {
+
+/// out[t][:] = E[tokens[t]][:] (widened to fp32).
+template <class E>
+void embed(const E& exec, const Matrix<E>& emb, const IVec<E>& tokens, const Mat<E>& out) {
+  const int n = static_cast<int>(tokens.extent(0));
+  const int d = emb.cols;
+  auto pol = Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d});
+  switch (emb.dtype) {
+    case DType::F32: {
+      auto w = emb.f32;
+      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
+        out(t, j) = w(tokens(t), j);
+      });
+      break;
+    }
+    case DType::BF16: {
+      auto w = emb.bf16;
+      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
+        out(t, j) = to_f32(w(tokens(t), j));
+      });
+      break;
+    }
+    case DType::F16: {
+      auto w = emb.f16;
+      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
+        out(t, j) = to_f32(w(tokens(t), j));
+      });
+      break;
+    }
+  }
+}
+
+/// out[t][j] = x[t][j] / sqrt(mean_j x[t][j]² + eps) · g[j]. One team per row.
+template <class E>
+void rmsnorm(const E& exec, const CMat<E>& x, const CVec<E>& g, float eps, const Mat<E>& out) {
+  const int n = static_cast<int>(x.extent(0));
+  const int d = static_cast<int>(x.extent(1));
+  using Team = typename Kokkos::TeamPolicy<E>::member_type;
+  Kokkos::parallel_for(
+      "sparsim::kernels::rmsnorm", team_policy(exec, n),
+      KOKKOS_LAMBDA(const Team& team) {
+        const int t = team.league_rank();
+        float ss = 0.0f;
+        Kokkos::parallel_reduce(
+            Kokkos::TeamThreadRange(team, d),
+            [&](const int j, float& acc) { acc += x(t, j) * x(t, j); }, ss);
+        const float scale = 1.0f / kx::sqrt(ss / static_cast<float>(d) + eps);
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, d),
+                             [&](const int j) { out(t, j) = x(t, j) * scale * g(j); });
+      });
+}
+
+/// Rotates the heads of q[t][n_head·hd] and k[t][n_kv·hd] in place by the angle of position
+/// pos[t]: cos/sin come from a table [position][hd/2] built in double precision on the host.
+template <class E>
+void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, const CMat<E>& cos_t,
+          const CMat<E>& sin_t, int head_dim, bool adjacent) {
+  const int n = static_cast<int>(q.extent(0));
+  const int half = head_dim / 2;
+  const int qh = static_cast<int>(q.extent(1)) / head_dim;
+  const int kh = static_cast<int>(k.extent(1)) / head_dim;
+  Kokkos::parallel_for(
+      "sparsim::kernels::rope",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, half}),
+      KOKKOS_LAMBDA(const int t, const int h, const int j) {
+        const int p = pos(t);
+        const float c = cos_t(p, j), s = sin_t(p, j);
+        const bool is_q = h < qh;
+        const int base = (is_q ? h : h - qh) * head_dim;
+        const int i0 = adjacent ? base + 2 * j : base + j;
+        const int i1 = adjacent ? base + 2 * j + 1 : base + j + half;
+        if (is_q) {
+          const float a = q(t, i0), b = q(t, i1);
+          q(t, i0) = a * c - b * s;
+          q(t, i1) = a * s + b * c;
+        } else {
+          const float a = k(t, i0), b = k(t, i1);
+          k(t, i0) = a * c - b * s;
+          k(t, i1) = a * s + b * c;
+        }
+      });
+}
+
+/// gate[t][j] = silu(gate[t][j]) · up[t][j], in place.
+template <class E>
+void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {
+  const int n = static_cast<int>(gate.extent(0));
+  const int d = static_cast<int>(gate.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::swiglu", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      KOKKOS_LAMBDA(const int t, const int j) {
+        const float g = gate(t, j);
+        gate(t, j) = g / (1.0f + kx::exp(-g)) * up(t, j);
+      });
+}
+
+/// x += y.
+template <class E>
+void add_inplace(const E& exec, const Mat<E>& x, const CMat<E>& y) {
+  const int n = static_cast<int>(x.extent(0));
+  const int d = static_cast<int>(x.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::residual", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      KOKKOS_LAMBDA(const int t, const int j) { x(t, j) += y(t, j); });
+}
+
+}  // namespace sparsim

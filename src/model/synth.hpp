@@ -1,0 +1,31 @@
+#pragma once
+/// Seeded random Llama models written as GGUF files (for tests, benchmarks and comparisons).
+#include "model/config.hpp"
+#include "model/quant.hpp"
+
+#include <cstdint>
+#include <string>
+
+namespace sparsim {
+
+struct SynthSpec {
+  Config cfg;                                ///< shape; name, rope and eps are written as given
+  gguf::GGMLType type = gguf::GGMLType::F32; ///< type of every 2-D tensor (norms stay F32)
+  std::uint64_t seed = 1;
+  bool with_tokenizer = true;  ///< write a SentencePiece-style vocabulary (needs vocab ≥ 259)
+  bool rope_freqs = false;     ///< write Llama-3 rope_freqs.weight from cfg.rope_scaling
+};
+
+/// Writes the model to `path` atomically. The same spec always gives the same bytes.
+void write_synth_gguf(const SynthSpec& spec, const std::string& path);
+
+/// A counter-based generator: value i of stream s depends only on (seed, s, i).
+struct SynthRng {
+  std::uint64_t state;
+  explicit SynthRng(std::uint64_t seed) : state(seed) {}
+  std::uint64_t next();
+  double uniform();  ///< [0, 1)
+  double normal();   ///< standard normal (Box–Muller)
+};
+
+}  // namespace sparsim

@@ -1,0 +1,40 @@
+#include "model/weights.hpp"
+
+namespace sparsim {
+
+const char* proj_name(Proj p) {
+  switch (p) {
+    case Proj::Q: return "q";
+    case Proj::K: return "k";
+    case Proj::V: return "v";
+    case Proj::O: return "o";
+    case Proj::Gate: return "gate";
+    case Proj::Up: return "up";
+    case Proj::Down: return "down";
+  }
+  return "?";
+}
+
+template <class E>
+std::size_t Weights<E>::bytes() const {
+  std::size_t b = tok_embd.bytes() + out_norm.extent(0) * 4;
+  if (!cfg.tied_embeddings) b += output.bytes();
+  for (const auto& l : layers) {
+    b += (l.attn_norm.extent(0) + l.ffn_norm.extent(0)) * 4;
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+      b += m->bytes();
+  }
+  return b;
+}
+
+#ifdef KOKKOS_ENABLE_SERIAL
+template struct Weights<Kokkos::Serial>;
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+template struct Weights<Kokkos::OpenMP>;
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+template struct Weights<Kokkos::Cuda>;
+#endif
+
+}  // namespace sparsim

@@ -1,0 +1,66 @@
+#pragma once
+/// Model weights on the device. Shapes follow the model file: a projection W is [out][in]
+/// row-major, so the weights feeding one output are contiguous.
+#include "core/compat.hpp"
+#include "core/types.hpp"
+#include "model/config.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <vector>
+
+namespace sparsim {
+
+template <class ExecSpace>
+using DeviceOf = Kokkos::Device<ExecSpace, typename ExecSpace::memory_space>;
+
+/// A 2-D weight matrix in one of the storage types; exactly one of the views is allocated.
+template <class ExecSpace>
+struct Matrix {
+  using Dev = DeviceOf<ExecSpace>;
+  DType dtype = DType::F32;
+  int rows = 0;  ///< output features
+  int cols = 0;  ///< input features
+  Kokkos::View<float**, Layout, Dev> f32;
+  Kokkos::View<bf16_t**, Layout, Dev> bf16;
+  Kokkos::View<f16_t**, Layout, Dev> f16;
+
+  std::size_t bytes() const { return static_cast<std::size_t>(rows) * cols * dtype_size(dtype); }
+  bool empty() const { return rows == 0; }
+};
+
+template <class ExecSpace>
+struct LayerWeights {
+  using Dev = DeviceOf<ExecSpace>;
+  Kokkos::View<float*, Dev> attn_norm;  ///< [d_model]
+  Kokkos::View<float*, Dev> ffn_norm;   ///< [d_model]
+  Matrix<ExecSpace> wq;                 ///< [q_dim][d_model]
+  Matrix<ExecSpace> wk;                 ///< [kv_dim][d_model]
+  Matrix<ExecSpace> wv;                 ///< [kv_dim][d_model]
+  Matrix<ExecSpace> wo;                 ///< [d_model][q_dim]
+  Matrix<ExecSpace> w_gate;             ///< [d_ff][d_model]
+  Matrix<ExecSpace> w_up;               ///< [d_ff][d_model]
+  Matrix<ExecSpace> w_down;             ///< [d_model][d_ff]
+};
+
+template <class ExecSpace>
+struct Weights {
+  using Dev = DeviceOf<ExecSpace>;
+  Config cfg;
+  DType storage = DType::F32;
+  Matrix<ExecSpace> tok_embd;            ///< [vocab][d_model]
+  Kokkos::View<float*, Dev> out_norm;    ///< [d_model]
+  Matrix<ExecSpace> output;              ///< [vocab][d_model]; shares tok_embd's view when tied
+  std::vector<LayerWeights<ExecSpace>> layers;
+  std::vector<float> rope_freq_factors;  ///< GGUF rope_freqs.weight, empty when absent
+
+  /// Bytes of weight storage (the tied head counted once).
+  std::size_t bytes() const;
+};
+
+/// The projections of one block, in a fixed order used by ledgers and records.
+enum class Proj { Q, K, V, O, Gate, Up, Down };
+inline constexpr int kNumProj = 7;
+const char* proj_name(Proj p);
+
+}  // namespace sparsim

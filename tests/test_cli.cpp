@@ -1,0 +1,220 @@
+// The sparsim command end to end: thread-count determinism, run files, and bad input
+// (clear message, non-zero exit, no output file).
+#include "helpers.hpp"
+#include "io/hdf5.hpp"
+#include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+namespace sparsim::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kTokens = "1,5,9,300,42,17,260,7,7,511,100,3";
+
+std::string forward_cmd(const std::string& model, const std::string& out,
+                        const std::string& extra = "") {
+  return sparsim_bin() + " forward --model " + model + " --tokens " + kTokens +
+         " --log-level error --out " + out + " " + extra;
+}
+
+std::vector<float> read_logits(const std::string& path, const char* name = "prompt_logits") {
+  auto f = io::H5File::open_read(path);
+  return f.root().open_group("results").read<float>(name);
+}
+
+struct TensorCopy {
+  std::string name;
+  std::vector<std::uint64_t> ne;
+  gguf::GGMLType type;
+  std::vector<std::uint8_t> data;
+};
+
+/// Copies a GGUF file, letting `edit` change its metadata and tensors on the way.
+void rewrite(const std::string& src, const std::string& dst,
+             const std::function<void(std::vector<gguf::KeyValue>&, std::vector<TensorCopy>&)>& edit) {
+  gguf::File f = gguf::File::open(src);
+  std::vector<gguf::KeyValue> kv = f.metadata();
+  std::vector<TensorCopy> ts;
+  for (const auto& t : f.tensors())
+    ts.push_back({t.name, t.ne, t.type, std::vector<std::uint8_t>(t.data, t.data + t.nbytes)});
+  edit(kv, ts);
+  gguf::Writer w;
+  for (auto& k : kv) w.set(k.key, k.value);
+  for (auto& t : ts) w.add_tensor(t.name, t.ne, t.type, std::move(t.data));
+  w.write(dst);
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override { model_ = make_model(dir_, "tiny.gguf", tiny_spec(21)); }
+  /// Runs and checks failure: non-zero exit, message containing `needle`, no output file.
+  void expect_failure(const std::string& model, const std::string& needle,
+                      const std::string& extra = "") {
+    const std::string out = dir_.file("out.h5");
+    const RunResult r = run_cmd(forward_cmd(model, out, extra));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos)
+        << "expected '" << needle << "' in: " << r.output;
+    EXPECT_FALSE(fs::exists(out)) << "a failed run left its output behind";
+    for (const auto& e : fs::directory_iterator(dir_.path()))
+      EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  TempDir dir_;
+  std::string model_;
+};
+
+TEST_F(Cli, OneAndTwoThreadsAndSerialGiveBitwiseIdenticalLogits) {
+  std::vector<std::vector<float>> runs;
+  for (const char* extra : {"--threads 1", "--threads 2", "--backend serial --threads 2",
+                            "--threads 2 --mode decode"}) {
+    const std::string out = dir_.file("run.h5");
+    const RunResult r = run_cmd(forward_cmd(model_, out, extra));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    runs.push_back(read_logits(out));
+    fs::remove(out);
+  }
+  ASSERT_EQ(runs[0].size(), runs[1].size());
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4)) << "1 vs 2 threads";
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * 4)) << "serial vs openmp";
+  // decode mode goes through GEMV and the cache: equal within fp32 reordering
+  for (std::size_t i = 0; i < runs[0].size(); ++i)
+    ASSERT_NEAR(runs[0][i], runs[3][i], 1e-5 * (1 + std::fabs(runs[0][i])));
+}
+
+TEST_F(Cli, RunFileHoldsModelBackendTimingsAndFlops) {
+  const std::string out = dir_.file("run.h5");
+  const RunResult r = run_cmd(forward_cmd(model_, out, "--greedy 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto f = io::H5File::open_read(out);
+  auto root = f.root();
+  for (const char* g : {"run", "backend", "model", "results", "timings", "flops"})
+    EXPECT_TRUE(root.has(g)) << g;
+  EXPECT_EQ(root.open_group("results").read<std::int32_t>("greedy_tokens").size(), 4u);
+  EXPECT_EQ(root.open_group("model").get_attr<std::string>("fingerprint").size(), 16u);
+}
+
+TEST_F(Cli, MissingPath) { expect_failure(dir_.file("nope.gguf"), "does not exist"); }
+
+TEST_F(Cli, TruncatedFile) {
+  const std::string bad = dir_.file("trunc.gguf");
+  fs::copy_file(model_, bad);
+  fs::resize_file(bad, fs::file_size(model_) / 2);
+  expect_failure(bad, "trunc.gguf");
+}
+
+TEST_F(Cli, BadMagic) {
+  const std::string bad = dir_.file("magic.gguf");
+  fs::copy_file(model_, bad);
+  std::fstream f(bad, std::ios::in | std::ios::out | std::ios::binary);
+  f.write("GGUX", 4);
+  f.close();
+  expect_failure(bad, "magic");
+}
+
+TEST_F(Cli, NonLlamaArchitecture) {
+  const std::string bad = dir_.file("arch.gguf");
+  rewrite(model_, bad, [](auto& kv, auto&) {
+    for (auto& k : kv)
+      if (k.key == "general.architecture") k.value = gguf::Value::string("mamba");
+  });
+  expect_failure(bad, "mamba");
+}
+
+TEST_F(Cli, MissingTensor) {
+  const std::string bad = dir_.file("missing.gguf");
+  rewrite(model_, bad, [](auto&, auto& ts) {
+    ts.erase(std::remove_if(ts.begin(), ts.end(),
+                            [](const TensorCopy& t) { return t.name == "blk.1.ffn_up.weight"; }),
+             ts.end());
+  });
+  expect_failure(bad, "blk.1.ffn_up.weight");
+}
+
+TEST_F(Cli, ShapeContradictsMetadata) {
+  const std::string bad = dir_.file("shape.gguf");
+  rewrite(model_, bad, [](auto& kv, auto&) {
+    for (auto& k : kv)
+      if (k.key == "llama.feed_forward_length") k.value = gguf::Value::u32(96);
+  });
+  expect_failure(bad, "blk.0.ffn_gate.weight");
+}
+
+TEST_F(Cli, MissingMetadataKey) {
+  const std::string bad = dir_.file("key.gguf");
+  rewrite(model_, bad, [](auto& kv, auto&) {
+    kv.erase(std::remove_if(kv.begin(), kv.end(),
+                            [](const gguf::KeyValue& k) { return k.key == "llama.block_count"; }),
+             kv.end());
+  });
+  expect_failure(bad, "llama.block_count");
+}
+
+TEST_F(Cli, NanWeightsWarnOrFailWithStrict) {
+  const std::string bad = dir_.file("nan.gguf");
+  rewrite(model_, bad, [](auto&, auto& ts) {
+    for (auto& t : ts)
+      if (t.name == "blk.0.attn_q.weight") {
+        const float nan = std::nanf("");
+        std::memcpy(t.data.data() + 40, &nan, 4);
+      }
+  });
+  const std::string out = dir_.file("ok.h5");
+  const RunResult warn = run_cmd(sparsim_bin() + " forward --model " + bad + " --tokens 1,2 --out " + out);
+  EXPECT_EQ(warn.exit_code, 0) << warn.output;
+  EXPECT_NE(warn.output.find("NaN"), std::string::npos) << warn.output;
+  EXPECT_NE(warn.output.find("blk.0.attn_q.weight"), std::string::npos) << warn.output;
+  fs::remove(out);
+  expect_failure(bad, "blk.0.attn_q.weight", "--strict");
+}
+
+TEST_F(Cli, NonsenseOptions) {
+  expect_failure(model_, "--mode", "--mode sideways");
+  expect_failure(model_, "storage", "--storage f8");
+  expect_failure(model_, "backend", "--backend quantum");
+  const RunResult r = run_cmd(sparsim_bin() + " forward --model " + model_ + " --tokens 1,x");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'x'"), std::string::npos) << r.output;
+  const RunResult v = run_cmd(sparsim_bin() + " forward --model " + model_ + " --tokens 1,600");
+  EXPECT_NE(v.exit_code, 0);
+  EXPECT_NE(v.output.find("600"), std::string::npos) << v.output;
+  const RunResult u = run_cmd(sparsim_bin() + " frobnicate");
+  EXPECT_EQ(u.exit_code, 2);
+}
+
+TEST_F(Cli, InspectAndSynthQuantizedTypes) {
+  for (const char* t : {"f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1"}) {
+    const std::string m = dir_.file(std::string("m_") + t + ".gguf");
+    RunResult s = run_cmd(sparsim_bin() + " synth --out " + m + " --type " + t + " --seed 3");
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    RunResult i = run_cmd(sparsim_bin() + " inspect " + m);
+    ASSERT_EQ(i.exit_code, 0) << i.output;
+    EXPECT_NE(i.output.find("blk.1.ffn_down.weight"), std::string::npos);
+    const std::string out = dir_.file("q.h5");
+    RunResult f = run_cmd(forward_cmd(m, out));
+    ASSERT_EQ(f.exit_code, 0) << t << ": " << f.output;
+    fs::remove(out);
+  }
+  // K-quants need rows that are multiples of 256
+  const std::string k = dir_.file("k.gguf");
+  for (const char* t : {"q4_k", "q6_k"}) {
+    RunResult s = run_cmd(sparsim_bin() + " synth --out " + k + " --type " + t +
+                          " --d-model 256 --heads 4 --ff 512 --layers 1");
+    ASSERT_EQ(s.exit_code, 0) << s.output;
+    const std::string out = dir_.file("k.h5");
+    RunResult f = run_cmd(forward_cmd(k, out));
+    ASSERT_EQ(f.exit_code, 0) << t << ": " << f.output;
+    fs::remove(out);
+  }
+  RunResult bad = run_cmd(sparsim_bin() + " synth --out " + k + " --type q4_k");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("block size"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace sparsim::test

@@ -1,0 +1,228 @@
+// Every kernel against a plain host reference (double accumulation) on random inputs.
+#include "backends.hpp"
+#include "helpers.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/linear.hpp"
+#include "kernels/pointwise.hpp"
+
+#include <cmath>
+
+namespace sparsim::test {
+namespace {
+
+template <class E>
+class Kernels : public ::testing::Test {};
+TYPED_TEST_SUITE(Kernels, Backends, BackendName);
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, double rtol,
+                  double atol, const char* what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double worst = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(got[i] - ref[i]) - rtol * std::fabs(ref[i]);
+    worst = std::max(worst, err);
+    ASSERT_LE(std::fabs(got[i] - ref[i]), atol + rtol * std::fabs(ref[i]))
+        << what << " element " << i << ": " << got[i] << " vs " << ref[i];
+  }
+}
+
+template <class E>
+Matrix<E> make_matrix(const std::vector<float>& w, int rows, int cols, DType t) {
+  Matrix<E> m;
+  m.dtype = t;
+  m.rows = rows;
+  m.cols = cols;
+  if (t == DType::F32) {
+    m.f32 = to_device<E>(w, rows, cols);
+  } else if (t == DType::BF16) {
+    m.bf16 = decltype(m.bf16)("w", rows, cols);
+    auto h = Kokkos::create_mirror_view(m.bf16);
+    for (int i = 0; i < rows * cols; ++i) h.data()[i] = bf16_t::from_float(w[i]);
+    Kokkos::deep_copy(m.bf16, h);
+  } else {
+    m.f16 = decltype(m.f16)("w", rows, cols);
+    auto h = Kokkos::create_mirror_view(m.f16);
+    for (int i = 0; i < rows * cols; ++i) h.data()[i] = f16_t::from_float(w[i]);
+    Kokkos::deep_copy(m.f16, h);
+  }
+  return m;
+}
+
+float stored(float x, DType t) {
+  if (t == DType::BF16) return bf16_t::from_float(x).to_float();
+  if (t == DType::F16) return f16_t::from_float(x).to_float();
+  return x;
+}
+
+TYPED_TEST(Kernels, LinearAllTypesAndBatchSizes) {
+  using E = TypeParam;
+  const int in = 72, out = 40;
+  const auto w = random_vec(out * in, 11, 0.3f);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    Matrix<E> m = make_matrix<E>(w, out, in, t);
+    for (int n : {1, 3, kWidenRows, 37}) {
+      const auto x = random_vec(n * in, 100 + n);
+      auto xd = to_device<E>(x, n, in);
+      Mat<E> y("y", n, out);
+      LinearScratch<E> sc;
+      linear(E(), CMat<E>(xd), m, y, sc);
+      std::vector<double> ref(n * out);
+      for (int r = 0; r < n; ++r)
+        for (int o = 0; o < out; ++o) {
+          double acc = 0;
+          for (int i = 0; i < in; ++i) acc += double(x[r * in + i]) * stored(w[o * in + i], t);
+          ref[r * out + o] = acc;
+        }
+      expect_close(to_host(y), ref, 1e-5, 1e-5, "linear");
+    }
+  }
+}
+
+TYPED_TEST(Kernels, RmsNorm) {
+  using E = TypeParam;
+  const int n = 5, d = 96;
+  const auto x = random_vec(n * d, 3, 2.0f);
+  const auto g = random_vec(d, 4);
+  auto xd = to_device<E>(x, n, d);
+  auto gd2 = to_device<E>(g, 1, d);
+  Vec<E> gd("g", d);
+  Kokkos::deep_copy(gd, Kokkos::subview(gd2, 0, Kokkos::ALL));
+  Mat<E> out("out", n, d);
+  rmsnorm(E(), CMat<E>(xd), CVec<E>(gd), 1e-5f, out);
+  std::vector<double> ref(n * d);
+  for (int t = 0; t < n; ++t) {
+    double ss = 0;
+    for (int j = 0; j < d; ++j) ss += double(x[t * d + j]) * x[t * d + j];
+    const double s = 1.0 / std::sqrt(ss / d + 1e-5);
+    for (int j = 0; j < d; ++j) ref[t * d + j] = x[t * d + j] * s * g[j];
+  }
+  expect_close(to_host(out), ref, 1e-5, 1e-6, "rmsnorm");
+}
+
+TYPED_TEST(Kernels, RopeBothLayouts) {
+  using E = TypeParam;
+  const int n = 6, hd = 16, qh = 4, kh = 2, half = hd / 2, ctx = 64;
+  const double base = 10000.0;
+  for (bool adjacent : {true, false}) {
+    const auto q = random_vec(n * qh * hd, 5), k = random_vec(n * kh * hd, 6);
+    auto qd = to_device<E>(q, n, qh * hd), kd = to_device<E>(k, n, kh * hd);
+    std::vector<float> c(ctx * half), s(ctx * half);
+    for (int p = 0; p < ctx; ++p)
+      for (int j = 0; j < half; ++j) {
+        const double a = p * std::pow(base, -2.0 * j / hd);
+        c[p * half + j] = float(std::cos(a));
+        s[p * half + j] = float(std::sin(a));
+      }
+    auto cd = to_device<E>(c, ctx, half), sd = to_device<E>(s, ctx, half);
+    IVec<E> pos("pos", n);
+    auto hp = Kokkos::create_mirror_view(pos);
+    for (int t = 0; t < n; ++t) hp(t) = 3 + 7 * t;
+    Kokkos::deep_copy(pos, hp);
+    rope(E(), qd, kd, pos, CMat<E>(cd), CMat<E>(sd), hd, adjacent);
+    auto ref_rot = [&](const std::vector<float>& v, int heads) {
+      std::vector<double> r(v.begin(), v.end());
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < heads; ++h)
+          for (int j = 0; j < half; ++j) {
+            const double a = (3 + 7 * t) * std::pow(base, -2.0 * j / hd);
+            const int b = t * heads * hd + h * hd;
+            const int i0 = adjacent ? b + 2 * j : b + j, i1 = adjacent ? b + 2 * j + 1 : b + j + half;
+            r[i0] = v[i0] * std::cos(a) - v[i1] * std::sin(a);
+            r[i1] = v[i0] * std::sin(a) + v[i1] * std::cos(a);
+          }
+      return r;
+    };
+    expect_close(to_host(qd), ref_rot(q, qh), 1e-5, 1e-5, "rope q");
+    expect_close(to_host(kd), ref_rot(k, kh), 1e-5, 1e-5, "rope k");
+  }
+}
+
+TYPED_TEST(Kernels, SwigluEmbedResidual) {
+  using E = TypeParam;
+  const int n = 4, d = 33;
+  const auto g = random_vec(n * d, 8, 3.0f), u = random_vec(n * d, 9);
+  auto gd = to_device<E>(g, n, d), ud = to_device<E>(u, n, d);
+  swiglu(E(), gd, CMat<E>(ud));
+  std::vector<double> ref(n * d);
+  for (int i = 0; i < n * d; ++i) ref[i] = g[i] / (1 + std::exp(-double(g[i]))) * u[i];
+  expect_close(to_host(gd), ref, 1e-5, 1e-6, "swiglu");
+
+  add_inplace(E(), ud, CMat<E>(ud));
+  std::vector<double> twice(u.begin(), u.end());
+  for (auto& v : twice) v *= 2;
+  expect_close(to_host(ud), twice, 0, 0, "residual");
+
+  const int vocab = 10;
+  const auto emb = random_vec(vocab * d, 10);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    Matrix<E> m = make_matrix<E>(emb, vocab, d, t);
+    IVec<E> tok("tok", n);
+    auto ht = Kokkos::create_mirror_view(tok);
+    const int ids[] = {9, 0, 4, 4};
+    for (int i = 0; i < n; ++i) ht(i) = ids[i];
+    Kokkos::deep_copy(tok, ht);
+    Mat<E> out("e", n, d);
+    embed(E(), m, tok, out);
+    std::vector<double> r(n * d);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < d; ++j) r[i * d + j] = stored(emb[ids[i] * d + j], t);
+    expect_close(to_host(out), r, 0, 0, "embed");
+  }
+}
+
+TYPED_TEST(Kernels, AttentionAgainstNaiveCausalGqa) {
+  using E = TypeParam;
+  const int n_seq = 2, T = 5, p0 = 3, nh = 4, nkv = 2, hd = 8, ctx = 16;
+  const int kvd = nkv * hd, qd = nh * hd;
+  // The cache already holds p0 positions per sequence; the new rows are stored by kv_store.
+  const auto old_k = random_vec(n_seq * ctx * kvd, 20), old_v = random_vec(n_seq * ctx * kvd, 21);
+  const auto q = random_vec(n_seq * T * qd, 22), k = random_vec(n_seq * T * kvd, 23),
+             v = random_vec(n_seq * T * kvd, 24);
+  Cache<E> kc("kc", n_seq, ctx, kvd), vc("vc", n_seq, ctx, kvd);
+  {
+    auto hk = Kokkos::create_mirror_view(kc), hv = Kokkos::create_mirror_view(vc);
+    for (int i = 0; i < n_seq * ctx * kvd; ++i) {
+      hk.data()[i] = old_k[i];
+      hv.data()[i] = old_v[i];
+    }
+    Kokkos::deep_copy(kc, hk);
+    Kokkos::deep_copy(vc, hv);
+  }
+  auto qd_ = to_device<E>(q, n_seq * T, qd), kd = to_device<E>(k, n_seq * T, kvd),
+       vd = to_device<E>(v, n_seq * T, kvd);
+  kv_store(E(), CMat<E>(kd), CMat<E>(vd), kc, vc, n_seq, T, p0);
+  Mat<E> out("out", n_seq * T, qd);
+  attention(E(), CMat<E>(qd_), kc, vc, out, n_seq, T, p0, nh, nkv, hd);
+
+  auto K = [&](int s, int p, int j) {
+    return p < p0 ? old_k[(s * ctx + p) * kvd + j] : k[(s * T + p - p0) * kvd + j];
+  };
+  auto V = [&](int s, int p, int j) {
+    return p < p0 ? old_v[(s * ctx + p) * kvd + j] : v[(s * T + p - p0) * kvd + j];
+  };
+  std::vector<double> ref(n_seq * T * qd);
+  for (int s = 0; s < n_seq; ++s)
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < nh; ++h) {
+        const int kvh = h / (nh / nkv), r = s * T + t, np = p0 + t + 1;
+        std::vector<double> sc(np);
+        double mx = -1e300;
+        for (int p = 0; p < np; ++p) {
+          double a = 0;
+          for (int i = 0; i < hd; ++i) a += double(q[r * qd + h * hd + i]) * K(s, p, kvh * hd + i);
+          sc[p] = a / std::sqrt(double(hd));
+          mx = std::max(mx, sc[p]);
+        }
+        double z = 0;
+        for (auto& x : sc) z += (x = std::exp(x - mx));
+        for (int i = 0; i < hd; ++i) {
+          double a = 0;
+          for (int p = 0; p < np; ++p) a += sc[p] * V(s, p, kvh * hd + i);
+          ref[r * qd + h * hd + i] = a / z;
+        }
+      }
+  expect_close(to_host(out), ref, 1e-5, 1e-5, "attention");
+}
+
+}  // namespace
+}  // namespace sparsim::test
