@@ -23,8 +23,9 @@ constexpr std::uint64_t kMaxKeyLength = 65535;
 constexpr std::uint64_t kMaxAlignment = std::uint64_t{1} << 30;
 constexpr std::uint32_t kMaxDims = 4;
 // Smallest encodings, used to bound counts by the bytes left before allocating anything.
-constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;               // key length, type, 1-byte value
-constexpr std::uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name len, n_dims, ne, type, offset
+constexpr std::uint64_t kMinKvBytes = 8 + 4 + 1;  // key length, type, 1-byte value
+constexpr std::uint64_t kMinTensorInfoBytes =
+    8 + 4 + 8 + 4 + 8;  // name len, n_dims, ne, type, offset
 
 std::uint64_t load_le(const std::uint8_t* p, std::size_t n) {
   std::uint64_t v = 0;
@@ -32,19 +33,29 @@ std::uint64_t load_le(const std::uint8_t* p, std::size_t n) {
   return v;
 }
 
-bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(std::uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 /// Decodes one fixed-size scalar of type `t` from `p`.
 Value decode_scalar(ValueType t, const std::uint8_t* p) {
   switch (t) {
-    case ValueType::UINT8: return Value::u8(p[0]);
-    case ValueType::INT8: return Value::i8(static_cast<std::int8_t>(p[0]));
-    case ValueType::UINT16: return Value::u16(static_cast<std::uint16_t>(load_le(p, 2)));
-    case ValueType::INT16: return Value::i16(static_cast<std::int16_t>(load_le(p, 2)));
-    case ValueType::UINT32: return Value::u32(static_cast<std::uint32_t>(load_le(p, 4)));
-    case ValueType::INT32: return Value::i32(static_cast<std::int32_t>(load_le(p, 4)));
-    case ValueType::UINT64: return Value::u64(load_le(p, 8));
-    case ValueType::INT64: return Value::i64(static_cast<std::int64_t>(load_le(p, 8)));
+    case ValueType::UINT8:
+      return Value::u8(p[0]);
+    case ValueType::INT8:
+      return Value::i8(static_cast<std::int8_t>(p[0]));
+    case ValueType::UINT16:
+      return Value::u16(static_cast<std::uint16_t>(load_le(p, 2)));
+    case ValueType::INT16:
+      return Value::i16(static_cast<std::int16_t>(load_le(p, 2)));
+    case ValueType::UINT32:
+      return Value::u32(static_cast<std::uint32_t>(load_le(p, 4)));
+    case ValueType::INT32:
+      return Value::i32(static_cast<std::int32_t>(load_le(p, 4)));
+    case ValueType::UINT64:
+      return Value::u64(load_le(p, 8));
+    case ValueType::INT64:
+      return Value::i64(static_cast<std::int64_t>(load_le(p, 8)));
     case ValueType::FLOAT32: {
       const auto u = static_cast<std::uint32_t>(load_le(p, 4));
       float f;
@@ -57,8 +68,10 @@ Value decode_scalar(ValueType t, const std::uint8_t* p) {
       std::memcpy(&f, &u, 8);
       return Value::f64(f);
     }
-    case ValueType::BOOL: return Value::boolean(p[0] != 0);
-    default: break;
+    case ValueType::BOOL:
+      return Value::boolean(p[0] != 0);
+    default:
+      break;
   }
   fail("decode_scalar: type {} is not a fixed-size scalar", to_string(t));
 }
@@ -82,19 +95,32 @@ std::vector<std::uint8_t> bytes_of(const std::vector<T>& v) {
 
 std::string to_string(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: return "uint8";
-    case ValueType::INT8: return "int8";
-    case ValueType::UINT16: return "uint16";
-    case ValueType::INT16: return "int16";
-    case ValueType::UINT32: return "uint32";
-    case ValueType::INT32: return "int32";
-    case ValueType::FLOAT32: return "float32";
-    case ValueType::BOOL: return "bool";
-    case ValueType::STRING: return "string";
-    case ValueType::ARRAY: return "array";
-    case ValueType::UINT64: return "uint64";
-    case ValueType::INT64: return "int64";
-    case ValueType::FLOAT64: return "float64";
+    case ValueType::UINT8:
+      return "uint8";
+    case ValueType::INT8:
+      return "int8";
+    case ValueType::UINT16:
+      return "uint16";
+    case ValueType::INT16:
+      return "int16";
+    case ValueType::UINT32:
+      return "uint32";
+    case ValueType::INT32:
+      return "int32";
+    case ValueType::FLOAT32:
+      return "float32";
+    case ValueType::BOOL:
+      return "bool";
+    case ValueType::STRING:
+      return "string";
+    case ValueType::ARRAY:
+      return "array";
+    case ValueType::UINT64:
+      return "uint64";
+    case ValueType::INT64:
+      return "int64";
+    case ValueType::FLOAT64:
+      return "float64";
   }
   return "unknown(" + std::to_string(static_cast<std::uint32_t>(t)) + ")";
 }
@@ -108,27 +134,36 @@ bool is_integer(ValueType t) {
     case ValueType::UINT32:
     case ValueType::INT32:
     case ValueType::UINT64:
-    case ValueType::INT64: return true;
-    default: return false;
+    case ValueType::INT64:
+      return true;
+    default:
+      return false;
   }
 }
 
-bool is_float(ValueType t) { return t == ValueType::FLOAT32 || t == ValueType::FLOAT64; }
+bool is_float(ValueType t) {
+  return t == ValueType::FLOAT32 || t == ValueType::FLOAT64;
+}
 
 std::size_t value_size(ValueType t) {
   switch (t) {
     case ValueType::UINT8:
     case ValueType::INT8:
-    case ValueType::BOOL: return 1;
+    case ValueType::BOOL:
+      return 1;
     case ValueType::UINT16:
-    case ValueType::INT16: return 2;
+    case ValueType::INT16:
+      return 2;
     case ValueType::UINT32:
     case ValueType::INT32:
-    case ValueType::FLOAT32: return 4;
+    case ValueType::FLOAT32:
+      return 4;
     case ValueType::UINT64:
     case ValueType::INT64:
-    case ValueType::FLOAT64: return 8;
-    default: return 0;
+    case ValueType::FLOAT64:
+      return 8;
+    default:
+      return 0;
   }
 }
 
@@ -242,8 +277,10 @@ std::optional<std::uint64_t> Value::as_uint() const {
     case ValueType::UINT8:
     case ValueType::UINT16:
     case ValueType::UINT32:
-    case ValueType::UINT64: return u_;
-    default: break;
+    case ValueType::UINT64:
+      return u_;
+    default:
+      break;
   }
   if (i_ < 0) return std::nullopt;
   return static_cast<std::uint64_t>(i_);
@@ -255,8 +292,10 @@ std::optional<std::int64_t> Value::as_int() const {
     case ValueType::INT8:
     case ValueType::INT16:
     case ValueType::INT32:
-    case ValueType::INT64: return i_;
-    default: break;
+    case ValueType::INT64:
+      return i_;
+    default:
+      break;
   }
   if (u_ > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     return std::nullopt;
@@ -300,10 +339,13 @@ std::string Value::describe() const {
     }
     case ValueType::ARRAY:
       return "array[" + to_string(elem_) + "; " + std::to_string(array_size()) + "]";
-    case ValueType::BOOL: return u_ ? "bool true" : "bool false";
+    case ValueType::BOOL:
+      return u_ ? "bool true" : "bool false";
     case ValueType::FLOAT32:
-    case ValueType::FLOAT64: return to_string(type_) + " " + fmt::format("{}", f_);
-    default: break;
+    case ValueType::FLOAT64:
+      return to_string(type_) + " " + fmt::format("{}", f_);
+    default:
+      break;
   }
   if (auto i = as_int()) return to_string(type_) + " " + std::to_string(*i);
   return to_string(type_) + " " + std::to_string(u_);
@@ -312,13 +354,16 @@ std::string Value::describe() const {
 bool Value::operator==(const Value& o) const {
   if (type_ != o.type_) return false;
   switch (type_) {
-    case ValueType::STRING: return str_ == o.str_;
+    case ValueType::STRING:
+      return str_ == o.str_;
     case ValueType::ARRAY:
       return elem_ == o.elem_ && packed_ == o.packed_ && strings_ == o.strings_ &&
              arrays_ == o.arrays_;
     case ValueType::FLOAT32:
-    case ValueType::FLOAT64: return std::memcmp(&f_, &o.f_, sizeof f_) == 0;
-    default: return u_ == o.u_ && i_ == o.i_;
+    case ValueType::FLOAT64:
+      return std::memcmp(&f_, &o.f_, sizeof f_) == 0;
+    default:
+      return u_ == o.u_ && i_ == o.i_;
   }
 }
 
@@ -418,9 +463,8 @@ Value Parser::read_value(ValueType t, const std::string& what, int depth) {
                                  : elem == ValueType::ARRAY ? 12
                                                             : value_size(elem);
   if (len > left() / min_elem) {
-    error_at(len_at,
-             "{}: array of {} {} elements runs past the end of the file ({} bytes left)", what,
-             len, to_string(elem), left());
+    error_at(len_at, "{}: array of {} {} elements runs past the end of the file ({} bytes left)",
+             what, len, to_string(elem), left());
   }
   const auto n = static_cast<std::size_t>(len);
   if (elem == ValueType::STRING) {
@@ -458,14 +502,16 @@ void Parser::parse_alignment() {
   if (!v) return;
   const auto a = v->as_uint();
   if (!a) {
-    fail("{}: metadata key 'general.alignment' has type {} (value {}), expected an unsigned "
-         "integer",
-         f_.path_, type_name(*v), v->describe());
+    fail(
+        "{}: metadata key 'general.alignment' has type {} (value {}), expected an unsigned "
+        "integer",
+        f_.path_, type_name(*v), v->describe());
   }
   if (!is_power_of_two(*a) || *a > kMaxAlignment) {
-    fail("{}: metadata key 'general.alignment' is {}; it must be a nonzero power of two no "
-         "larger than {}",
-         f_.path_, *a, kMaxAlignment);
+    fail(
+        "{}: metadata key 'general.alignment' is {}; it must be a nonzero power of two no "
+        "larger than {}",
+        f_.path_, *a, kMaxAlignment);
   }
   f_.alignment_ = *a;
 }
@@ -481,9 +527,16 @@ void Parser::parse() {
   if (size_ < 8) fail("{}: file too small ({} bytes) to hold the GGUF version", path, size_);
   f_.version_ = u32("version");
   if (f_.version_ == 1) {
-    fail("{}: GGUF version 1 is not supported (it uses 32-bit counts); convert the file to "
-         "version 3",
-         path);
+    fail(
+        "{}: GGUF version 1 is not supported (it uses 32-bit counts); convert the file to "
+        "version 3",
+        path);
+  }
+  if (f_.version_ == 0x02000000u || f_.version_ == 0x03000000u) {
+    fail(
+        "{}: big-endian GGUF file (version field reads {}); only little-endian files are "
+        "supported",
+        path, f_.version_);
   }
   if (f_.version_ != 2 && f_.version_ != 3) {
     fail("{}: unsupported GGUF version {} (supported: 2, 3)", path, f_.version_);
@@ -492,13 +545,15 @@ void Parser::parse() {
   const std::uint64_t n_tensors = u64("tensor count");
   const std::uint64_t n_kv = u64("metadata kv count");
   if (n_kv > left() / kMinKvBytes) {
-    error_at(16, "metadata kv count {} is impossible: the remaining {} bytes cannot hold that many "
-             "entries",
+    error_at(16,
+             "metadata kv count {} is impossible: the remaining {} bytes cannot hold that many "
+             "entries (truncated or corrupt file)",
              n_kv, left());
   }
   if (n_tensors > left() / kMinTensorInfoBytes) {
-    error_at(8, "tensor count {} is impossible: the remaining {} bytes cannot hold that many "
-             "tensor infos",
+    error_at(8,
+             "tensor count {} is impossible: the remaining {} bytes cannot hold that many "
+             "tensor infos (truncated or corrupt file)",
              n_tensors, left());
   }
 
@@ -507,8 +562,8 @@ void Parser::parse() {
     const std::uint64_t at = pos_;
     std::string key = read_string(fmt::format("key of metadata entry #{}", i));
     if (key.size() > kMaxKeyLength) {
-      error_at(at, "key of metadata entry #{} is {} bytes long (at most {} allowed)", i,
-               key.size(), kMaxKeyLength);
+      error_at(at, "key of metadata entry #{} is {} bytes long (at most {} allowed)", i, key.size(),
+               kMaxKeyLength);
     }
     if (f_.key_index_.count(key)) error_at(at, "duplicate metadata key '{}'", key);
     const std::string what = fmt::format("metadata key '{}'", key);
@@ -558,7 +613,8 @@ void Parser::parse() {
 
 void Parser::check_tensors() {
   const std::string& path = f_.path_;
-  const std::uint64_t max_elems = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+  const std::uint64_t max_elems =
+      static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
   for (std::size_t i = 0; i < f_.tensors_.size(); ++i) {
     TensorInfo& t = f_.tensors_[i];
     const std::uint64_t at = tensor_info_pos_[i];
@@ -587,10 +643,11 @@ void Parser::check_tensors() {
     }
     const std::uint64_t data_size = f_.data_offset_ <= f_.size_ ? f_.size_ - f_.data_offset_ : 0;
     if (f_.data_offset_ > f_.size_ || t.offset > data_size || t.nbytes > data_size - t.offset) {
-      fail("{}: tensor '{}' ({} {}, {} bytes at data offset {}, file offset {}) extends past the "
-           "end of the file ({} bytes)",
-           path, t.name, to_string(t.type), t.shape_string(), t.nbytes, t.offset,
-           f_.data_offset_ + t.offset, f_.size_);
+      fail(
+          "{}: tensor '{}' ({} {}, {} bytes at data offset {}, file offset {}) extends past the "
+          "end of the file ({} bytes)",
+          path, t.name, to_string(t.type), t.shape_string(), t.nbytes, t.offset,
+          f_.data_offset_ + t.offset, f_.size_);
     }
     t.data = base_ + f_.data_offset_ + t.offset;
   }
@@ -671,7 +728,9 @@ File& File::operator=(File&& o) noexcept {
   return *this;
 }
 
-File::~File() { unmap(); }
+File::~File() {
+  unmap();
+}
 
 void File::unmap() noexcept {
   if (map_) ::munmap(map_, static_cast<std::size_t>(size_));
@@ -703,8 +762,9 @@ std::optional<std::uint64_t> File::get_uint(std::string_view key) const {
   if (!v) return std::nullopt;
   if (!is_integer(v->type())) type_error(path_, key, *v, "an unsigned integer");
   auto u = v->as_uint();
-  if (!u) fail("{}: metadata key '{}' is negative ({}), expected an unsigned integer", path_, key,
-               v->describe());
+  if (!u)
+    fail("{}: metadata key '{}' is negative ({}), expected an unsigned integer", path_, key,
+         v->describe());
   return u;
 }
 
@@ -713,8 +773,9 @@ std::optional<std::int64_t> File::get_int(std::string_view key) const {
   if (!v) return std::nullopt;
   if (!is_integer(v->type())) type_error(path_, key, *v, "an integer");
   auto i = v->as_int();
-  if (!i) fail("{}: metadata key '{}' ({}) does not fit a signed 64-bit integer", path_, key,
-               v->describe());
+  if (!i)
+    fail("{}: metadata key '{}' ({}) does not fit a signed 64-bit integer", path_, key,
+         v->describe());
   return i;
 }
 
@@ -784,8 +845,8 @@ std::optional<std::vector<std::int64_t>> File::get_int_array(std::string_view ke
   std::vector<std::int64_t> out(n);
   for (std::size_t i = 0; i < n; ++i) {
     auto x = decode_scalar(et, p + i * sz).as_int();
-    if (!x) fail("{}: metadata key '{}' element {} does not fit a signed 64-bit integer", path_,
-                 key, i);
+    if (!x)
+      fail("{}: metadata key '{}' element {} does not fit a signed 64-bit integer", path_, key, i);
     out[i] = *x;
   }
   return out;
@@ -794,12 +855,18 @@ std::optional<std::vector<std::int64_t>> File::get_int_array(std::string_view ke
 std::uint64_t File::require_uint(std::string_view key) const {
   return must(get_uint(key), path_, key);
 }
-std::int64_t File::require_int(std::string_view key) const { return must(get_int(key), path_, key); }
-double File::require_float(std::string_view key) const { return must(get_float(key), path_, key); }
+std::int64_t File::require_int(std::string_view key) const {
+  return must(get_int(key), path_, key);
+}
+double File::require_float(std::string_view key) const {
+  return must(get_float(key), path_, key);
+}
 std::string File::require_string(std::string_view key) const {
   return must(get_string(key), path_, key);
 }
-bool File::require_bool(std::string_view key) const { return must(get_bool(key), path_, key); }
+bool File::require_bool(std::string_view key) const {
+  return must(get_bool(key), path_, key);
+}
 std::vector<std::string> File::require_string_array(std::string_view key) const {
   return must(get_string_array(key), path_, key);
 }

@@ -10,10 +10,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <map>
 #include <vector>
 
 namespace sparsim::gguf {
@@ -113,9 +113,9 @@ class Value {
   std::int64_t i_ = 0;                 // signed ints
   double f_ = 0.0;                     // floats (a FLOAT32 is held exactly as double)
   std::string str_;
-  std::vector<std::uint8_t> packed_;   // arrays of fixed-size elements
-  std::vector<std::string> strings_;   // arrays of strings
-  std::vector<Value> arrays_;          // arrays of arrays
+  std::vector<std::uint8_t> packed_;  // arrays of fixed-size elements
+  std::vector<std::string> strings_;  // arrays of strings
+  std::vector<Value> arrays_;         // arrays of arrays
   friend class Parser;
 };
 

@@ -40,7 +40,9 @@ class Buffer {
       case ValueType::UINT8:
       case ValueType::UINT16:
       case ValueType::UINT32:
-      case ValueType::UINT64: le(*v.as_uint(), value_size(v.type())); return;
+      case ValueType::UINT64:
+        le(*v.as_uint(), value_size(v.type()));
+        return;
       case ValueType::INT8:
       case ValueType::INT16:
       case ValueType::INT32:
@@ -61,8 +63,12 @@ class Buffer {
         u64(u);
         return;
       }
-      case ValueType::BOOL: le(*v.as_bool() ? 1 : 0, 1); return;
-      case ValueType::STRING: str(*v.as_string()); return;
+      case ValueType::BOOL:
+        le(*v.as_bool() ? 1 : 0, 1);
+        return;
+      case ValueType::STRING:
+        str(*v.as_string());
+        return;
       case ValueType::ARRAY:
         u32(static_cast<std::uint32_t>(v.array_type()));
         u64(v.array_size());
@@ -83,7 +89,9 @@ class Buffer {
   std::vector<std::uint8_t> bytes_;
 };
 
-bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(std::uint64_t v) {
+  return v != 0 && (v & (v - 1)) == 0;
+}
 
 /// Closes the stream and removes the temporary file unless released.
 class TempFile {

@@ -99,7 +99,9 @@ inline void store_u16(std::uint8_t* p, std::uint16_t v) {
   p[0] = static_cast<std::uint8_t>(v & 0xff);
   p[1] = static_cast<std::uint8_t>(v >> 8);
 }
-inline float load_f16(const float* table, const std::uint8_t* p) { return table[load_u16(p)]; }
+inline float load_f16(const float* table, const std::uint8_t* p) {
+  return table[load_u16(p)];
+}
 /// Stores `v` as fp16 and returns the value actually stored (what dequantize will see).
 inline float store_f16(std::uint8_t* p, float v) {
   const f16_t h = f16_t::from_float(v);
@@ -127,7 +129,9 @@ inline float signed_absmax(const float* x, std::size_t n) {
   return best;
 }
 
-inline float inverse(float d) { return d != 0.0f ? 1.0f / d : 0.0f; }
+inline float inverse(float d) {
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Legacy 32-element blocks.
@@ -210,7 +214,8 @@ void quantize_q8_0(const float* x, std::uint8_t* b, std::size_t nb) {
     const float amax = std::fabs(signed_absmax(x, kQK));
     const float id = inverse(store_f16(b, amax / 127.0f));
     for (std::uint32_t i = 0; i < kQK; ++i) {
-      b[2 + i] = static_cast<std::uint8_t>(static_cast<std::int8_t>(round_clamp(x[i] * id, -127, 127)));
+      b[2 + i] =
+          static_cast<std::uint8_t>(static_cast<std::int8_t>(round_clamp(x[i] * id, -127, 127)));
     }
   }
 }
@@ -356,9 +361,10 @@ void quantize_q4_k(const float* x, std::uint8_t* b, std::size_t nb) {
 
 // ---------------------------------------------------------------------------------------------
 // Q6_K (210 bytes per 256 elements): u8 ql[128] | u8 qh[64] | int8 scales[16] | fp16 d.
-// Sixteen sub-blocks of 16 elements with a signed 8-bit scale each: x[i] = d * scales[i / 16] * (q - 32),
-// q a 6-bit value. Each half of the block (128 elements, index n = 0/1) uses ql[64n .. 64n+63]
-// and qh[32n .. 32n+31]; for l < 32 the four values at offsets l, l+32, l+64, l+96 of the half are
+// Sixteen sub-blocks of 16 elements with a signed 8-bit scale each: x[i] = d * scales[i / 16] * (q
+// - 32), q a 6-bit value. Each half of the block (128 elements, index n = 0/1) uses ql[64n ..
+// 64n+63] and qh[32n .. 32n+31]; for l < 32 the four values at offsets l, l+32, l+64, l+96 of the
+// half are
 //   q(l)      = (ql[l]      & 15) | ((qh[l] >> 0) & 3) << 4
 //   q(l + 32) = (ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4
 //   q(l + 64) = (ql[l]      >> 4) | ((qh[l] >> 4) & 3) << 4
@@ -430,7 +436,9 @@ std::size_t checked_blocks(GGMLType t, std::size_t n, const char* what) {
 
 }  // namespace
 
-bool is_known_type(std::uint32_t id) { return find_traits(id) != nullptr; }
+bool is_known_type(std::uint32_t id) {
+  return find_traits(id) != nullptr;
+}
 
 bool is_supported(GGMLType t) {
   const TypeTraits* tr = find_traits(static_cast<std::uint32_t>(t));
@@ -463,8 +471,12 @@ void require_supported(GGMLType t, std::string_view context) {
   }
 }
 
-std::size_t block_size(GGMLType t) { return traits(t).block; }
-std::size_t type_size(GGMLType t) { return traits(t).bytes; }
+std::size_t block_size(GGMLType t) {
+  return traits(t).block;
+}
+std::size_t type_size(GGMLType t) {
+  return traits(t).bytes;
+}
 
 std::uint64_t row_bytes(GGMLType t, std::uint64_t ne0) {
   const TypeTraits& tr = traits(t);
@@ -481,21 +493,38 @@ void dequantize(GGMLType t, const void* src, float* dst, std::size_t n) {
   const auto* b = static_cast<const std::uint8_t*>(src);
   const float* h = f16_table();
   switch (t) {
-    case GGMLType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case GGMLType::F32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
     case GGMLType::F16:
       for (std::size_t i = 0; i < n; ++i) dst[i] = load_f16(h, b + 2 * i);
       return;
     case GGMLType::BF16:
       for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_t{load_u16(b + 2 * i)}.to_float();
       return;
-    case GGMLType::Q8_0: dequantize_q8_0(b, dst, nb, h); return;
-    case GGMLType::Q4_0: dequantize_q4_0(b, dst, nb, h); return;
-    case GGMLType::Q4_1: dequantize_q4_1(b, dst, nb, h); return;
-    case GGMLType::Q5_0: dequantize_q5_0(b, dst, nb, h); return;
-    case GGMLType::Q5_1: dequantize_q5_1(b, dst, nb, h); return;
-    case GGMLType::Q4_K: dequantize_q4_k(b, dst, nb, h); return;
-    case GGMLType::Q6_K: dequantize_q6_k(b, dst, nb, h); return;
-    default: break;
+    case GGMLType::Q8_0:
+      dequantize_q8_0(b, dst, nb, h);
+      return;
+    case GGMLType::Q4_0:
+      dequantize_q4_0(b, dst, nb, h);
+      return;
+    case GGMLType::Q4_1:
+      dequantize_q4_1(b, dst, nb, h);
+      return;
+    case GGMLType::Q5_0:
+      dequantize_q5_0(b, dst, nb, h);
+      return;
+    case GGMLType::Q5_1:
+      dequantize_q5_1(b, dst, nb, h);
+      return;
+    case GGMLType::Q4_K:
+      dequantize_q4_k(b, dst, nb, h);
+      return;
+    case GGMLType::Q6_K:
+      dequantize_q6_k(b, dst, nb, h);
+      return;
+    default:
+      break;
   }
   fail("dequantize: no converter for type {}", to_string(t));
 }
@@ -504,21 +533,38 @@ void quantize(GGMLType t, const float* src, void* dst, std::size_t n) {
   const std::size_t nb = checked_blocks(t, n, "quantize");
   auto* b = static_cast<std::uint8_t*>(dst);
   switch (t) {
-    case GGMLType::F32: std::memcpy(dst, src, n * sizeof(float)); return;
+    case GGMLType::F32:
+      std::memcpy(dst, src, n * sizeof(float));
+      return;
     case GGMLType::F16:
       for (std::size_t i = 0; i < n; ++i) store_u16(b + 2 * i, f16_t::from_float(src[i]).bits);
       return;
     case GGMLType::BF16:
       for (std::size_t i = 0; i < n; ++i) store_u16(b + 2 * i, bf16_t::from_float(src[i]).bits);
       return;
-    case GGMLType::Q8_0: quantize_q8_0(src, b, nb); return;
-    case GGMLType::Q4_0: quantize_sym(src, b, nb, 4); return;
-    case GGMLType::Q4_1: quantize_affine(src, b, nb, 4); return;
-    case GGMLType::Q5_0: quantize_sym(src, b, nb, 5); return;
-    case GGMLType::Q5_1: quantize_affine(src, b, nb, 5); return;
-    case GGMLType::Q4_K: quantize_q4_k(src, b, nb); return;
-    case GGMLType::Q6_K: quantize_q6_k(src, b, nb); return;
-    default: break;
+    case GGMLType::Q8_0:
+      quantize_q8_0(src, b, nb);
+      return;
+    case GGMLType::Q4_0:
+      quantize_sym(src, b, nb, 4);
+      return;
+    case GGMLType::Q4_1:
+      quantize_affine(src, b, nb, 4);
+      return;
+    case GGMLType::Q5_0:
+      quantize_sym(src, b, nb, 5);
+      return;
+    case GGMLType::Q5_1:
+      quantize_affine(src, b, nb, 5);
+      return;
+    case GGMLType::Q4_K:
+      quantize_q4_k(src, b, nb);
+      return;
+    case GGMLType::Q6_K:
+      quantize_q6_k(src, b, nb);
+      return;
+    default:
+      break;
   }
   fail("quantize: no converter for type {}", to_string(t));
 }
