@@ -17,11 +17,17 @@ Outputs (default directory data/golden/):
                                (default, gpt-2, llama-bpe, qwen2), to check the other
                                pre-tokenizer regexes
   tokenizer_synth_spm.jsonl    the SentencePiece vocabulary of `sparsim synth` (preset tiny)
+  tokenizer_hf_<V>.json/.jsonl tokenizer.json files built with the Hugging Face `tokenizers`
+                               library from the synth vocabulary (BPE with byte_fallback; V =
+                               metaspace: Metaspace pre-tokenizer, prepend_scheme first;
+                               V = prepend: Prepend + Replace normalizers, the older Llama-2
+                               layout), with ids from that library's encode(text,
+                               add_special_tokens=False)
 
 Usage:
   /root/.cache/sparsim-deps/venv/bin/python scripts/make_tokenizer_golden.py \
       --smollm2 path/to/SmolLM2-135M-Instruct.Q4_1.gguf --sparsim build/bin/sparsim
-Needs the PyPI packages llama-cpp-python and gguf.
+Needs the PyPI packages llama-cpp-python and gguf (and tokenizers for the tokenizer_hf_* files).
 """
 import argparse
 import json
@@ -222,6 +228,47 @@ def rewrite_pre(src, dst, pre):
     w.close()
 
 
+def read_vocab(path):
+    import gguf
+    r = gguf.GGUFReader(path)
+    f = r.fields["tokenizer.ggml.tokens"]
+    tokens = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+    f = r.fields["tokenizer.ggml.scores"]
+    scores = [float(f.parts[i][0]) for i in f.data]
+    f = r.fields["tokenizer.ggml.token_type"]
+    types = [int(f.parts[i][0]) for i in f.data]
+    return tokens, scores, types
+
+
+def write_hf_goldens(synth_gguf, out_dir, strings):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, AddedToken
+    tokens, scores, types = read_vocab(synth_gguf)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    # Merges as a SentencePiece vocabulary implies them: every split of an entry into two
+    # entries, ordered by the entry's score, highest first.
+    merges = []
+    for i in sorted(range(len(tokens)), key=lambda i: -scores[i]):
+        if types[i] != 1:
+            continue
+        t = tokens[i]
+        merges += [(t[:c], t[c:]) for c in range(1, len(t)) if t[:c] in vocab and t[c:] in vocab]
+    for variant in ("metaspace", "prepend"):
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token="<unk>",
+                                   byte_fallback=True, fuse_unk=True))
+        if variant == "metaspace":
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581",
+                                                         prepend_scheme="first", split=True)
+        else:
+            tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"),
+                                                   normalizers.Replace(" ", "\u2581")])
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t in ("<unk>", "<s>", "</s>")])
+        path = os.path.join(out_dir, f"tokenizer_hf_{variant}.json")
+        tok.save(path)
+        ids = [tok.encode(s, add_special_tokens=False).ids for s in strings]
+        write_jsonl(os.path.join(out_dir, f"tokenizer_hf_{variant}.jsonl"), strings, ids)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
@@ -252,6 +299,12 @@ def main():
                            stdout=subprocess.DEVNULL)
             write_jsonl(os.path.join(a.out_dir, "tokenizer_synth_spm.jsonl"), strings,
                         tokenize_all(p, strings))
+            try:
+                import tokenizers  # noqa: F401
+                write_hf_goldens(p, a.out_dir, strings)
+            except ImportError:
+                print("no `tokenizers` package: skipping the tokenizer_hf_* goldens",
+                      file=sys.stderr)
     else:
         print(f"no sparsim binary at {a.sparsim}: skipping the synth SPM golden", file=sys.stderr)
 

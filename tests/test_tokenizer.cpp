@@ -232,6 +232,24 @@ TEST(TokenizerGolden, HfJsonLlama3StyleSplitMatchesLlamaCpp) {
   check_golden(tok, read_golden("tokenizer_smollm2_pre-llama-bpe.jsonl"), true);
 }
 
+TEST(TokenizerGolden, HfJsonSentencePieceStyleMatchesHuggingFace) {
+  // tokenizer.json files written by the Hugging Face `tokenizers` library (see
+  // scripts/make_tokenizer_golden.py) over the synth vocabulary, with that library's ids.
+  for (const char* variant : {"metaspace", "prepend"}) {
+    SCOPED_TRACE(variant);
+    const auto tok =
+        Tokenizer::from_hf_json(kGolden + "tokenizer_hf_" + variant + ".json");
+    EXPECT_EQ(tok.model_type(), "llama");
+    EXPECT_EQ(tok.vocab_size(), 512);
+    // Metaspace does not prepend to text that already starts with a space, so " x" and "x"
+    // give the same ids there and only the Prepend layout can round-trip.
+    const bool prepend = std::string(variant) == "prepend";
+    const auto n = check_golden(
+        tok, read_golden(std::string("tokenizer_hf_") + variant + ".jsonl"), prepend);
+    EXPECT_GT(n, 300u);
+  }
+}
+
 // ------------------------------------------------------------------ hand-worked vocabularies
 
 /// A byte-level BPE vocabulary: the 256 byte symbols, then the given merges' results.
