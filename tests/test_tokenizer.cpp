@@ -519,6 +519,25 @@ TEST(TokenizerSpeed, EncodesAMegabyteQuickly) {
   EXPECT_EQ(spm.decode(ids2), text);
 }
 
+TEST(TokenizerSpeed, LongRunsOfOneCharacterClass) {
+  // One pre-token of 150 kB: the regex engine must neither fail nor crawl.
+  for (const char* pre : {"gpt-2", "smollm", "llama-bpe", "default"}) {
+    SCOPED_TRACE(pre);
+    TempDir dir;
+    const auto t = tiny_bpe(dir, {"a a", "aa aa", "! !", "\xC4\xA0 \xC4\xA0"}, pre);
+    for (const std::string unit : {" ", "a", "!", "\n", "7", "\xE4\xB8\x80"}) {
+      std::string text;
+      while (text.size() < 150000) text += unit;
+      const auto t0 = std::chrono::steady_clock::now();
+      const auto ids = t.encode(text, false);
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      EXPECT_LT(s, 2.0) << nlohmann::json(unit).dump();
+      EXPECT_EQ(t.decode(ids), text);
+    }
+  }
+}
+
 // ------------------------------------------------------------------ errors
 
 template <class F>

@@ -38,6 +38,15 @@
 /// add_space_prefix, the one space that encode prepends (at the start and after each special
 /// token) is removed again, so decode(encode(s)) == s for every valid UTF-8 s. No other clean-up
 /// is done. The result of decode may be invalid UTF-8 (a token can hold part of a character).
+/// Exceptions to the round trip: a literal "▁" in SentencePiece text (it reads back as a space),
+/// bytes a byte-level vocabulary has no symbol for (dropped when encoding, as in llama.cpp;
+/// SmolLM2 lacks several C0 control bytes), and tokenizer.json Metaspace layouts, where " x" and
+/// "x" encode alike.
+///
+/// Merging: symbols are token ids, merge candidates sit in a binary heap keyed by (rank, position)
+/// and are checked for staleness when popped, so a piece of n symbols costs O(n log n).
+/// SentencePiece merges are precomputed from the vocabulary (every split of an entry into two
+/// entries or single characters) and ranked by the entry's score.
 ///
 /// A Tokenizer is immutable after loading; encode/decode are safe to call from several threads.
 #include <memory>
