@@ -93,7 +93,8 @@ class Tokenizer {
   /// llama-bpe).
   bool add_bos_default() const;
   const std::string& model_type() const;  ///< "gpt2" or "llama"
-  const std::string& pre_type() const;    ///< tokenizer.ggml.pre, e.g. "smollm"; "default" if absent
+  /// tokenizer.ggml.pre, e.g. "smollm" ("default" if absent); "hf" for a tokenizer.json.
+  const std::string& pre_type() const;
   /// The vocabulary entry of `id` as stored (byte-level / "▁" form). Throws when out of range.
   const std::string& token_text(int id) const;
   /// The id of a vocabulary entry, -1 if absent.
