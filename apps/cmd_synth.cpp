@@ -1,6 +1,7 @@
 // sparsim synth: a seeded random Llama model in a GGUF file.
 #include "common.hpp"
 #include "model/synth.hpp"
+#include "model/synth_hf.hpp"
 
 #include <iostream>
 
@@ -24,11 +25,15 @@ gguf::GGMLType parse_ggml_type(const std::string& s) {
 int cmd_synth(int argc, char** argv) {
   SynthSpec s;
   Config& c = s.cfg;
-  std::string out, type, preset;
+  std::string out, type, preset, format;
   bool untied = false, llama3 = false;
   po::options_description d("sparsim synth options");
   d.add_options()
-      ("out,o", po::value(&out)->required(), "output GGUF path (written atomically)")
+      ("out,o", po::value(&out)->required(),
+       "output GGUF path (written atomically), or the directory with --format hf")
+      ("format", po::value(&format)->default_value("gguf"),
+       "gguf, or hf: a Hugging Face directory (config.json + model.safetensors) holding the "
+       "same model; --type then is the safetensors dtype (f32, bf16 or f16)")
       ("preset", po::value(&preset)->default_value("tiny"),
        "starting shape: tiny (2 layers, d 64) or smollm2-135m; options below override it")
       ("layers", po::value<int>(), "transformer blocks")
@@ -80,7 +85,19 @@ int cmd_synth(int argc, char** argv) {
   }
   s.type = parse_ggml_type(type);
   c.name = "sparsim-synth-" + preset;
-  write_synth_gguf(s, out);
+  if (format == "hf") {
+    using D = safetensors::Dtype;
+    D dt = D::F32;
+    if (s.type == gguf::GGMLType::BF16) dt = D::BF16;
+    else if (s.type == gguf::GGMLType::F16) dt = D::F16;
+    else require(s.type == gguf::GGMLType::F32,
+                 "--type '{}' cannot be written with --format hf (f32, bf16, f16)", type);
+    s.type = gguf::GGMLType::F32;
+    write_synth_safetensors(s, out, dt);
+  } else {
+    require(format == "gguf", "--format '{}' is unknown (gguf, hf)", format);
+    write_synth_gguf(s, out);
+  }
   std::cout << fmt::format("wrote {} ({} parameters, {} layers, d {}, vocab {}, type {}, seed {})\n",
                            out, c.n_params(), c.n_layer, c.d_model, c.vocab, type, s.seed);
   return 0;

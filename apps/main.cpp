@@ -11,6 +11,8 @@ int cmd_inspect(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_forward(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_eval(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -22,6 +24,9 @@ struct Command {
 };
 
 const Command kCommands[] = {
+    {"eval", sparsim::app::cmd_eval,
+     "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
+    {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect, "show a model file's metadata, tensors and memory needs"},
     {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
     {"forward", sparsim::app::cmd_forward,

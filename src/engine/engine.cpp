@@ -88,7 +88,7 @@ Mat<E> rows(const Mat<E>& buf, int n) {
 }  // namespace
 
 template <class E>
-Mat<E> Engine<E>::forward(const std::vector<std::vector<int>>& tokens, int p0, bool all_logits) {
+Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int p0, int tail) {
   const Config& c = w_->cfg;
   const int n_seq = static_cast<int>(tokens.size());
   require(n_seq >= 1 && n_seq <= max_seqs_, "forward: {} sequences, engine holds 1 … {}", n_seq,
@@ -101,7 +101,9 @@ Mat<E> Engine<E>::forward(const std::vector<std::vector<int>>& tokens, int p0, b
   require(p0 >= 0 && p0 + T <= max_ctx_,
           "forward: positions {} … {} exceed the context of {} tokens", p0, p0 + T - 1, max_ctx_);
   const int n = n_seq * T;
-  const int n_out = all_logits ? n : n_seq;
+  if (tail < 0) tail = T;
+  require(tail >= 1 && tail <= T, "forward: logits for the last {} positions of {}", tail, T);
+  const int n_out = n_seq * tail;
   ensure_rows(n, n_out);
   const flops::Phase ph = T > 1 ? flops::Phase::Prefill : flops::Phase::Decode;
 
@@ -171,14 +173,17 @@ Mat<E> Engine<E>::forward(const std::vector<std::vector<int>>& tokens, int p0, b
   }
 
   Mat<E> src = x;
-  if (!all_logits) {
-    Mat<E> last = rows(last_, n_seq);
+  if (tail < T) {
+    Mat<E> last = rows(last_, n_out);
     auto xs = x;
     const int d = c.d_model;
+    const int skip = T - tail;
     Kokkos::parallel_for(
-        "sparsim::engine::gather_last",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_seq, d}),
-        KOKKOS_LAMBDA(const int s, const int j) { last(s, j) = xs(s * T + T - 1, j); });
+        "sparsim::engine::gather_tail",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_out, d}),
+        KOKKOS_LAMBDA(const int r, const int j) {
+          last(r, j) = xs((r / tail) * T + skip + r % tail, j);
+        });
     src = last;
   }
   Mat<E> hn = rows(xn_, n_out);

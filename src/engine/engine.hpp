@@ -33,7 +33,14 @@ class Engine {
   /// Runs tokens[s][t] (every sequence the same length T ≥ 1) at cache positions p0 … p0+T−1.
   /// Returns logits [n_seq·T][vocab] (row s·T + t) when `all_logits`, else [n_seq][vocab] for
   /// each sequence's last token. The view stays valid until the next call.
-  Mat<E> forward(const std::vector<std::vector<int>>& tokens, int p0, bool all_logits = true);
+  Mat<E> forward(const std::vector<std::vector<int>>& tokens, int p0, bool all_logits = true) {
+    return forward_tail(tokens, p0, all_logits ? -1 : 1);
+  }
+
+  /// As forward(), with logits for the last `tail` positions of each sequence only (−1: all):
+  /// [n_seq·tail][vocab], row s·tail + i for position T − tail + i. Scoring a window needs
+  /// only the positions it scores, which keeps the LM head and the logits small.
+  Mat<E> forward_tail(const std::vector<std::vector<int>>& tokens, int p0, int tail);
 
   const Config& config() const { return w_->cfg; }
   const Weights<E>& weights() const { return *w_; }

@@ -1,0 +1,14 @@
+#pragma once
+// Opening a model argument together with its tokenizer.
+#include "common.hpp"
+#include "model/tokenizer.hpp"
+
+#include <string>
+
+namespace sparsim::app {
+
+/// The tokenizer that belongs to a model path: the GGUF's own vocabulary, or tokenizer.json
+/// beside a safetensors model.
+Tokenizer tokenizer_for(const std::string& model_path);
+
+}  // namespace sparsim::app

@@ -1,0 +1,135 @@
+#include "eval/perplexity.hpp"
+
+#include "core/error.hpp"
+#include "kernels/loss.hpp"
+
+#include <cmath>
+
+namespace sparsim {
+
+void PplOptions::validate(int model_context) const {
+  require(context >= 2, "--context must be at least 2 tokens, got {}", context);
+  require(context <= model_context,
+          "--context {} is longer than the model supports ({} tokens)", context, model_context);
+  require(stride >= 1, "--stride must be positive, got {}", stride);
+  require(score >= 1 && score <= context - 1 - (bos_id >= 0 ? 1 : 0) + 1 && score < context,
+          "--score {} must be between 1 and the context minus one ({})", score, context - 1);
+  require(batch >= 1, "--batch must be positive, got {}", batch);
+  require(max_windows >= 0, "--max-windows must be non-negative, got {}", max_windows);
+}
+
+std::vector<std::size_t> window_starts(std::size_t n, const PplOptions& o) {
+  const std::size_t body = o.context - (o.bos_id >= 0 ? 1 : 0);  // stream tokens per window
+  std::vector<std::size_t> s;
+  for (std::size_t start = 0; start + body <= n; start += o.stride) {
+    s.push_back(start);
+    if (o.max_windows > 0 && static_cast<int>(s.size()) == o.max_windows) break;
+  }
+  return s;
+}
+
+double PplResult::perplexity() const {
+  return tokens_scored ? std::exp(nll_sum / static_cast<double>(tokens_scored)) : 0.0;
+}
+
+template <class E>
+PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOptions& o,
+                     const Progress& progress) {
+  o.validate(eng.config().context_length);
+  require(o.context <= eng.max_ctx() && o.batch <= eng.max_seqs(),
+          "perplexity: engine sized for {} x {} tokens, need {} x {}", eng.max_seqs(),
+          eng.max_ctx(), o.batch, o.context);
+  const auto starts = window_starts(stream.size(), o);
+  require(!starts.empty(),
+          "the corpus has {} tokens, fewer than one window of {} (use a smaller --context)",
+          stream.size(), o.context);
+  const int C = o.context, S = o.score, tail = S + 1;
+  const int bos = o.bos_id >= 0 ? 1 : 0;
+  PplResult res;
+  Kokkos::View<double*, DeviceOf<E>> nll("sparsim::eval::nll", o.batch * tail);
+  IVec<E> target("sparsim::eval::target", o.batch * tail), amax("sparsim::eval::argmax",
+                                                                 o.batch * tail);
+  auto h_target = Kokkos::create_mirror_view(target);
+  const int total = static_cast<int>(starts.size());
+  for (int w0 = 0; w0 < total; w0 += o.batch) {
+    const int nb = std::min(o.batch, total - w0);
+    std::vector<std::vector<int>> seqs(nb);
+    for (int b = 0; b < nb; ++b) {
+      auto& s = seqs[b];
+      s.reserve(C);
+      if (bos) s.push_back(o.bos_id);
+      s.insert(s.end(), stream.begin() + starts[w0 + b], stream.begin() + starts[w0 + b] + C - bos);
+      // Logit row i (position C − tail + i) predicts the token at position C − tail + i + 1;
+      // the last row predicts past the window and is not scored.
+      for (int i = 0; i < tail; ++i) h_target(b * tail + i) = i + 1 < tail ? s[C - tail + i + 1] : -1;
+    }
+    Kokkos::deep_copy(target, h_target);
+    Mat<E> logits = eng.forward_tail(seqs, 0, tail);
+    Kokkos::View<double*, DeviceOf<E>> nll_b(nll.data(), nb * tail);
+    IVec<E> tgt_b(target.data(), nb * tail), am_b(amax.data(), nb * tail);
+    nll_rows(eng.exec(), CMat<E>(logits), tgt_b, nll_b, am_b);
+    auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
+    auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), amax);
+    for (int b = 0; b < nb; ++b) {
+      double wsum = 0;  // fixed order: position by position
+      for (int i = 0; i < S; ++i) {
+        wsum += hn(b * tail + i);
+        if (ha(b * tail + i) == h_target(b * tail + i)) ++res.argmax_hits;
+      }
+      res.window_nll.push_back(wsum);
+      res.window_tokens.push_back(S);
+      res.window_start.push_back(starts[w0 + b]);
+      res.nll_sum += wsum;
+      res.tokens_scored += S;
+    }
+    if (progress) progress(w0 + nb, total);
+  }
+  return res;
+}
+
+template <class E>
+double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
+                     const std::vector<int>& continuation, bool* greedy) {
+  require(!context.empty(), "loglikelihood: empty context");
+  require(!continuation.empty(), "loglikelihood: empty continuation");
+  std::vector<int> seq = context;
+  seq.insert(seq.end(), continuation.begin(), continuation.end());
+  const int T = static_cast<int>(seq.size());
+  require(T <= eng.max_ctx(), "a task item of {} tokens exceeds the context of {}", T,
+          eng.max_ctx());
+  const int tail = static_cast<int>(continuation.size()) + 1;
+  IVec<E> target("sparsim::eval::target", tail), amax("sparsim::eval::argmax", tail);
+  Kokkos::View<double*, DeviceOf<E>> nll("sparsim::eval::nll", tail);
+  auto ht = Kokkos::create_mirror_view(target);
+  for (int i = 0; i < tail; ++i) ht(i) = i + 1 < tail ? continuation[i] : -1;
+  Kokkos::deep_copy(target, ht);
+  Mat<E> logits = eng.forward_tail({seq}, 0, tail);
+  nll_rows(eng.exec(), CMat<E>(logits), target, nll, amax);
+  auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), amax);
+  double ll = 0;
+  bool all = true;
+  for (int i = 0; i + 1 < tail; ++i) {
+    ll -= hn(i);
+    all = all && ha(i) == continuation[i];
+  }
+  if (greedy) *greedy = all;
+  return ll;
+}
+
+#define SPARSIM_INSTANTIATE_EVAL(E)                                                             \
+  template PplResult perplexity<E>(Engine<E>&, const std::vector<int>&, const PplOptions&,     \
+                                   const Progress&);                                           \
+  template double loglikelihood<E>(Engine<E>&, const std::vector<int>&, const std::vector<int>&, \
+                                   bool*);
+#ifdef KOKKOS_ENABLE_SERIAL
+SPARSIM_INSTANTIATE_EVAL(Kokkos::Serial)
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+SPARSIM_INSTANTIATE_EVAL(Kokkos::OpenMP)
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+SPARSIM_INSTANTIATE_EVAL(Kokkos::Cuda)
+#endif
+
+}  // namespace sparsim
