@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "model/detail/weight_builder.hpp"
 #include "model/gguf.hpp"
 #include "model/quant.hpp"
 
@@ -22,29 +23,6 @@ int as_int(std::uint64_t v, const std::string& what) {
   require(v <= 0x7fffffffULL, "metadata key '{}' value {} is too large", what, v);
   return static_cast<int>(v);
 }
-
-/// A 64-bit streaming hash (multiply-xorshift over 8-byte words); identifies tensor data.
-struct Hasher {
-  std::uint64_t h = 0x9e3779b97f4a7c15ULL;
-  void mix(std::uint64_t w) {
-    h ^= w + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ULL;
-    h ^= h >> 31;
-  }
-  void bytes(const void* p, std::size_t n) {
-    const auto* c = static_cast<const unsigned char*>(p);
-    std::size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, c + i, 8);
-      mix(w);
-    }
-    std::uint64_t tail = 0;
-    std::memcpy(&tail, c + i, n - i);
-    mix(tail ^ (static_cast<std::uint64_t>(n) << 56));
-  }
-  std::string hex() const { return fmt::format("{:016x}", h); }
-};
 
 }  // namespace
 
@@ -103,12 +81,26 @@ Config config_from_gguf(const gguf::File& f) {
 
 namespace {
 
+/// Looks tensors of a GGUF file up by name, checks their shapes against the metadata and hands
+/// them to the shared WeightBuilder.
 template <class E>
 class GgufLoader {
  public:
-  GgufLoader(const gguf::File& f, const Config& c, const LoadOptions& o, Hasher& h,
-             std::set<std::string>& types, std::uint64_t& nonfinite)
-      : f_(f), c_(c), o_(o), h_(h), types_(types), nonfinite_(nonfinite) {}
+  GgufLoader(const gguf::File& f, detail::WeightBuilder<E>& b) : f_(f), b_(b) {}
+
+  detail::RawTensor raw(const gguf::TensorInfo& t) const {
+    detail::RawTensor r;
+    r.file = f_.path();
+    r.name = t.name;
+    r.hash_dims = t.ne;
+    r.type = t.type;
+    r.data = t.data;
+    r.nbytes = t.nbytes;
+    r.cols = t.ne[0];
+    r.rows = t.n_elements() / t.ne[0];
+    r.release = [this, &t] { f_.release(t); };
+    return r;
+  }
 
   const gguf::TensorInfo& find(const std::string& name, std::vector<std::uint64_t> ne) {
     const gguf::TensorInfo* t = f_.find_tensor(name);
@@ -120,89 +112,20 @@ class GgufLoader {
     return *t;
   }
 
-  // Dequantizes a tensor into fp32 chunk by chunk, handing each chunk to `sink`.
-  template <class Sink>
-  void stream(const gguf::TensorInfo& t, Sink&& sink) {
-    types_.insert(gguf::to_string(t.type));
-    h_.bytes(t.name.data(), t.name.size());
-    for (auto d : t.ne) h_.mix(d);
-    h_.mix(static_cast<std::uint64_t>(t.type));
-    h_.bytes(t.data, t.nbytes);
-    const std::uint64_t cols = t.ne[0];
-    const std::uint64_t rows = t.n_elements() / cols;
-    const std::uint64_t rb = gguf::row_bytes(t.type, cols);
-    const std::uint64_t chunk_rows = std::max<std::uint64_t>(1, (1u << 16) / cols);
-    buf_.resize(chunk_rows * cols);
-    std::uint64_t bad = 0;
-    for (std::uint64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
-      const std::uint64_t nr = std::min(chunk_rows, rows - r0);
-      gguf::dequantize(t.type, t.data + r0 * rb, buf_.data(), nr * cols);
-      for (std::uint64_t i = 0; i < nr * cols; ++i)
-        if (!std::isfinite(buf_[i])) ++bad;
-      sink(r0, nr, buf_.data());
-    }
-    if (bad) {
-      nonfinite_ += bad;
-      if (o_.strict) fail("{}: tensor '{}' holds {} NaN/Inf values", f_.path(), t.name, bad);
-      log().warn("{}: tensor '{}' holds {} NaN/Inf values", f_.path(), t.name, bad);
-    }
-    f_.release(t);
-  }
-
   Kokkos::View<float*, DeviceOf<E>> vec(const std::string& name, int n) {
-    const auto& t = find(name, {static_cast<std::uint64_t>(n)});
-    Kokkos::View<float*, DeviceOf<E>> v(Kokkos::view_alloc(name, Kokkos::WithoutInitializing), n);
-    auto h = Kokkos::create_mirror_view(v);
-    stream(t, [&](std::uint64_t r0, std::uint64_t nr, const float* src) {
-      std::copy(src, src + nr * n, h.data() + r0 * n);
-    });
-    Kokkos::deep_copy(v, h);
-    return v;
-  }
-
-  template <class T>
-  Kokkos::View<T**, Layout, DeviceOf<E>> fill(const gguf::TensorInfo& t, int rows, int cols) {
-    Kokkos::View<T**, Layout, DeviceOf<E>> v(
-        Kokkos::view_alloc(t.name, Kokkos::WithoutInitializing), rows, cols);
-    auto h = Kokkos::create_mirror_view(v);
-    stream(t, [&](std::uint64_t r0, std::uint64_t nr, const float* src) {
-      T* dst = h.data() + r0 * cols;
-      for (std::uint64_t i = 0; i < nr * cols; ++i) dst[i] = from_f32<T>(src[i]);
-    });
-    Kokkos::deep_copy(v, h);
-    return v;
+    return b_.vec(raw(find(name, {static_cast<std::uint64_t>(n)})), n);
   }
 
   Matrix<E> mat(const std::string& name, int rows, int cols) {
     const auto& t = find(name, {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)});
-    Matrix<E> m;
-    m.dtype = o_.storage;
-    m.rows = rows;
-    m.cols = cols;
-    switch (o_.storage) {
-      case DType::F32: m.f32 = fill<float>(t, rows, cols); break;
-      case DType::BF16: m.bf16 = fill<bf16_t>(t, rows, cols); break;
-      case DType::F16: m.f16 = fill<f16_t>(t, rows, cols); break;
-    }
-    return m;
+    return b_.mat(raw(t), rows, cols);
   }
 
-  std::vector<float> host_vec(const gguf::TensorInfo& t) {
-    std::vector<float> out(t.n_elements());
-    stream(t, [&](std::uint64_t r0, std::uint64_t nr, const float* src) {
-      std::copy(src, src + nr * t.ne[0], out.data() + r0 * t.ne[0]);
-    });
-    return out;
-  }
+  std::vector<float> host_vec(const gguf::TensorInfo& t) { return b_.host_vec(raw(t)); }
 
  private:
   const gguf::File& f_;
-  const Config& c_;
-  const LoadOptions& o_;
-  Hasher& h_;
-  std::set<std::string>& types_;
-  std::uint64_t& nonfinite_;
-  std::vector<float> buf_;
+  detail::WeightBuilder<E>& b_;
 };
 
 }  // namespace
@@ -215,10 +138,8 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
   auto w = std::make_shared<Weights<E>>();
   w->cfg = c;
   w->storage = opt.storage;
-  Hasher h;
-  std::set<std::string> types;
-  std::uint64_t nonfinite = 0;
-  GgufLoader<E> L(f, c, opt, h, types, nonfinite);
+  detail::WeightBuilder<E> B(opt);
+  GgufLoader<E> L(f, B);
   const int d = c.d_model;
   w->tok_embd = L.mat("token_embd.weight", c.vocab, d);
   for (int l = 0; l < c.n_layer; ++l) {
@@ -247,19 +168,40 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
     info->path = path;
     info->format = "gguf";
     info->file_bytes = f.file_size();
-    info->fingerprint = h.hex();
-    info->tensor_types.assign(types.begin(), types.end());
-    info->nonfinite = nonfinite;
+    B.finish(*info);
   }
   return w;
+}
+
+ModelFormat detect_model_format(const std::string& path) {
+  namespace fs = std::filesystem;
+  require(fs::exists(path), "model file '{}' does not exist", path);
+  if (fs::is_directory(path)) return ModelFormat::HfDirectory;
+  const std::string ext = fs::path(path).extension().string();
+  if (ext == ".safetensors" || ext == ".json") return ModelFormat::HfDirectory;
+  unsigned char b[9] = {};
+  std::ifstream in(path, std::ios::binary);
+  require(static_cast<bool>(in), "{}: cannot open model file", path);
+  in.read(reinterpret_cast<char*>(b), sizeof b);
+  const auto n = static_cast<std::size_t>(in.gcount());
+  // A .gguf name goes to the GGUF reader whatever it holds: it names what is wrong in detail.
+  if ((n >= 4 && std::memcmp(b, "GGUF", 4) == 0) || ext == ".gguf") return ModelFormat::Gguf;
+  if (n == 9 && b[8] == '{' && b[6] == 0 && b[7] == 0) return ModelFormat::HfDirectory;
+  std::string first;
+  for (std::size_t i = 0; i < std::min<std::size_t>(n, 8); ++i)
+    first += fmt::format("{}{:02x}", i ? " " : "", b[i]);
+  fail("{}: unrecognised model file format (first bytes: {}): expected a GGUF file (magic "
+       "'GGUF'), a .safetensors file or a Hugging Face model directory",
+       path, n ? first : std::string("none, the file is empty"));
 }
 
 template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info) {
-  namespace fs = std::filesystem;
-  require(fs::exists(path), "model file '{}' does not exist", path);
-  require(!fs::is_directory(path), "model path '{}' is a directory, expected a model file", path);
+  switch (detect_model_format(path)) {
+    case ModelFormat::HfDirectory: return load_safetensors<E>(path, opt, info);
+    case ModelFormat::Gguf: break;
+  }
   return load_gguf<E>(path, opt, info);
 }
 

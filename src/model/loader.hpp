@@ -22,8 +22,8 @@ struct LoadOptions {
 /// Facts about a loaded model file, for records.
 struct ModelInfo {
   std::string path;
-  std::string format;                  ///< "gguf"
-  std::uint64_t file_bytes = 0;
+  std::string format;                  ///< "gguf" or "safetensors"
+  std::uint64_t file_bytes = 0;        ///< all shards together for a sharded checkpoint
   std::string fingerprint;             ///< 16 hex digits: hash of every tensor's name, shape, type, data
   std::vector<std::string> tensor_types;  ///< distinct file tensor types, e.g. {"Q4_1", "F32"}
   std::uint64_t nonfinite = 0;         ///< NaN / Inf values found in the weights
@@ -37,7 +37,25 @@ template <class E>
 std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions& opt,
                                       ModelInfo* info = nullptr);
 
-/// Loads any supported model file (dispatching on its content).
+/// Reads the Llama hyper-parameters of a Hugging Face `config.json` (model_type "llama" /
+/// LlamaForCausalLM; rope_scaling absent, "default" or "llama3"). The result has
+/// rope_layout = RopeLayout::Half. Throws sparsim::Error naming the file and the key at fault.
+Config config_from_hf_json(const std::string& config_json_path);
+
+/// Loads a Hugging Face Llama checkpoint: `path` is the model directory (config.json with
+/// model.safetensors or model.safetensors.index.json), a .safetensors file or an index file in
+/// such a directory, or the config.json itself. Weights of dtype F32, F16 or BF16.
+template <class E>
+std::shared_ptr<Weights<E>> load_safetensors(const std::string& path, const LoadOptions& opt,
+                                             ModelInfo* info = nullptr);
+
+enum class ModelFormat { Gguf, HfDirectory };
+/// Which loader `load_model` uses: a directory, a .safetensors or a .json path, or a file whose
+/// first bytes look like a safetensors header → HfDirectory; the GGUF magic or a .gguf name →
+/// Gguf. Throws for a missing path or an unrecognised file format (naming its first bytes).
+ModelFormat detect_model_format(const std::string& path);
+
+/// Loads any supported model (dispatching with detect_model_format).
 template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info = nullptr);

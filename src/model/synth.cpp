@@ -35,6 +35,36 @@ std::uint64_t stream_seed(std::uint64_t seed, const std::string& name) {
 
 }  // namespace
 
+std::vector<SynthTensor> synth_tensors(const Config& c) {
+  std::vector<SynthTensor> v;
+  auto add = [&](const std::string& name, int rows, int cols, double stddev, double mean,
+                 bool matrix) { v.push_back(SynthTensor{name, rows, cols, stddev, mean, matrix}); };
+  const int d = c.d_model;
+  add("token_embd.weight", c.vocab, d, 1.0, 0.0, true);
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    add(p + "attn_norm.weight", 1, d, 0.1, 1.0, false);
+    add(p + "attn_q.weight", c.q_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
+    add(p + "attn_k.weight", c.kv_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
+    add(p + "attn_v.weight", c.kv_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
+    add(p + "attn_output.weight", d, c.q_dim(), 1.0 / std::sqrt(c.q_dim()), 0.0, true);
+    add(p + "ffn_norm.weight", 1, d, 0.1, 1.0, false);
+    add(p + "ffn_gate.weight", c.d_ff, d, 1.0 / std::sqrt(d), 0.0, true);
+    add(p + "ffn_up.weight", c.d_ff, d, 1.0 / std::sqrt(d), 0.0, true);
+    add(p + "ffn_down.weight", d, c.d_ff, 1.0 / std::sqrt(c.d_ff), 0.0, true);
+  }
+  add("output_norm.weight", 1, d, 0.1, 1.0, false);
+  if (!c.tied_embeddings) add("output.weight", c.vocab, d, 1.0 / std::sqrt(d), 0.0, true);
+  return v;
+}
+
+std::vector<float> synth_values(std::uint64_t seed, const SynthTensor& t) {
+  SynthRng rng(stream_seed(seed, t.name));
+  std::vector<float> v(static_cast<std::size_t>(t.rows) * t.cols);
+  for (auto& x : v) x = static_cast<float>(t.mean + t.stddev * rng.normal());
+  return v;
+}
+
 void write_synth_gguf(const SynthSpec& spec, const std::string& path) {
   const Config& c = spec.cfg;
   c.validate();
@@ -107,34 +137,15 @@ void write_synth_gguf(const SynthSpec& spec, const std::string& path) {
     w.set("tokenizer.ggml.add_bos_token", Value::boolean(true));
   }
 
-  auto add = [&](const std::string& name, int rows, int cols, double stddev, double mean,
-                 bool matrix) {
-    SynthRng rng(stream_seed(spec.seed, name));
-    std::vector<float> v(static_cast<std::size_t>(rows) * cols);
-    for (auto& x : v) x = static_cast<float>(mean + stddev * rng.normal());
-    const GGMLType t = matrix ? spec.type : GGMLType::F32;
-    std::vector<std::uint8_t> bytes(gguf::row_bytes(t, cols) * rows);
-    gguf::quantize(t, v.data(), bytes.data(), v.size());
-    std::vector<std::uint64_t> ne = {static_cast<std::uint64_t>(cols)};
-    if (matrix) ne.push_back(static_cast<std::uint64_t>(rows));
-    w.add_tensor(name, ne, t, std::move(bytes));
-  };
-  const int d = c.d_model;
-  add("token_embd.weight", c.vocab, d, 1.0, 0.0, true);
-  for (int l = 0; l < c.n_layer; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    add(p + "attn_norm.weight", 1, d, 0.1, 1.0, false);
-    add(p + "attn_q.weight", c.q_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
-    add(p + "attn_k.weight", c.kv_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
-    add(p + "attn_v.weight", c.kv_dim(), d, 1.0 / std::sqrt(d), 0.0, true);
-    add(p + "attn_output.weight", d, c.q_dim(), 1.0 / std::sqrt(c.q_dim()), 0.0, true);
-    add(p + "ffn_norm.weight", 1, d, 0.1, 1.0, false);
-    add(p + "ffn_gate.weight", c.d_ff, d, 1.0 / std::sqrt(d), 0.0, true);
-    add(p + "ffn_up.weight", c.d_ff, d, 1.0 / std::sqrt(d), 0.0, true);
-    add(p + "ffn_down.weight", d, c.d_ff, 1.0 / std::sqrt(c.d_ff), 0.0, true);
+  for (const SynthTensor& t : synth_tensors(c)) {
+    std::vector<float> v = synth_values(spec.seed, t);
+    const GGMLType tt = t.matrix ? spec.type : GGMLType::F32;
+    std::vector<std::uint8_t> bytes(gguf::row_bytes(tt, t.cols) * t.rows);
+    gguf::quantize(tt, v.data(), bytes.data(), v.size());
+    std::vector<std::uint64_t> ne = {static_cast<std::uint64_t>(t.cols)};
+    if (t.matrix) ne.push_back(static_cast<std::uint64_t>(t.rows));
+    w.add_tensor(t.name, ne, tt, std::move(bytes));
   }
-  add("output_norm.weight", 1, d, 0.1, 1.0, false);
-  if (!c.tied_embeddings) add("output.weight", c.vocab, d, 1.0 / std::sqrt(d), 0.0, true);
   if (spec.rope_freqs) {
     // Llama-3 scaling expressed as per-frequency divisors, the way GGUF files carry it.
     Config plain = c;

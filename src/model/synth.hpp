@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace sparsim {
 
@@ -18,6 +19,21 @@ struct SynthSpec {
 
 /// Writes the model to `path` atomically. The same spec always gives the same bytes.
 void write_synth_gguf(const SynthSpec& spec, const std::string& path);
+
+/// One tensor of a synthetic model: GGUF name, [rows][cols] (rows = 1 for the norm vectors),
+/// and the normal distribution its values are drawn from.
+struct SynthTensor {
+  std::string name;
+  int rows = 0, cols = 0;
+  double stddev = 1.0, mean = 0.0;
+  bool matrix = true;  ///< 2-D (written as spec.type) rather than a norm vector (always F32)
+};
+
+/// The tensors write_synth_gguf writes for `c`, in file order (rope_freqs.weight excluded).
+std::vector<SynthTensor> synth_tensors(const Config& c);
+/// The fp32 values of tensor `t` for `seed` (before conversion to the file type); they depend
+/// only on the seed, the name and the shape.
+std::vector<float> synth_values(std::uint64_t seed, const SynthTensor& t);
 
 /// A counter-based generator: value i of stream s depends only on (seed, s, i).
 struct SynthRng {
