@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -84,7 +85,8 @@ void rewrite(const std::string& in, const std::string& out,
   {
     const st::File f = st::File::open(in);
     for (const auto& t : f.tensors())
-      ts.push_back({t.name, t.dtype, t.shape, std::vector<std::uint8_t>(t.data, t.data + t.nbytes())});
+      ts.push_back(
+          {t.name, t.dtype, t.shape, std::vector<std::uint8_t>(t.data, t.data + t.nbytes())});
   }
   edit(ts);
   st::write_file(out, ts);
@@ -266,28 +268,47 @@ TEST_F(SafetensorsReader, CorruptFilesNameTheProblem) {
   const std::string one = R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}})";
   const std::vector<Corrupt> cases = {
       {"header_past_eof", one, 16, {"header length 1000", "runs past the end"}, 1000},
-      {"header_huge", one, 16, {"header length 18446744073709551614", "runs past the end"},
+      {"header_huge",
+       one,
+       16,
+       {"header length 18446744073709551614", "runs past the end"},
        UINT64_MAX - 1},
       {"not_an_object", "[1,2]", 0, {"does not start with '{'"}},
       {"json_string", R"({"w": "F32"})", 0, {"tensor 'w'", "expected an object"}},
-      {"bad_json", R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})", 16,
+      {"bad_json",
+       R"({"w":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]})",
+       16,
        {"malformed JSON"}},
       {"offsets_past_data", one, 8, {"tensor 'w'", "data_offsets [0, 16]", "past the end"}},
-      {"size_mismatch", R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})", 16,
+      {"size_mismatch",
+       R"({"w":{"dtype":"F32","shape":[2,3],"data_offsets":[0,16]}})",
+       16,
        {"tensor 'w'", "hold 16 bytes", "needs 24"}},
-      {"reversed", R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", 16,
+      {"reversed",
+       R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})",
+       16,
        {"tensor 'w'", "end before they begin"}},
-      {"unknown_dtype", R"({"w":{"dtype":"Q4","shape":[2,2],"data_offsets":[0,16]}})", 16,
+      {"unknown_dtype",
+       R"({"w":{"dtype":"Q4","shape":[2,2],"data_offsets":[0,16]}})",
+       16,
        {"tensor 'w'", "unknown dtype 'Q4'"}},
-      {"duplicate", R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
-                    R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-       8, {"duplicate entry 'w'"}},
-      {"overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                  R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-       12, {"'a'", "'b'", "overlap"}},
-      {"missing_field", R"({"w":{"dtype":"F32","shape":[1]}})", 4,
+      {"duplicate",
+       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+       R"("w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+       8,
+       {"duplicate entry 'w'"}},
+      {"overlap",
+       R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+       R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+       12,
+       {"'a'", "'b'", "overlap"}},
+      {"missing_field",
+       R"({"w":{"dtype":"F32","shape":[1]}})",
+       4,
        {"tensor 'w'", "missing 'data_offsets'"}},
-      {"negative_dim", R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4,
+      {"negative_dim",
+       R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",
+       4,
        {"tensor 'w'", "non-negative integer"}},
       {"metadata_not_strings", R"({"__metadata__":{"n":1}})", 0, {"__metadata__", "'n'"}},
   };
@@ -350,8 +371,11 @@ TEST_F(SafetensorsModel, ConfigDefaultsAndVariants) {
     j.erase("head_dim");
     j.erase("num_key_value_heads");
     j["eos_token_id"] = {7, 8};
-    j["rope_scaling"] = {{"type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
-                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+    j["rope_scaling"] = {{"type", "llama3"},
+                         {"factor", 32.0},
+                         {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 64}};
   });
   const Config c = config_from_hf_json(hf_ + "/config.json");
   EXPECT_EQ(c.head_dim, 16);
@@ -395,7 +419,8 @@ TEST_F(SafetensorsModel, ShardedCheckpointLoads) {
                                              t.name == "lm_head.weight";
                                     }),
                      ts.end());
-            for (const auto& t : ts) index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
+            for (const auto& t : ts)
+              index["weight_map"][t.name] = "model-00001-of-00002.safetensors";
           });
   rewrite(d + "/model.safetensors", d + "/model-00002-of-00002.safetensors",
           [&](std::vector<st::WriteTensor>& ts) {
@@ -404,7 +429,8 @@ TEST_F(SafetensorsModel, ShardedCheckpointLoads) {
                                       return index["weight_map"].contains(t.name);
                                     }),
                      ts.end());
-            for (const auto& t : ts) index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
+            for (const auto& t : ts)
+              index["weight_map"][t.name] = "model-00002-of-00002.safetensors";
           });
   fs::remove(d + "/model.safetensors");
   write_text(d + "/model.safetensors.index.json", index.dump(2));
@@ -473,7 +499,8 @@ TEST_F(SafetensorsModel, ConfigProblems) {
   };
   const std::vector<Case> cases = {
       {"mistral", [](json& j) { j["model_type"] = "mistral"; }, {"model_type 'mistral'"}},
-      {"arch", [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; },
+      {"arch",
+       [](json& j) { j["architectures"] = {"GPT2LMHeadModel"}; },
        {"GPT2LMHeadModel", "LlamaForCausalLM"}},
       {"untyped",
        [](json& j) {
@@ -481,12 +508,19 @@ TEST_F(SafetensorsModel, ConfigProblems) {
          j.erase("architectures");
        },
        {"model_type"}},
-      {"yarn", [](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+      {"yarn",
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+       },
        {"rope_scaling type 'yarn'", "llama3"}},
-      {"llama3_incomplete", [](json& j) { j["rope_scaling"] = {{"rope_type", "llama3"}}; },
+      {"llama3_incomplete",
+       [](json& j) {
+         j["rope_scaling"] = {{"rope_type", "llama3"}};
+       },
        {"llama3", "factor"}},
       {"missing_key", [](json& j) { j.erase("hidden_size"); }, {"missing key 'hidden_size'"}},
-      {"string_number", [](json& j) { j["num_hidden_layers"] = "2"; },
+      {"string_number",
+       [](json& j) { j["num_hidden_layers"] = "2"; },
        {"num_hidden_layers", "integer"}},
       {"gqa", [](json& j) { j["num_key_value_heads"] = 3; }, {"not a multiple"}},
       {"act", [](json& j) { j["hidden_act"] = "gelu"; }, {"hidden_act 'gelu'"}},
@@ -553,6 +587,32 @@ TEST(SafetensorsCli, SynthHfDirectoryRunsLikeItsGgufTwin) {
   r = run_cmd(bin + " synth --format onnx -o " + dir.file("x"));
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("onnx"), std::string::npos) << r.output;
+}
+
+// The NumPy transformers-semantics reference (rotate_half RoPE, Llama-3 scaling) on the HF
+// directory agrees with sparsim's run file. Needs a Python with numpy and h5py: SPARSIM_PYTHON,
+// or the environment scripts/setup.sh creates.
+TEST(SafetensorsCli, NumpyHfReferenceAgrees) {
+  std::string py;
+  if (const char* e = std::getenv("SPARSIM_PYTHON")) py = e;
+  if (py.empty()) {
+    const char* home = std::getenv("HOME");
+    const std::string v = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
+    if (fs::exists(v)) py = v;
+  }
+  if (py.empty() || run_cmd(py + " -c 'import numpy, h5py'").exit_code != 0)
+    GTEST_SKIP() << "set SPARSIM_PYTHON to a Python with numpy and h5py (scripts/setup.sh)";
+  TempDir dir;
+  const std::string bin = sparsim_bin(), h = dir.file("hf"), run = dir.file("run.h5");
+  auto r = run_cmd(bin + " synth --seed 8 --untied --llama3-rope --format hf -o " + h);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(bin + " forward --model " + h + " --tokens 5,9,300,17,42,77,100 --greedy 5 -o " +
+              run);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(py + " " SPARSIM_SOURCE_DIR "/scripts/hf_reference.py --model " + h + " --compare " +
+              run + " --tol 1e-4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
 }
 
 }  // namespace

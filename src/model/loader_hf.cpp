@@ -56,8 +56,7 @@ class HfConfigReader {
     return v->get<std::string>();
   }
   int to_int(const json& v, const std::string& k) const {
-    require(v.is_number_integer() && v.get<std::int64_t>() >= 0 &&
-                v.get<std::int64_t>() <= INT_MAX,
+    require(v.is_number_integer() && v.get<std::int64_t>() >= 0 && v.get<std::int64_t>() <= INT_MAX,
             "{}: key '{}' must be a non-negative integer, got {}", path_, k, v.dump());
     return static_cast<int>(v.get<std::int64_t>());
   }
@@ -138,8 +137,7 @@ HfPaths resolve_hf_paths(const std::string& path) {
     } else if (fs::exists(single)) {
       p.weights = single.string();
     } else {
-      fail("{}: neither model.safetensors nor model.safetensors.index.json is there",
-           dir.string());
+      fail("{}: neither model.safetensors nor model.safetensors.index.json is there", dir.string());
     }
   }
   return p;
@@ -222,8 +220,8 @@ Config config_from_hf_json(const std::string& config_json_path) {
           config_json_path);
   if (model_type)
     require(*model_type == "llama",
-            "{}: model_type '{}' is not supported (sparsim runs 'llama' models)",
-            config_json_path, *model_type);
+            "{}: model_type '{}' is not supported (sparsim runs 'llama' models)", config_json_path,
+            *model_type);
   if (!archs.empty())
     require(std::find(archs.begin(), archs.end(), "LlamaForCausalLM") != archs.end(),
             "{}: architectures [{}] is not supported (sparsim runs LlamaForCausalLM)",
@@ -263,8 +261,8 @@ Config config_from_hf_json(const std::string& config_json_path) {
   c.bos_id = r.token_id("bos_token_id");
   c.eos_id = r.token_id("eos_token_id");
   if (const json* rs = r.get("rope_scaling")) {
-    require(rs->is_object(), "{}: key 'rope_scaling' must be an object, got {}",
-            config_json_path, rs->dump());
+    require(rs->is_object(), "{}: key 'rope_scaling' must be an object, got {}", config_json_path,
+            rs->dump());
     const HfConfigReader s(*rs, config_json_path + ": rope_scaling");
     auto type = s.opt_string("rope_type");
     if (!type) type = s.opt_string("type");
@@ -275,8 +273,8 @@ Config config_from_hf_json(const std::string& config_json_path) {
         require(s.get(k) != nullptr, "{}: rope_scaling of type 'llama3' lacks '{}'",
                 config_json_path, k);
       };
-      for (const char* k : {"factor", "low_freq_factor", "high_freq_factor",
-                            "original_max_position_embeddings"})
+      for (const char* k :
+           {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"})
         need(k);
       c.rope_scaling.enabled = true;
       c.rope_scaling.factor = static_cast<float>(s.opt_float("factor", 1.0));
@@ -329,10 +327,9 @@ std::shared_ptr<Weights<E>> load_safetensors(const std::string& path, const Load
   w->out_norm = L.vec("model.norm.weight", d);
   // Tied: Hugging Face ties lm_head to the embedding after loading, so a stored lm_head.weight
   // would be overwritten there; it is ignored here as well.
-  w->output = c.tied_embeddings
-                  ? w->tok_embd
-                  : L.mat("lm_head.weight", c.vocab, d,
-                          " (config.json has tie_word_embeddings false or absent)");
+  w->output = c.tied_embeddings ? w->tok_embd
+                                : L.mat("lm_head.weight", c.vocab, d,
+                                        " (config.json has tie_word_embeddings false or absent)");
   std::size_t unused = 0;
   for (const auto& n : ck.names())
     if (!L.used().count(n)) {
@@ -349,9 +346,9 @@ std::shared_ptr<Weights<E>> load_safetensors(const std::string& path, const Load
   return w;
 }
 
-#define SPARSIM_INSTANTIATE_HF_LOADER(E)                                                       \
-  template std::shared_ptr<Weights<E>> load_safetensors<E>(const std::string&,                 \
-                                                           const LoadOptions&, ModelInfo*);
+#define SPARSIM_INSTANTIATE_HF_LOADER(E)                                                           \
+  template std::shared_ptr<Weights<E>> load_safetensors<E>(const std::string&, const LoadOptions&, \
+                                                           ModelInfo*);
 #ifdef KOKKOS_ENABLE_SERIAL
 SPARSIM_INSTANTIATE_HF_LOADER(Kokkos::Serial)
 #endif

@@ -30,12 +30,11 @@ struct DtypeDesc {
   std::size_t size;
 };
 constexpr DtypeDesc kDtypes[] = {
-    {Dtype::F32, "F32", 4},        {Dtype::F16, "F16", 2},       {Dtype::BF16, "BF16", 2},
-    {Dtype::F64, "F64", 8},        {Dtype::I64, "I64", 8},       {Dtype::I32, "I32", 4},
-    {Dtype::I16, "I16", 2},        {Dtype::I8, "I8", 1},         {Dtype::U64, "U64", 8},
-    {Dtype::U32, "U32", 4},        {Dtype::U16, "U16", 2},       {Dtype::U8, "U8", 1},
-    {Dtype::BOOL, "BOOL", 1},      {Dtype::F8_E4M3, "F8_E4M3", 1},
-    {Dtype::F8_E5M2, "F8_E5M2", 1},
+    {Dtype::F32, "F32", 4},   {Dtype::F16, "F16", 2},         {Dtype::BF16, "BF16", 2},
+    {Dtype::F64, "F64", 8},   {Dtype::I64, "I64", 8},         {Dtype::I32, "I32", 4},
+    {Dtype::I16, "I16", 2},   {Dtype::I8, "I8", 1},           {Dtype::U64, "U64", 8},
+    {Dtype::U32, "U32", 4},   {Dtype::U16, "U16", 2},         {Dtype::U8, "U8", 1},
+    {Dtype::BOOL, "BOOL", 1}, {Dtype::F8_E4M3, "F8_E4M3", 1}, {Dtype::F8_E5M2, "F8_E5M2", 1},
 };
 
 const DtypeDesc& desc(Dtype t) {
@@ -51,7 +50,9 @@ bool mul_ok(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   return true;
 }
 
-std::string json_kind(const json& j) { return j.type_name(); }
+std::string json_kind(const json& j) {
+  return j.type_name();
+}
 
 /// Parses JSON text, rejecting duplicate keys in any object (nlohmann would keep the last).
 json parse_strict(const std::string& text, const std::string& what) {
@@ -60,18 +61,20 @@ json parse_strict(const std::string& text, const std::string& what) {
   int dup_depth = 0;
   auto cb = [&](int depth, json::parse_event_t ev, json& parsed) {
     switch (ev) {
-      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
       case json::parse_event_t::object_end:
         if (!keys.empty()) keys.pop_back();
         break;
       case json::parse_event_t::key:
-        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
-            dup.empty()) {
+        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second && dup.empty()) {
           dup = parsed.get<std::string>();
           dup_depth = depth;
         }
         break;
-      default: break;
+      default:
+        break;
     }
     return true;
   };
@@ -99,7 +102,9 @@ std::uint64_t as_u64(const json& v, const std::string& what) {
 
 }  // namespace
 
-std::string to_string(Dtype t) { return desc(t).name; }
+std::string to_string(Dtype t) {
+  return desc(t).name;
+}
 
 Dtype parse_dtype(std::string_view s) {
   for (const auto& d : kDtypes)
@@ -107,16 +112,24 @@ Dtype parse_dtype(std::string_view s) {
   fail("unknown dtype '{}'", s);
 }
 
-std::size_t dtype_size(Dtype t) { return desc(t).size; }
+std::size_t dtype_size(Dtype t) {
+  return desc(t).size;
+}
 
-bool is_loadable(Dtype t) { return t == Dtype::F32 || t == Dtype::F16 || t == Dtype::BF16; }
+bool is_loadable(Dtype t) {
+  return t == Dtype::F32 || t == Dtype::F16 || t == Dtype::BF16;
+}
 
 gguf::GGMLType to_ggml(Dtype t) {
   switch (t) {
-    case Dtype::F32: return gguf::GGMLType::F32;
-    case Dtype::F16: return gguf::GGMLType::F16;
-    case Dtype::BF16: return gguf::GGMLType::BF16;
-    default: break;
+    case Dtype::F32:
+      return gguf::GGMLType::F32;
+    case Dtype::F16:
+      return gguf::GGMLType::F16;
+    case Dtype::BF16:
+      return gguf::GGMLType::BF16;
+    default:
+      break;
   }
   fail("dtype {} cannot be converted to fp32 (supported: F32, F16, BF16)", to_string(t));
 }
@@ -127,7 +140,9 @@ std::uint64_t TensorInfo::n_elements() const {
   return n;
 }
 
-std::string TensorInfo::shape_string() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string TensorInfo::shape_string() const {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 // ---------------------------------------------------------------------------------------------
 // File
@@ -180,8 +195,8 @@ File File::open(const std::string& path) {
     const std::string& name = it.key();
     const json& v = it.value();
     if (name == "__metadata__") {
-      require(v.is_object(), "{}: '__metadata__' is a JSON {}, expected an object of strings",
-              path, json_kind(v));
+      require(v.is_object(), "{}: '__metadata__' is a JSON {}, expected an object of strings", path,
+              json_kind(v));
       for (auto m2 = v.begin(); m2 != v.end(); ++m2) {
         require(m2.value().is_string(), "{}: '__metadata__' entry '{}' is not a string", path,
                 m2.key());
@@ -198,8 +213,7 @@ File File::open(const std::string& path) {
               "{}: unexpected key '{}'", ctx, k2.key());
     TensorInfo t;
     t.name = name;
-    require(v["dtype"].is_string(), "{}: 'dtype' must be a string, got {}", ctx,
-            v["dtype"].dump());
+    require(v["dtype"].is_string(), "{}: 'dtype' must be a string, got {}", ctx, v["dtype"].dump());
     const std::string ds = v["dtype"].get<std::string>();
     bool known = false;
     for (const auto& d : kDtypes)
@@ -207,10 +221,11 @@ File File::open(const std::string& path) {
         t.dtype = d.t;
         known = true;
       }
-    require(known, "{}: unknown dtype '{}' (known: F32, F16, BF16, F64, I64, I32, I16, I8, U64, "
-            "U32, U16, U8, BOOL, F8_E4M3, F8_E5M2)", ctx, ds);
-    require(v["shape"].is_array(), "{}: 'shape' must be an array, got {}", ctx,
-            v["shape"].dump());
+    require(known,
+            "{}: unknown dtype '{}' (known: F32, F16, BF16, F64, I64, I32, I16, I8, U64, "
+            "U32, U16, U8, BOOL, F8_E4M3, F8_E5M2)",
+            ctx, ds);
+    require(v["shape"].is_array(), "{}: 'shape' must be an array, got {}", ctx, v["shape"].dump());
     std::uint64_t count = 1;
     for (const auto& d : v["shape"]) {
       t.shape.push_back(as_u64(d, ctx + ": a 'shape' entry"));
@@ -273,7 +288,9 @@ File& File::operator=(File&& o) noexcept {
   return *this;
 }
 
-File::~File() { unmap(); }
+File::~File() {
+  unmap();
+}
 
 void File::unmap() noexcept {
   if (map_) ::munmap(map_, static_cast<std::size_t>(size_));
@@ -339,8 +356,8 @@ Checkpoint Checkpoint::open_index(const std::string& index_path) {
     auto sit = shards.find(shard);
     if (sit == shards.end()) {
       const std::string p = (dir / shard).string();
-      require(fs::exists(p), "{}: shard '{}' (holding tensor '{}') does not exist", index_path,
-              p, it.key());
+      require(fs::exists(p), "{}: shard '{}' (holding tensor '{}') does not exist", index_path, p,
+              it.key());
       c.files_.push_back(std::make_unique<File>(File::open(p)));
       sit = shards.emplace(shard, c.files_.back().get()).first;
     }
@@ -402,9 +419,8 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
     for (auto d : t.shape) n *= d;
     require(n == t.bytes.size(), "{}: tensor '{}' has {} bytes, shape {} of {} needs {}", path,
             t.name, t.bytes.size(), fmt::join(t.shape, "x"), to_string(t.dtype), n);
-    h[t.name] = {{"dtype", to_string(t.dtype)},
-                 {"shape", t.shape},
-                 {"data_offsets", {off, off + n}}};
+    h[t.name] = {
+        {"dtype", to_string(t.dtype)}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   std::string header = h.dump();

@@ -29,8 +29,23 @@ namespace sparsim::safetensors {
 
 /// Element types of the format. Only F32, F16 and BF16 can be converted to fp32 here; the others
 /// are recognised (so that a file holding, say, an I64 buffer still opens) but not loadable.
-enum class Dtype { F32, F16, BF16, F64, I64, I32, I16, I8, U64, U32, U16, U8, BOOL, F8_E4M3,
-                   F8_E5M2 };
+enum class Dtype {
+  F32,
+  F16,
+  BF16,
+  F64,
+  I64,
+  I32,
+  I16,
+  I8,
+  U64,
+  U32,
+  U16,
+  U8,
+  BOOL,
+  F8_E4M3,
+  F8_E5M2
+};
 
 /// "F32", "BF16", ... (the spelling used in headers).
 std::string to_string(Dtype t);

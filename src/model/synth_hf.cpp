@@ -3,8 +3,8 @@
 #include "core/error.hpp"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstdio>
@@ -36,7 +36,9 @@ std::vector<float> permute_rows(const std::vector<float>& w, int n_heads, int he
 }
 
 /// A float as the shortest decimal that reads back as the same float.
-double json_float(float f) { return std::stod(fmt::format("{}", f)); }
+double json_float(float f) {
+  return std::stod(fmt::format("{}", f));
+}
 
 }  // namespace
 
@@ -52,8 +54,7 @@ std::vector<float> qk_rows_hf_to_gguf(const std::vector<float>& w, int n_heads, 
                                       int cols) {
   const int half = head_dim / 2;
   // GGUF (h, 2j + b) ← HF (h, j + b·D/2).
-  return permute_rows(w, n_heads, head_dim, cols,
-                      [half](int i) { return i / 2 + (i % 2) * half; });
+  return permute_rows(w, n_heads, head_dim, cols, [half](int i) { return i / 2 + (i % 2) * half; });
 }
 
 std::string hf_tensor_name(const std::string& g) {
@@ -109,10 +110,10 @@ void write_synth_safetensors(const SynthSpec& spec, const std::string& dir,
       gguf::quantize(spec.type, v.data(), q.data(), v.size());
       gguf::dequantize(spec.type, q.data(), v.data(), v.size());
     }
-    const bool is_q = t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13,
-                                                           "attn_q.weight") == 0;
-    const bool is_k = t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13,
-                                                           "attn_k.weight") == 0;
+    const bool is_q =
+        t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13, "attn_q.weight") == 0;
+    const bool is_k =
+        t.name.size() > 13 && t.name.compare(t.name.size() - 13, 13, "attn_k.weight") == 0;
     if (is_q) v = qk_rows_gguf_to_hf(v, c.n_head, c.head_dim, t.cols);
     if (is_k) v = qk_rows_gguf_to_hf(v, c.n_kv_head, c.head_dim, t.cols);
     safetensors::WriteTensor w;
@@ -125,9 +126,9 @@ void write_synth_safetensors(const SynthSpec& spec, const std::string& dir,
     w.bytes = safetensors::encode(dtype, v.data(), v.size());
     out.push_back(std::move(w));
   }
-  safetensors::write_file((fs::path(dir) / "model.safetensors").string(), out,
-                          {{"format", "pt"},
-                           {"source", "sparsim synth, seed " + std::to_string(spec.seed)}});
+  safetensors::write_file(
+      (fs::path(dir) / "model.safetensors").string(), out,
+      {{"format", "pt"}, {"source", "sparsim synth, seed " + std::to_string(spec.seed)}});
 
   json j;
   j["architectures"] = {"LlamaForCausalLM"};

@@ -42,14 +42,14 @@ struct Hasher {
 /// One tensor of a model file, as the builder streams it: `rows` rows of `cols` contiguous
 /// elements in the byte encoding of a ggml type (F32/F16/BF16 cover safetensors as well).
 struct RawTensor {
-  std::string file;                        ///< for messages
-  std::string name;                        ///< as in the file
-  std::vector<std::uint64_t> hash_dims;    ///< the shape as the file states it
+  std::string file;                      ///< for messages
+  std::string name;                      ///< as in the file
+  std::vector<std::uint64_t> hash_dims;  ///< the shape as the file states it
   gguf::GGMLType type = gguf::GGMLType::F32;
   const std::uint8_t* data = nullptr;
   std::uint64_t nbytes = 0;
   std::uint64_t rows = 0, cols = 0;
-  std::function<void()> release;           ///< drop the pages once read (may be empty)
+  std::function<void()> release;  ///< drop the pages once read (may be empty)
 };
 
 /// Turns RawTensors into device views and matrices of the requested storage type, hashing every
@@ -89,8 +89,7 @@ class WeightBuilder {
   }
 
   Kokkos::View<float*, DeviceOf<E>> vec(const RawTensor& t, int n) {
-    Kokkos::View<float*, DeviceOf<E>> v(Kokkos::view_alloc(t.name, Kokkos::WithoutInitializing),
-                                        n);
+    Kokkos::View<float*, DeviceOf<E>> v(Kokkos::view_alloc(t.name, Kokkos::WithoutInitializing), n);
     auto h = Kokkos::create_mirror_view(v);
     stream(t, [&](std::uint64_t r0, std::uint64_t nr, const float* src) {
       std::copy(src, src + nr * t.cols, h.data() + r0 * t.cols);
@@ -119,9 +118,15 @@ class WeightBuilder {
     m.rows = rows;
     m.cols = cols;
     switch (o_.storage) {
-      case DType::F32: m.f32 = fill<float>(t, rows, cols); break;
-      case DType::BF16: m.bf16 = fill<bf16_t>(t, rows, cols); break;
-      case DType::F16: m.f16 = fill<f16_t>(t, rows, cols); break;
+      case DType::F32:
+        m.f32 = fill<float>(t, rows, cols);
+        break;
+      case DType::BF16:
+        m.bf16 = fill<bf16_t>(t, rows, cols);
+        break;
+      case DType::F16:
+        m.f16 = fill<f16_t>(t, rows, cols);
+        break;
     }
     return m;
   }
