@@ -26,7 +26,7 @@ int cmd_eval(int argc, char** argv) {
       method, progress_mode;
   PplOptions po_;
   int score = -1;
-  bool strict = false, no_ppl = false;
+  bool strict = false, no_ppl = false, save_tokens = false;
   po::options_description d("sparsim eval options");
   d.add_options()
       ("model,m", po::value(&model_arg)->default_value("smollm2"),
@@ -49,6 +49,8 @@ int cmd_eval(int argc, char** argv) {
       ("strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")
       ("out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")
       ("json", po::value(&json_out), "JSON summary file")
+      ("save-tokens", po::bool_switch(&save_tokens),
+       "store the corpus token stream in the run file (/corpus/tokens)")
       ("progress", po::value(&progress_mode)->default_value("auto"),
        "progress bar on stderr: auto (when a terminal), always, never");
   add_common_options(d, co);
@@ -220,6 +222,10 @@ int cmd_eval(int argc, char** argv) {
         cg.set_attr("bytes", static_cast<std::int64_t>(corpus.bytes));
         cg.set_attr("documents", static_cast<std::int64_t>(corpus.documents.size()));
         cg.set_attr("tokens", static_cast<std::int64_t>(corpus_tokens));
+        if (save_tokens) {
+          std::vector<std::int32_t> t32(stream.begin(), stream.end());
+          cg.write<std::int32_t>("tokens", t32, {"token id", "the corpus token stream"});
+        }
         io::Group pg = res.create_group("perplexity");
         pg.set_attr("perplexity", ppl.perplexity());
         pg.set_attr("tokens_scored", static_cast<std::int64_t>(ppl.tokens_scored));
