@@ -44,6 +44,7 @@ int cmd_bench(int argc, char** argv) {
   CommonOptions co;
   std::string model, storage, json_out;
   int prompt = 512, decode = 128, reps = 3;
+  bool profile = false;
   po::options_description d("sparsim bench options");
   d.add_options()
       ("model,m", po::value(&model)->required(), "model file (GGUF)")
@@ -51,7 +52,9 @@ int cmd_bench(int argc, char** argv) {
       ("decode", po::value(&decode)->default_value(128), "decode steps after the prefill")
       ("reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")
       ("storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")
-      ("json", po::value(&json_out), "write the figures as JSON to this file");
+      ("json", po::value(&json_out), "write the figures as JSON to this file")
+      ("profile", po::bool_switch(&profile),
+       "after the timed runs, one profiled prefill + decode: time per op (fences after each kernel)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim bench --model M [options]", d, vm)) return 0;
@@ -103,6 +106,34 @@ int cmd_bench(int argc, char** argv) {
         "decode / ideal = {:.3f}\n",
         mi.path, c.n_params(), storage, backend, rt.threads(), pre_tps, prompt, reps, dec_tps,
         decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
+    nlohmann::json prof;
+    if (profile) {
+      auto breakdown = [&](const char* what, const std::array<double, flops::kNumOps>& sec) {
+        double tot = 0;
+        for (double v : sec) tot += v;
+        std::cout << fmt::format("\n{} time by op (profiled run)\n", what);
+        for (int o = 0; o < flops::kNumOps; ++o) {
+          if (sec[o] <= 0) continue;
+          std::cout << fmt::format("  {:<14} {:>9.4f} s {:>6.1f}%\n",
+                                   flops::to_string(static_cast<flops::Op>(o)), sec[o],
+                                   100 * sec[o] / tot);
+          prof[what][flops::to_string(static_cast<flops::Op>(o))] = sec[o];
+        }
+      };
+      Engine<E> pe(w, 1, prompt + decode, nullptr, exec);
+      pe.set_profile(true);
+      pe.forward({toks}, 0, false);
+      breakdown("prefill", pe.op_seconds());
+      Engine<E> de(w, 1, prompt + decode, nullptr, exec);
+      de.forward({toks}, 0, false);
+      de.set_profile(true);
+      int next = toks.back();
+      for (int s = 0; s < decode; ++s) {
+        de.forward({{next}}, prompt + s, false);
+        next = (next * 31 + 7) % c.vocab;
+      }
+      breakdown("decode", de.op_seconds());
+    }
     if (!json_out.empty()) {
       nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                           {"storage", storage},
@@ -116,6 +147,7 @@ int cmd_bench(int argc, char** argv) {
                           {"decode_weight_bytes_per_token", wbytes},
                           {"decode_ideal_tokens_per_s", ideal_tps},
                           {"decode_fraction_of_ideal", dec_tps / ideal_tps}};
+      if (profile) j["profile_seconds"] = prof;
       io::write_file_atomically(json_out, j.dump(2) + "\n");
     }
     return 0;

@@ -68,9 +68,19 @@ void Engine<E>::ensure_rows(int n, int n_out) {
 }
 
 template <class E>
+void Engine<E>::mark(flops::Op op) {
+  if (!profile_) return;
+  exec_.fence();
+  const auto now = std::chrono::steady_clock::now();
+  op_seconds_[static_cast<int>(op)] += std::chrono::duration<double>(now - t_mark_).count();
+  t_mark_ = now;
+}
+
+template <class E>
 void Engine<E>::proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
                      int layer, flops::Phase ph) {
   linear(exec_, x, w, y, scratch_);
+  mark(op);
   if (ledger_) {
     const double n = static_cast<double>(x.extent(0));
     const double fl = 2.0 * n * w.rows * w.cols;
@@ -125,7 +135,12 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   Mat<E> x = rows(x_, n), xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
          att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n);
 
+  if (profile_) {
+    exec_.fence();
+    t_mark_ = std::chrono::steady_clock::now();
+  }
   embed(exec_, w_->tok_embd, tok, x);
+  mark(flops::Op::Embedding);
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
@@ -138,22 +153,29 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights<E>& lw = w_->layers[l];
     rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
+    mark(flops::Op::RMSNorm);
     proj(xn, lw.wq, q, flops::Op::QProj, l, ph);
     proj(xn, lw.wk, k, flops::Op::KProj, l, ph);
     proj(xn, lw.wv, v, flops::Op::VProj, l, ph);
     rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
          c.rope_layout == RopeLayout::Adjacent);
+    mark(flops::Op::RoPE);
     kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
     attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
               c.head_dim);
+    mark(flops::Op::AttnScore);
     proj(att, lw.wo, tmp, flops::Op::OProj, l, ph);
     add_inplace(exec_, x, CMat<E>(tmp));
+    mark(flops::Op::Residual);
     rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
+    mark(flops::Op::RMSNorm);
     proj(xn, lw.w_gate, gate, flops::Op::GateProj, l, ph);
     proj(xn, lw.w_up, up, flops::Op::UpProj, l, ph);
     swiglu(exec_, gate, CMat<E>(up));
+    mark(flops::Op::SwiGLU);
     proj(gate, lw.w_down, tmp, flops::Op::DownProj, l, ph);
     add_inplace(exec_, x, CMat<E>(tmp));
+    mark(flops::Op::Residual);
     if (ledger_) {
       const double hd = c.head_dim, nh = c.n_head;
       ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd,
@@ -188,6 +210,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   }
   Mat<E> hn = rows(xn_, n_out);
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
+  mark(flops::Op::RMSNorm);
   Mat<E> logits = rows(logits_, n_out);
   proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();

@@ -18,6 +18,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <array>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -49,8 +51,13 @@ class Engine {
   void set_ledger(flops::Ledger* l) { ledger_ = l; }
   const E& exec() const { return exec_; }
 
+  /// Per-op wall time (fences after every kernel, so only for profiling runs).
+  void set_profile(bool on) { profile_ = on; }
+  const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
+
  private:
   void ensure_rows(int n, int n_out);
+  void mark(flops::Op op);
   void proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
             flops::Phase ph);
 
@@ -64,6 +71,9 @@ class Engine {
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, logits_, last_;
   IVec<E> tok_, pos_, last_rows_;
   LinearScratch<E> scratch_;
+  bool profile_ = false;
+  std::array<double, flops::kNumOps> op_seconds_{};
+  std::chrono::steady_clock::time_point t_mark_;
 };
 
 }  // namespace sparsim
