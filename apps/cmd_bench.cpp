@@ -65,6 +65,8 @@ int cmd_bench(int argc, char** argv) {
   const std::string backend = resolve_backend(co.backend);
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
+    // Measured before the model is loaded, so its buffers do not add to the peak memory.
+    const double bw = copy_bandwidth(exec, std::size_t(256) << 20, 5);
     ModelInfo mi;
     auto w = load_model<E>(model, lo, &mi);
     const Config& c = w->cfg;
@@ -94,7 +96,6 @@ int cmd_bench(int argc, char** argv) {
     for (const auto& l : w->layers)
       for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
         wbytes += static_cast<double>(m->bytes());
-    const double bw = copy_bandwidth(exec, std::size_t(256) << 20, 5);
     const double pre_tps = prompt / median(t_pre);
     const double dec_tps = 1.0 / median(t_dec);
     const double ideal_tps = bw / wbytes;

@@ -21,6 +21,24 @@ inline constexpr int kWidenRows = 16;
 
 namespace detail {
 
+/// Lanes of the fixed-order dot product: lane l sums elements i ≡ l (mod kLanes), then the
+/// lanes are added in a fixed tree. The order is part of the code, not of the schedule, so the
+/// result is the same for any thread count, and the lanes vectorise.
+inline constexpr int kLanes = 16;
+
+template <class T>
+KOKKOS_INLINE_FUNCTION float dot_lanes(const float* x, const T* w, int n) {
+  float acc[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = 0.0f;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += x[i + l] * to_f32(w[i + l]);
+  for (int l = 0; i + l < n; ++l) acc[l] += x[i + l] * to_f32(w[i + l]);
+  for (int h = kLanes / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) acc[l] += acc[l + h];
+  return acc[0];
+}
+
 template <class E, class T>
 void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& w,
                    const Mat<E>& y) {
@@ -30,11 +48,8 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
   Kokkos::parallel_for(
       "sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, out),
       KOKKOS_LAMBDA(const int o) {
-        for (int t = 0; t < n; ++t) {
-          float acc = 0.0f;
-          for (int i = 0; i < in; ++i) acc += x(t, i) * to_f32(w(o, i));
-          y(t, o) = acc;
-        }
+        const T* wr = &w(o, 0);
+        for (int t = 0; t < n; ++t) y(t, o) = dot_lanes(&x(t, 0), wr, in);
       });
 }
 
