@@ -2,6 +2,9 @@
 #include "common.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
+#include "model/safetensors.hpp"
+
+#include <filesystem>
 
 #include <iostream>
 #include <map>
@@ -19,31 +22,58 @@ int cmd_inspect(int argc, char** argv) {
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim inspect MODEL [--all]", d, vm, &pos)) return 0;
 
-  gguf::File f = gguf::File::open(model);
-  std::cout << fmt::format("file       {}\nformat     GGUF v{}, {} bytes, alignment {}\n", f.path(),
-                           f.version(), f.file_size(), f.alignment());
-  std::cout << fmt::format("\nmetadata ({} keys)\n", f.metadata().size());
-  for (const auto& kv : f.metadata()) {
-    std::string v = kv.value.describe();
-    if (!all_meta && v.size() > 100) v = v.substr(0, 97) + "...";
-    std::cout << fmt::format("  {:<44} {}\n", kv.key, v);
+  Config c;
+  if (detect_model_format(model) == ModelFormat::HfDirectory) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::is_directory(model) ? fs::path(model) : fs::path(model).parent_path();
+    const fs::path index = dir / "model.safetensors.index.json";
+    safetensors::Checkpoint ck =
+        fs::exists(index)
+            ? safetensors::Checkpoint::open_index(index.string())
+            : safetensors::Checkpoint::open_file((dir / "model.safetensors").string());
+    c = config_from_hf_json((dir / "config.json").string());
+    std::cout << fmt::format(
+        "directory  {}\nformat     Hugging Face safetensors, {} file(s), {} bytes\n", dir.string(),
+        ck.files().size(), ck.total_bytes());
+    std::uint64_t n_el = 0;
+    std::cout << fmt::format("\ntensors\n  {:<52} {:>5} {:>16} {:>12}\n", "name", "dtype", "shape",
+                             "bytes");
+    for (const auto& name : ck.names()) {
+      const auto e = ck.find(name);
+      std::cout << fmt::format("  {:<52} {:>5} {:>16} {:>12}\n", name,
+                               safetensors::to_string(e.tensor->dtype), e.tensor->shape_string(),
+                               e.tensor->nbytes());
+      n_el += e.tensor->n_elements();
+    }
+    std::cout << fmt::format("\nparameters {} ({:.2f} M)\n", n_el, n_el / 1e6);
+  } else {
+    gguf::File f = gguf::File::open(model);
+    std::cout << fmt::format("file       {}\nformat     GGUF v{}, {} bytes, alignment {}\n",
+                             f.path(), f.version(), f.file_size(), f.alignment());
+    std::cout << fmt::format("\nmetadata ({} keys)\n", f.metadata().size());
+    for (const auto& kv : f.metadata()) {
+      std::string v = kv.value.describe();
+      if (!all_meta && v.size() > 100) v = v.substr(0, 97) + "...";
+      std::cout << fmt::format("  {:<44} {}\n", kv.key, v);
+    }
+    std::cout << fmt::format("\ntensors ({})\n  {:<36} {:>7} {:>18} {:>14}\n", f.tensors().size(),
+                             "name", "type", "shape", "bytes");
+    std::uint64_t n_el = 0;
+    std::map<std::string, std::uint64_t> by_type;
+    for (const auto& t : f.tensors()) {
+      std::cout << fmt::format("  {:<36} {:>7} {:>18} {:>14}\n", t.name, gguf::to_string(t.type),
+                               t.shape_string(), t.nbytes);
+      n_el += t.n_elements();
+      by_type[gguf::to_string(t.type)] += t.n_elements();
+    }
+    std::cout << fmt::format("\nparameters {} ({:.2f} M)", n_el, n_el / 1e6);
+    for (const auto& [k, v] : by_type) std::cout << fmt::format(", {} {}", k, v);
+    std::cout << "\n";
+    c = config_from_gguf(f);
   }
-  std::cout << fmt::format("\ntensors ({})\n  {:<36} {:>7} {:>18} {:>14}\n", f.tensors().size(),
-                           "name", "type", "shape", "bytes");
-  std::uint64_t n_el = 0;
-  std::map<std::string, std::uint64_t> by_type;
-  for (const auto& t : f.tensors()) {
-    std::cout << fmt::format("  {:<36} {:>7} {:>18} {:>14}\n", t.name, gguf::to_string(t.type),
-                             t.shape_string(), t.nbytes);
-    n_el += t.n_elements();
-    by_type[gguf::to_string(t.type)] += t.n_elements();
-  }
-  std::cout << fmt::format("\nparameters {} ({:.2f} M)", n_el, n_el / 1e6);
-  for (const auto& [k, v] : by_type) std::cout << fmt::format(", {} {}", k, v);
-  std::cout << "\n";
-  Config c = config_from_gguf(f);
   std::cout << fmt::format(
-      "\nmodel      llama: {} layers, d_model {}, heads {} (kv {}), head_dim {}, d_ff {}, vocab {}, "
+      "\nmodel      llama: {} layers, d_model {}, heads {} (kv {}), head_dim {}, d_ff {}, vocab "
+      "{}, "
       "context {}, rope theta {}, {} embeddings\n",
       c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.d_ff, c.vocab, c.context_length,
       c.rope_theta, c.tied_embeddings ? "tied" : "separate");
@@ -54,9 +84,10 @@ int cmd_inspect(int argc, char** argv) {
     const double norm_el = (2.0 * c.n_layer + 1) * c.d_model;
     const double mat_el = static_cast<double>(c.n_params()) - norm_el;
     const double bytes = mat_el * dtype_size(t) + norm_el * 4;
-    std::cout << fmt::format("  {:<5} weights {:>10.1f} MiB   + KV cache {:.1f} MiB per 1024 tokens "
-                             "per sequence\n",
-                             to_string(t), bytes / (1 << 20), kv_per_tok * 1024 / (1 << 20));
+    std::cout << fmt::format(
+        "  {:<5} weights {:>10.1f} MiB   + KV cache {:.1f} MiB per 1024 tokens "
+        "per sequence\n",
+        to_string(t), bytes / (1 << 20), kv_per_tok * 1024 / (1 << 20));
   }
   return 0;
 }
