@@ -1,6 +1,24 @@
 # Finds everything sparsim depends on. Kokkos and Kokkos Kernels come from Kokkos_ROOT /
 # KokkosKernels_ROOT (scripts/setup.sh bootstraps 3.4.1; clusters bring 4.x).
 find_package(Kokkos 3.4 REQUIRED)
+# A preset (cuda-a100) can insist on the GPU architecture Kokkos was built for: code built for
+# another architecture fails only at run time on the target GPU, so catch it here.
+set(SPARSIM_REQUIRE_ARCH "" CACHE STRING
+    "Kokkos architecture (e.g. AMPERE80) the Kokkos at Kokkos_ROOT must be built for; empty: any")
+if(SPARSIM_REQUIRE_ARCH)
+  kokkos_check(ARCH ${SPARSIM_REQUIRE_ARCH} RETURN_VALUE _sparsim_arch_ok)
+  if(NOT _sparsim_arch_ok)
+    set(_sparsim_archs "${Kokkos_ARCH}")
+    if(NOT _sparsim_archs)
+      set(_sparsim_archs "none")
+    endif()
+    message(FATAL_ERROR
+      "SPARSIM_REQUIRE_ARCH=${SPARSIM_REQUIRE_ARCH}, but the Kokkos at ${Kokkos_DIR} was built "
+      "for the architectures: ${_sparsim_archs} (backends: ${Kokkos_DEVICES}). Point Kokkos_ROOT "
+      "at a Kokkos built with -DKokkos_ARCH_${SPARSIM_REQUIRE_ARCH}=ON, or pass "
+      "-DSPARSIM_REQUIRE_ARCH= to skip this check.")
+  endif()
+endif()
 # Kokkos Kernels is usually installed beside Kokkos; KokkosKernels_ROOT points elsewhere.
 find_package(KokkosKernels REQUIRED HINTS ${KokkosKernels_ROOT} ${Kokkos_ROOT} $ENV{Kokkos_ROOT})
 find_package(HDF5 REQUIRED COMPONENTS C)
@@ -28,9 +46,16 @@ foreach(_be SERIAL OPENMP THREADS CUDA HIP SYCL)
 endforeach()
 if(NOT SPARSIM_BACKENDS)
   foreach(_be SERIAL OPENMP CUDA)
-    kokkos_check(DEVICES ${_be} RESULT_VARIABLE _has RETURN_VALUE _has)
+    kokkos_check(DEVICES ${_be} RETURN_VALUE _has)
     if(_has)
       list(APPEND SPARSIM_BACKENDS ${_be})
     endif()
   endforeach()
+endif()
+# The apps' default backend must be one this Kokkos provides (else every run fails at start-up).
+string(TOUPPER "${SPARSIM_EXEC_SPACE}" _sparsim_exec_uc)
+if(NOT _sparsim_exec_uc STREQUAL "DEFAULT" AND NOT _sparsim_exec_uc IN_LIST SPARSIM_BACKENDS)
+  message(FATAL_ERROR
+    "SPARSIM_EXEC_SPACE=${SPARSIM_EXEC_SPACE}, but the Kokkos at ${Kokkos_DIR} provides only "
+    "the backends '${SPARSIM_BACKENDS}'.")
 endif()
