@@ -75,7 +75,6 @@ class HfConfigReader {
     }
     return to_int(*v, k);
   }
-  const std::string& path() const { return path_; }
 
  private:
   const json& j_;
