@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The main job: a seeded synthetic model of SmolLM2-135M's shape through the forward pass,
-# recorded in a run file, then the prefill / decode benchmark against memory bandwidth.
+# The main job: SmolLM2-135M-Instruct (the embedded default model) on the default corpus with
+# the TEAL/WINA perplexity protocol (2048-token windows, 512 scored), a few windows; results in
+# out/eval.h5 (HDF5 run file) and out/eval.json (summary); then a short chat completion.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$here/build/bin/sparsim"
 out="${SPARSIM_OUT:-$here/out}"
+windows="${SPARSIM_MAIN_WINDOWS:-4}"
 mkdir -p "$out"
-model="$out/synth-smollm2-135m-f32.gguf"
-[ -f "$model" ] || "$bin" synth --preset smollm2-135m --type f32 --seed 1 --out "$model"
-"$bin" inspect "$model" | tail -6
-"$bin" forward --model "$model" --tokens 1,200,3000,45,9,77,1024,5 --greedy 8 --out "$out/forward.h5"
-"$bin" bench --model "$model" --prompt 128 --decode 32 --reps 3 --json "$out/bench.json"
-echo "run file: $out/forward.h5; benchmark: $out/bench.json"
+"$bin" eval --model smollm2 --corpus default --context 2048 --stride 512 \
+  --max-windows "$windows" --out "$out/eval.h5" --json "$out/eval.json"
+"$bin" generate --model smollm2 --chat --prompt "Name three plays by Shakespeare." -n 40 \
+  --log-level warn
+echo "run file: $out/eval.h5; summary: $out/eval.json"

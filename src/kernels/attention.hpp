@@ -6,6 +6,7 @@
 /// cached key up to its own position, takes a max-shifted softmax and mixes the values. Each
 /// score and each output element is produced by one thread with a fixed summation order.
 #include "core/compat.hpp"
+#include "kernels/linear.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -30,11 +31,64 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
       });
 }
 
+/// Host attention: one (row, head) per work item, written so the compiler vectorises it —
+/// scores are fixed-lane dot products, values are accumulated position by position into a
+/// head-sized accumulator. Every output element still has one fixed summation order.
+template <class E>
+void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
+                    const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
+                    int head_dim) {
+  const int ctx = p0 + T;
+  const int group = n_head / n_kv_head;
+  const float scale = 1.0f / kx::sqrt(static_cast<float>(head_dim));
+  // One scratch row of scores per concurrent worker.
+  Kokkos::Experimental::UniqueToken<E> token(exec);
+  Kokkos::View<float**, Layout, DeviceOf<E>> scores(
+      Kokkos::view_alloc(std::string("sparsim::attention::scores"), Kokkos::WithoutInitializing),
+      token.size(), ctx);
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention_host", Kokkos::RangePolicy<E>(exec, 0, n_seq * T * n_head),
+      [=](const int item) {
+        const int r = item / n_head, h = item % n_head;
+        const int s = r / T, t = r % T;
+        const int kvh = h / group;
+        const int npos = p0 + t + 1;
+        const int slot = token.acquire();
+        float* sc = &scores(slot, 0);
+        const float* qr = &q(r, h * head_dim);
+        float mx = -3.0e38f;
+        for (int p = 0; p < npos; ++p) {
+          const float v = detail::dot_lanes(qr, &kc(s, p, kvh * head_dim), head_dim) * scale;
+          sc[p] = v;
+          mx = v > mx ? v : mx;
+        }
+        float sum = 0.0f;
+        for (int p = 0; p < npos; ++p) {
+          sc[p] = kx::exp(sc[p] - mx);
+          sum += sc[p];
+        }
+        const float inv = 1.0f / sum;
+        float* o = &out(r, h * head_dim);
+        for (int i = 0; i < head_dim; ++i) o[i] = 0.0f;
+        for (int p = 0; p < npos; ++p) {
+          const float w = sc[p];
+          const float* vr = &vc(s, p, kvh * head_dim);
+          for (int i = 0; i < head_dim; ++i) o[i] += w * vr[i];
+        }
+        for (int i = 0; i < head_dim; ++i) o[i] *= inv;
+        token.release(slot);
+      });
+}
+
 /// out[r][h·hd + i] = Σ_p softmax_p(q_h·k_p / √hd) v_p[i] over p ≤ p0 + t.
 template <class E>
 void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
                int head_dim) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible) {
+    attention_host(exec, q, kc, vc, out, n_seq, T, p0, n_head, n_kv_head, head_dim);
+    return;
+  }
   using Policy = Kokkos::TeamPolicy<E>;
   using Team = typename Policy::member_type;
   using ScratchVec =
