@@ -66,7 +66,7 @@ int cmd_bench(int argc, char** argv) {
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
-    const double bw = copy_bandwidth(exec, std::size_t(256) << 20, 5);
+    const double bw = copy_bandwidth(exec, std::size_t(128) << 20, 5);
     ModelInfo mi;
     auto w = load_model<E>(model, lo, &mi);
     const Config& c = w->cfg;

@@ -1,8 +1,9 @@
 #pragma once
 /// y = x · Wᵀ for a batch of rows x[n][in] and a weight W[out][in] in any storage type.
 ///
-/// f32 weights go through KokkosBlas (the vendor BLAS on the host, cuBLAS or the native kernels
-/// on a GPU): GEMM when n > 1, GEMV when n == 1. Row-major matrices are passed to BLAS as their
+/// Many rows (prefill) go through KokkosBlas GEMM (the vendor BLAS on the host, cuBLAS or the
+/// native kernels on a GPU); fewer than kWidenRows rows (decode) use a streaming GEMV kernel in
+/// which one thread owns one output row. Row-major matrices are passed to BLAS as their
 /// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
 /// widened to fp32 in a scratch buffer so the GEMM path can be used.
@@ -128,6 +129,12 @@ template <class E>
 void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y,
             LinearScratch<E>& scratch) {
   const int n = static_cast<int>(x.extent(0));
+  // Few rows (decode): a streaming GEMV whose fixed-lane dot products vectorise; it reads
+  // the weights once at close to memory bandwidth, where per-tile BLAS calls reach about half.
+  if (w.dtype == DType::F32 && n < kWidenRows) {
+    detail::linear_direct(exec, x, w.f32, y);
+    return;
+  }
   if (w.dtype == DType::F32) {
     exec.fence();
     detail::blas_linear<E>(exec, x, w.f32, y);
