@@ -30,8 +30,9 @@ double copy_bandwidth(const E& exec, std::size_t bytes, int reps) {
   for (int r = 0; r < reps + 1; ++r) {
     exec.fence();
     Stopwatch sw;
-    Kokkos::parallel_for("sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
-                         KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+    Kokkos::parallel_for(
+        "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
+        KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
     exec.fence();
     if (r > 0) t.push_back(sw.seconds());  // first run warms up
   }
@@ -46,15 +47,15 @@ int cmd_bench(int argc, char** argv) {
   int prompt = 512, decode = 128, reps = 3;
   bool profile = false;
   po::options_description d("sparsim bench options");
-  d.add_options()
-      ("model,m", po::value(&model)->required(), "model file (GGUF)")
-      ("prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")
-      ("decode", po::value(&decode)->default_value(128), "decode steps after the prefill")
-      ("reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")
-      ("storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")
-      ("json", po::value(&json_out), "write the figures as JSON to this file")
-      ("profile", po::bool_switch(&profile),
-       "after the timed runs, one profiled prefill + decode: time per op (fences after each kernel)");
+  d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
+      "prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")(
+      "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
+      "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "json", po::value(&json_out), "write the figures as JSON to this file")(
+      "profile", po::bool_switch(&profile),
+      "after the timed runs, one profiled prefill + decode: time per op (fences after each "
+      "kernel)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim bench --model M [options]", d, vm)) return 0;

@@ -14,9 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <cmath>
 #include <iostream>
-#include <unistd.h>
 
 namespace sparsim::app {
 
@@ -28,31 +28,32 @@ int cmd_eval(int argc, char** argv) {
   int score = -1;
   bool strict = false, no_ppl = false, save_tokens = false;
   po::options_description d("sparsim eval options");
-  d.add_options()
-      ("model,m", po::value(&model_arg)->default_value("smollm2"),
-       "model: a GGUF file, a Hugging Face directory, or the alias smollm2 (SmolLM2-135M-Instruct)")
-      ("corpus,c", po::value(&corpus_arg)->default_value("default"),
-       "text for perplexity: a file, a directory of files, JSONL (see --text-field), or 'default'")
-      ("text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")
-      ("context", po::value(&po_.context)->default_value(2048), "tokens per window (C)")
-      ("stride", po::value(&po_.stride)->default_value(512), "tokens between window starts (R)")
-      ("score", po::value(&score)->default_value(-1),
-       "trailing tokens scored per window (S; -1: equal to the stride)")
-      ("batch", po::value(&po_.batch)->default_value(1), "windows per forward pass")
-      ("max-windows", po::value(&po_.max_windows)->default_value(0), "stop after N windows (0: all)")
-      ("bos", po::value(&bos_mode)->default_value("auto"),
-       "prepend BOS to each window: auto (the model's add_bos setting), yes or no")
-      ("no-perplexity", po::bool_switch(&no_ppl), "skip perplexity (tasks only)")
-      ("tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")
-      ("method", po::value(&method)->default_value("dense"), "evaluation method (dense)")
-      ("storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")
-      ("strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")
-      ("out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")
-      ("json", po::value(&json_out), "JSON summary file")
-      ("save-tokens", po::bool_switch(&save_tokens),
-       "store the corpus token stream in the run file (/corpus/tokens)")
-      ("progress", po::value(&progress_mode)->default_value("auto"),
-       "progress bar on stderr: auto (when a terminal), always, never");
+  d.add_options()(
+      "model,m", po::value(&model_arg)->default_value("smollm2"),
+      "model: a GGUF file, a Hugging Face directory, or the alias smollm2 (SmolLM2-135M-Instruct)")(
+      "corpus,c", po::value(&corpus_arg)->default_value("default"),
+      "text for perplexity: a file, a directory of files, JSONL (see --text-field), or 'default'")(
+      "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
+      "context", po::value(&po_.context)->default_value(2048), "tokens per window (C)")(
+      "stride", po::value(&po_.stride)->default_value(512), "tokens between window starts (R)")(
+      "score", po::value(&score)->default_value(-1),
+      "trailing tokens scored per window (S; -1: equal to the stride)")(
+      "batch", po::value(&po_.batch)->default_value(1), "windows per forward pass")(
+      "max-windows", po::value(&po_.max_windows)->default_value(0),
+      "stop after N windows (0: all)")(
+      "bos", po::value(&bos_mode)->default_value("auto"),
+      "prepend BOS to each window: auto (the model's add_bos setting), yes or no")(
+      "no-perplexity", po::bool_switch(&no_ppl), "skip perplexity (tasks only)")(
+      "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")(
+      "method", po::value(&method)->default_value("dense"), "evaluation method (dense)")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
+      "out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")(
+      "json", po::value(&json_out), "JSON summary file")(
+      "save-tokens", po::bool_switch(&save_tokens),
+      "store the corpus token stream in the run file (/corpus/tokens)")(
+      "progress", po::value(&progress_mode)->default_value("auto"),
+      "progress bar on stderr: auto (when a terminal), always, never");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim eval [--model smollm2] [--corpus default] [options]", d,
@@ -140,7 +141,8 @@ int cmd_eval(int argc, char** argv) {
     sw.reset();
     if (!tasks.empty()) {
       ProgressBar bar("tasks", show_progress);
-      tr = score_tasks(eng, tok, tasks, add_bos, [&](int done, int total) { bar.update(done, total); });
+      tr = score_tasks(eng, tok, tasks, add_bos,
+                       [&](int done, int total) { bar.update(done, total); });
       bar.finish();
     }
     const double t_tasks = sw.seconds();
@@ -148,23 +150,24 @@ int cmd_eval(int argc, char** argv) {
     const auto tot = ledger.total();
 
     // ---- stdout table
-    std::cout << fmt::format("model     {}  [{}]\n          fingerprint {}, {} params, {} storage\n",
-                             mi.path, rm.origin, mi.fingerprint, c.n_params(), storage);
+    std::cout << fmt::format(
+        "model     {}  [{}]\n          fingerprint {}, {} params, {} storage\n", mi.path, rm.origin,
+        mi.fingerprint, c.n_params(), storage);
     if (!no_ppl) {
-      std::cout << fmt::format("corpus    {}  ({} documents, {} bytes, {} tokens, fingerprint {})\n",
-                               corpus.source, corpus.documents.size(), corpus.bytes, corpus_tokens,
-                               corpus.fingerprint);
-      std::cout << fmt::format("windows   {} of {} tokens, stride {}, scoring the last {}, BOS {}\n",
-                               ppl.window_nll.size(), po_.context, po_.stride, po_.score,
-                               add_bos ? "yes" : "no");
+      std::cout << fmt::format(
+          "corpus    {}  ({} documents, {} bytes, {} tokens, fingerprint {})\n", corpus.source,
+          corpus.documents.size(), corpus.bytes, corpus_tokens, corpus.fingerprint);
+      std::cout << fmt::format(
+          "windows   {} of {} tokens, stride {}, scoring the last {}, BOS {}\n",
+          ppl.window_nll.size(), po_.context, po_.stride, po_.score, add_bos ? "yes" : "no");
       std::cout << fmt::format("\n  {:<22} {:>14}\n", "metric", "value");
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "perplexity", ppl.perplexity());
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "nll / token (nats)",
                                ppl.nll_sum / std::max<std::uint64_t>(1, ppl.tokens_scored));
       std::cout << fmt::format("  {:<22} {:>14}\n", "tokens scored", ppl.tokens_scored);
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "top-1 accuracy",
-                               static_cast<double>(ppl.argmax_hits) /
-                                   std::max<std::uint64_t>(1, ppl.tokens_scored));
+      std::cout << fmt::format(
+          "  {:<22} {:>14.4f}\n", "top-1 accuracy",
+          static_cast<double>(ppl.argmax_hits) / std::max<std::uint64_t>(1, ppl.tokens_scored));
     }
     if (!tasks.empty()) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc", tr.acc);
@@ -188,10 +191,12 @@ int cmd_eval(int argc, char** argv) {
       j["perplexity"] = ppl.perplexity();
       j["tokens_scored"] = ppl.tokens_scored;
       j["windows"] = ppl.window_nll.size();
-      j["corpus"] = {{"source", corpus.source}, {"fingerprint", corpus.fingerprint},
-                     {"bytes", corpus.bytes}, {"tokens", corpus_tokens}};
-      j["protocol"] = {{"context", po_.context}, {"stride", po_.stride}, {"score", po_.score},
-                       {"bos", add_bos}};
+      j["corpus"] = {{"source", corpus.source},
+                     {"fingerprint", corpus.fingerprint},
+                     {"bytes", corpus.bytes},
+                     {"tokens", corpus_tokens}};
+      j["protocol"] = {
+          {"context", po_.context}, {"stride", po_.stride}, {"score", po_.score}, {"bos", add_bos}};
     } else {
       j["perplexity"] = nullptr;
       j["tokens_scored"] = 0;
@@ -199,8 +204,8 @@ int cmd_eval(int argc, char** argv) {
       j["corpus"] = {{"fingerprint", nullptr}};
     }
     if (!tasks.empty())
-      j["tasks"] = {{"file", tasks_path}, {"items", tr.items}, {"acc", tr.acc},
-                    {"acc_norm", tr.acc_norm}};
+      j["tasks"] = {
+          {"file", tasks_path}, {"items", tr.items}, {"acc", tr.acc}, {"acc_norm", tr.acc_norm}};
 
     if (rf) {
       io::Group root = rf->root();

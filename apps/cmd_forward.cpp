@@ -22,7 +22,9 @@ std::vector<float> to_host(const Mat<E>& m) {
   return out;
 }
 
-int argmax(const float* p, int n) { return static_cast<int>(std::max_element(p, p + n) - p); }
+int argmax(const float* p, int n) {
+  return static_cast<int>(std::max_element(p, p + n) - p);
+}
 
 }  // namespace
 
@@ -32,15 +34,14 @@ int cmd_forward(int argc, char** argv) {
   int greedy = 0;
   bool strict = false;
   po::options_description d("sparsim forward options");
-  d.add_options()
-      ("model,m", po::value(&model)->required(), "model file (GGUF)")
-      ("tokens,t", po::value(&tokens_s)->required(), "prompt token ids, comma separated")
-      ("mode", po::value(&mode)->default_value("prefill"),
-       "prefill: the prompt in one pass; decode: one token at a time through the KV cache")
-      ("greedy", po::value(&greedy)->default_value(0), "greedy decode steps after the prompt")
-      ("storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")
-      ("strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")
-      ("out,o", po::value(&out), "run file (HDF5) with logits, greedy tokens, timings and FLOPs");
+  d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
+      "tokens,t", po::value(&tokens_s)->required(), "prompt token ids, comma separated")(
+      "mode", po::value(&mode)->default_value("prefill"),
+      "prefill: the prompt in one pass; decode: one token at a time through the KV cache")(
+      "greedy", po::value(&greedy)->default_value(0), "greedy decode steps after the prompt")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
+      "out,o", po::value(&out), "run file (HDF5) with logits, greedy tokens, timings and FLOPs");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim forward --model M --tokens 1,2,3 [options]", d, vm))
@@ -101,14 +102,16 @@ int cmd_forward(int argc, char** argv) {
                              mi.path, c.n_layer, c.d_model, c.vocab, T, greedy);
     std::cout << fmt::format("prompt: {:.3f} s, greedy: {:.3f} s, load: {:.3f} s\n", t_prompt,
                              t_gen, t_load);
-    if (!gen.empty()) std::cout << "greedy tokens: " << fmt::format("{}", fmt::join(gen, ",")) << "\n";
+    if (!gen.empty())
+      std::cout << "greedy tokens: " << fmt::format("{}", fmt::join(gen, ",")) << "\n";
 
     if (rf) {
       io::Group root = rf->root();
       write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
       io::Group res = root.create_group("results");
       res.set_attr("mode", mode);
-      res.write<std::int32_t>("prompt_tokens", std::vector<std::int32_t>(prompt.begin(), prompt.end()),
+      res.write<std::int32_t>("prompt_tokens",
+                              std::vector<std::int32_t>(prompt.begin(), prompt.end()),
                               {"", "prompt token ids"});
       res.write<float>("prompt_logits", logits.data(),
                        {static_cast<hsize_t>(T), static_cast<hsize_t>(c.vocab)},

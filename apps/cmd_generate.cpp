@@ -63,17 +63,17 @@ int cmd_generate(int argc, char** argv) {
   std::uint64_t seed = 1;
   bool chat = false, strict = false;
   po::options_description d("sparsim generate options");
-  d.add_options()
-      ("model,m", po::value(&model_arg)->default_value("smollm2"), "model file, directory or alias")
-      ("prompt,p", po::value(&prompt)->required(), "prompt text")
-      ("chat", po::bool_switch(&chat), "wrap the prompt in the ChatML template (instruct models)")
-      ("max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate")
-      ("temperature", po::value(&temperature)->default_value(0.0f), "0: greedy; > 0: sampling")
-      ("top-k", po::value(&top_k)->default_value(40), "sample among the k most likely (0: all)")
-      ("top-p", po::value(&top_p)->default_value(0.95f), "nucleus probability mass")
-      ("seed", po::value(&seed)->default_value(1), "sampling seed")
-      ("storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")
-      ("strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error");
+  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
+                  "model file, directory or alias")("prompt,p", po::value(&prompt)->required(),
+                                                    "prompt text")(
+      "chat", po::bool_switch(&chat), "wrap the prompt in the ChatML template (instruct models)")(
+      "max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate")(
+      "temperature", po::value(&temperature)->default_value(0.0f), "0: greedy; > 0: sampling")(
+      "top-k", po::value(&top_k)->default_value(40), "sample among the k most likely (0: all)")(
+      "top-p", po::value(&top_p)->default_value(0.95f), "nucleus probability mass")(
+      "seed", po::value(&seed)->default_value(1), "sampling seed")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim generate --prompt TEXT [options]", d, vm)) return 0;
@@ -121,9 +121,9 @@ int cmd_generate(int argc, char** argv) {
     }
     std::cout << "\n";
     const double t_gen = sw.seconds();
-    log().info("{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s)",
-               T, t_prefill, T / t_prefill, out.size(), t_gen,
-               out.empty() ? 0.0 : out.size() / t_gen);
+    log().info(
+        "{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s)", T,
+        t_prefill, T / t_prefill, out.size(), t_gen, out.empty() ? 0.0 : out.size() / t_gen);
     return 0;
   });
 }

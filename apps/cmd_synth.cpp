@@ -10,8 +10,8 @@ namespace sparsim::app {
 namespace {
 gguf::GGMLType parse_ggml_type(const std::string& s) {
   using T = gguf::GGMLType;
-  for (T t : {T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q4_K,
-              T::Q6_K}) {
+  for (T t :
+       {T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q4_K, T::Q6_K}) {
     std::string n = gguf::to_string(t);
     std::string lower;
     for (char ch : n) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
@@ -28,38 +28,45 @@ int cmd_synth(int argc, char** argv) {
   std::string out, type, preset, format;
   bool untied = false, llama3 = false;
   po::options_description d("sparsim synth options");
-  d.add_options()
-      ("out,o", po::value(&out)->required(),
-       "output GGUF path (written atomically), or the directory with --format hf")
-      ("format", po::value(&format)->default_value("gguf"),
-       "gguf, or hf: a Hugging Face directory (config.json + model.safetensors) holding the "
-       "same model; --type then is the safetensors dtype (f32, bf16 or f16)")
-      ("preset", po::value(&preset)->default_value("tiny"),
-       "starting shape: tiny (2 layers, d 64) or smollm2-135m; options below override it")
-      ("layers", po::value<int>(), "transformer blocks")
-      ("d-model", po::value<int>(), "hidden size")
-      ("heads", po::value<int>(), "query heads")
-      ("kv-heads", po::value<int>(), "key/value heads")
-      ("head-dim", po::value<int>(), "head dimension (default d-model / heads)")
-      ("ff", po::value<int>(), "SwiGLU inner size")
-      ("vocab", po::value<int>(), "vocabulary size (>= 259 with the tokenizer)")
-      ("context", po::value<int>(), "context length")
-      ("rope-theta", po::value<float>(), "RoPE base")
-      ("rms-eps", po::value<float>(), "RMSNorm epsilon")
-      ("untied", po::bool_switch(&untied), "write a separate output.weight (default: tied)")
-      ("llama3-rope", po::bool_switch(&llama3),
-       "write Llama-3 rope scaling as rope_freqs.weight (factor 8, low 1, high 4, original 64)")
-      ("type", po::value(&type)->default_value("f32"),
-       "type of the 2-D tensors: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k")
-      ("seed", po::value(&s.seed)->default_value(1), "random seed");
+  d.add_options()("out,o", po::value(&out)->required(),
+                  "output GGUF path (written atomically), or the directory with --format hf")(
+      "format", po::value(&format)->default_value("gguf"),
+      "gguf, or hf: a Hugging Face directory (config.json + model.safetensors) holding the "
+      "same model; --type then is the safetensors dtype (f32, bf16 or f16)")(
+      "preset", po::value(&preset)->default_value("tiny"),
+      "starting shape: tiny (2 layers, d 64) or smollm2-135m; options below override it")(
+      "layers", po::value<int>(), "transformer blocks")("d-model", po::value<int>(), "hidden size")(
+      "heads", po::value<int>(), "query heads")("kv-heads", po::value<int>(), "key/value heads")(
+      "head-dim", po::value<int>(), "head dimension (default d-model / heads)")(
+      "ff", po::value<int>(), "SwiGLU inner size")("vocab", po::value<int>(),
+                                                   "vocabulary size (>= 259 with the tokenizer)")(
+      "context", po::value<int>(), "context length")("rope-theta", po::value<float>(), "RoPE base")(
+      "rms-eps", po::value<float>(), "RMSNorm epsilon")(
+      "untied", po::bool_switch(&untied), "write a separate output.weight (default: tied)")(
+      "llama3-rope", po::bool_switch(&llama3),
+      "write Llama-3 rope scaling as rope_freqs.weight (factor 8, low 1, high 4, original 64)")(
+      "type", po::value(&type)->default_value("f32"),
+      "type of the 2-D tensors: f32 f16 bf16 q8_0 q4_0 q4_1 q5_0 q5_1 q4_k q6_k")(
+      "seed", po::value(&s.seed)->default_value(1), "random seed");
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim synth --out FILE [shape options]", d, vm)) return 0;
   if (preset == "tiny") {
-    c.n_layer = 2; c.d_model = 64; c.n_head = 4; c.n_kv_head = 2; c.d_ff = 128;
-    c.vocab = 512; c.context_length = 256;
+    c.n_layer = 2;
+    c.d_model = 64;
+    c.n_head = 4;
+    c.n_kv_head = 2;
+    c.d_ff = 128;
+    c.vocab = 512;
+    c.context_length = 256;
   } else if (preset == "smollm2-135m") {
-    c.n_layer = 30; c.d_model = 576; c.n_head = 9; c.n_kv_head = 3; c.d_ff = 1536;
-    c.vocab = 49152; c.context_length = 8192; c.rope_theta = 100000.0f;
+    c.n_layer = 30;
+    c.d_model = 576;
+    c.n_head = 9;
+    c.n_kv_head = 3;
+    c.d_ff = 1536;
+    c.vocab = 49152;
+    c.context_length = 8192;
+    c.rope_theta = 100000.0f;
   } else {
     fail("--preset '{}' is unknown (tiny, smollm2-135m)", preset);
   }
@@ -88,18 +95,22 @@ int cmd_synth(int argc, char** argv) {
   if (format == "hf") {
     using D = safetensors::Dtype;
     D dt = D::F32;
-    if (s.type == gguf::GGMLType::BF16) dt = D::BF16;
-    else if (s.type == gguf::GGMLType::F16) dt = D::F16;
-    else require(s.type == gguf::GGMLType::F32,
-                 "--type '{}' cannot be written with --format hf (f32, bf16, f16)", type);
+    if (s.type == gguf::GGMLType::BF16)
+      dt = D::BF16;
+    else if (s.type == gguf::GGMLType::F16)
+      dt = D::F16;
+    else
+      require(s.type == gguf::GGMLType::F32,
+              "--type '{}' cannot be written with --format hf (f32, bf16, f16)", type);
     s.type = gguf::GGMLType::F32;
     write_synth_safetensors(s, out, dt);
   } else {
     require(format == "gguf", "--format '{}' is unknown (gguf, hf)", format);
     write_synth_gguf(s, out);
   }
-  std::cout << fmt::format("wrote {} ({} parameters, {} layers, d {}, vocab {}, type {}, seed {})\n",
-                           out, c.n_params(), c.n_layer, c.d_model, c.vocab, type, s.seed);
+  std::cout << fmt::format(
+      "wrote {} ({} parameters, {} layers, d {}, vocab {}, type {}, seed {})\n", out, c.n_params(),
+      c.n_layer, c.d_model, c.vocab, type, s.seed);
   return 0;
 }
 

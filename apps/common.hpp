@@ -3,8 +3,8 @@
 #include "core/compat.hpp"
 #include "core/error.hpp"
 
-#include <boost/program_options.hpp>
 #include <Kokkos_Core.hpp>
+#include <boost/program_options.hpp>
 
 #include <string>
 #include <vector>

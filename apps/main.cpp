@@ -27,17 +27,20 @@ const Command kCommands[] = {
     {"eval", sparsim::app::cmd_eval,
      "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
-    {"inspect", sparsim::app::cmd_inspect, "show a model file's metadata, tensors and memory needs"},
+    {"inspect", sparsim::app::cmd_inspect,
+     "show a model file's metadata, tensors and memory needs"},
     {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
     {"forward", sparsim::app::cmd_forward,
      "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
-    {"bench", sparsim::app::cmd_bench, "prefill and decode speed, and decode against memory bandwidth"},
+    {"bench", sparsim::app::cmd_bench,
+     "prefill and decode speed, and decode against memory bandwidth"},
 };
 
 void usage(std::ostream& os) {
   os << "usage: sparsim <command> [options]   (sparsim <command> --help for its options)\n\n"
      << "commands:\n";
-  for (const auto& c : kCommands) os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.help << "\n";
+  for (const auto& c : kCommands)
+    os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.help << "\n";
   os << "\nsparsim " << SPARSIM_VERSION << "\n";
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The execution spaces every backend-generic test is instantiated for.
-#include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
+#include <Kokkos_Core.hpp>
 
 namespace sparsim::test {
 using Backends = ::testing::Types<
@@ -13,7 +13,8 @@ using Backends = ::testing::Types<
     Kokkos::Serial
 #endif
 #ifdef KOKKOS_ENABLE_CUDA
-    , Kokkos::Cuda
+    ,
+    Kokkos::Cuda
 #endif
     >;
 

@@ -84,7 +84,9 @@ inline RunResult run_cmd(const std::string& cmd) {
 }
 
 /// The sparsim binary built alongside the tests.
-inline std::string sparsim_bin() { return SPARSIM_BINARY; }
+inline std::string sparsim_bin() {
+  return SPARSIM_BINARY;
+}
 
 inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float scale = 1.0f) {
   SynthRng r(seed);

@@ -1,6 +1,6 @@
 // GoogleTest entry point: Kokkos lives for the whole test run.
-#include <Kokkos_Core.hpp>
 #include <gtest/gtest.h>
+#include <Kokkos_Core.hpp>
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);

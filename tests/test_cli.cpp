@@ -36,8 +36,9 @@ struct TensorCopy {
 };
 
 /// Copies a GGUF file, letting `edit` change its metadata and tensors on the way.
-void rewrite(const std::string& src, const std::string& dst,
-             const std::function<void(std::vector<gguf::KeyValue>&, std::vector<TensorCopy>&)>& edit) {
+void rewrite(
+    const std::string& src, const std::string& dst,
+    const std::function<void(std::vector<gguf::KeyValue>&, std::vector<TensorCopy>&)>& edit) {
   gguf::File f = gguf::File::open(src);
   std::vector<gguf::KeyValue> kv = f.metadata();
   std::vector<TensorCopy> ts;
@@ -81,7 +82,8 @@ TEST_F(Cli, OneAndTwoThreadsAndSerialGiveBitwiseIdenticalLogits) {
   }
   ASSERT_EQ(runs[0].size(), runs[1].size());
   EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * 4)) << "1 vs 2 threads";
-  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * 4)) << "serial vs openmp";
+  EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[2].data(), runs[0].size() * 4))
+      << "serial vs openmp";
   // decode mode goes through GEMV and the cache: equal within fp32 reordering
   for (std::size_t i = 0; i < runs[0].size(); ++i)
     ASSERT_NEAR(runs[0][i], runs[3][i], 1e-5 * (1 + std::fabs(runs[0][i])));
@@ -99,7 +101,9 @@ TEST_F(Cli, RunFileHoldsModelBackendTimingsAndFlops) {
   EXPECT_EQ(root.open_group("model").get_attr<std::string>("fingerprint").size(), 16u);
 }
 
-TEST_F(Cli, MissingPath) { expect_failure(dir_.file("nope.gguf"), "does not exist"); }
+TEST_F(Cli, MissingPath) {
+  expect_failure(dir_.file("nope.gguf"), "does not exist");
+}
 
 TEST_F(Cli, TruncatedFile) {
   const std::string bad = dir_.file("trunc.gguf");
@@ -165,7 +169,8 @@ TEST_F(Cli, NanWeightsWarnOrFailWithStrict) {
       }
   });
   const std::string out = dir_.file("ok.h5");
-  const RunResult warn = run_cmd(sparsim_bin() + " forward --model " + bad + " --tokens 1,2 --out " + out);
+  const RunResult warn =
+      run_cmd(sparsim_bin() + " forward --model " + bad + " --tokens 1,2 --out " + out);
   EXPECT_EQ(warn.exit_code, 0) << warn.output;
   EXPECT_NE(warn.output.find("NaN"), std::string::npos) << warn.output;
   EXPECT_NE(warn.output.find("blk.0.attn_q.weight"), std::string::npos) << warn.output;

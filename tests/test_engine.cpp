@@ -127,8 +127,7 @@ TYPED_TEST(EngineTest, SixteenBitStorageStaysCloseToF32) {
   const auto ref = to_host(e32.forward({toks}, 0, false));
   for (DType t : {DType::BF16, DType::F16}) {
     auto w = load_model<E>(path, LoadOptions{t, false});
-    EXPECT_EQ(w->bytes() * 2 - 4 * spec.cfg.d_model * (2 * spec.cfg.n_layer + 1),
-              w32->bytes())
+    EXPECT_EQ(w->bytes() * 2 - 4 * spec.cfg.d_model * (2 * spec.cfg.n_layer + 1), w32->bytes())
         << "16-bit storage halves the matrices";
     Engine<E> e(w, 1, 32);
     for (int T : {1, 10, 20}) {  // below and above the widening threshold

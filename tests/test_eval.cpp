@@ -168,7 +168,8 @@ class EvalCli : public ::testing::Test {
   void SetUp() override {
     model_ = make_model(dir_, "tiny.gguf", tiny_spec(33));
     std::string text;
-    for (int i = 0; i < 200; ++i) text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+    for (int i = 0; i < 200; ++i)
+      text += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
     std::ofstream(dir_.file("corpus.txt")) << text;
   }
   RunResult eval(const std::string& extra) {
@@ -176,12 +177,15 @@ class EvalCli : public ::testing::Test {
                                    ? " --context 64 --stride 32 --max-windows 3 "
                                    : " ";
     return run_cmd(sparsim_bin() + " eval --model " + model_ + " --corpus " +
-                   dir_.file("corpus.txt") + window + "--log-level error --progress never " + extra);
+                   dir_.file("corpus.txt") + window + "--log-level error --progress never " +
+                   extra);
   }
   void expect_failure(const std::string& extra, const std::string& needle) {
-    const RunResult r = eval(extra + " --out " + dir_.file("o.h5") + " --json " + dir_.file("o.json"));
+    const RunResult r =
+        eval(extra + " --out " + dir_.file("o.h5") + " --json " + dir_.file("o.json"));
     EXPECT_NE(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in " << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos)
+        << "expected '" << needle << "' in " << r.output;
     EXPECT_FALSE(fs::exists(dir_.file("o.h5")));
     EXPECT_FALSE(fs::exists(dir_.file("o.json")));
   }
@@ -219,8 +223,9 @@ TEST_F(EvalCli, BadInput) {
   EXPECT_NE(e.exit_code, 0);
   EXPECT_NE(e.output.find("empty"), std::string::npos) << e.output;
   EXPECT_FALSE(fs::exists(dir_.file("o.h5")));
-  std::ofstream(dir_.file("t.jsonl")) << "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"
-                                      << "{\"context\": \"a\", \"choices\": [\"b\"], \"gold\": 0}\n";
+  std::ofstream(dir_.file("t.jsonl"))
+      << "{\"context\": \"a\", \"choices\": [\"b\", \"c\"], \"gold\": 0}\n"
+      << "{\"context\": \"a\", \"choices\": [\"b\"], \"gold\": 0}\n";
   expect_failure("--tasks " + dir_.file("t.jsonl"), "t.jsonl:2");
   expect_failure("--stride 0", "stride");
   expect_failure("--method teal", "teal");

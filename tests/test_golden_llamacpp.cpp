@@ -67,8 +67,9 @@ void compare(const std::string& model, const Reference& ref, const std::string& 
     next = static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
   }
   EXPECT_LE(gworst, 1e-3) << tag << ": greedy-step logits max abs difference";
-  std::printf("[ llama.cpp ] %-24s %-8s prompt max|Δ| %.2e, %d greedy tokens identical, step max|Δ| %.2e\n",
-              tag.c_str(), E::name(), worst, G, gworst);
+  std::printf(
+      "[ llama.cpp ] %-24s %-8s prompt max|Δ| %.2e, %d greedy tokens identical, step max|Δ| %.2e\n",
+      tag.c_str(), E::name(), worst, G, gworst);
 }
 
 template <class E>
@@ -79,8 +80,7 @@ TYPED_TEST(GoldenLlamaCpp, LogitsAndGreedyTokensMatch) {
   TempDir dir;
   for (const auto& g : kGolden) {
     const std::string model = dir.file(g.name + ".gguf");
-    const RunResult s =
-        run_cmd(sparsim_bin() + " synth --out " + model + " " + g.synth_args);
+    const RunResult s = run_cmd(sparsim_bin() + " synth --out " + model + " " + g.synth_args);
     ASSERT_EQ(s.exit_code, 0) << s.output;
     const Reference ref =
         read_reference(std::string(SPARSIM_SOURCE_DIR) + "/data/golden/llamacpp_" + g.name + ".h5");
@@ -93,7 +93,8 @@ TEST(GoldenLlamaCppLive, FreshReferenceFromLlamaCpp) {
   if (!py) GTEST_SKIP() << "set SPARSIM_LLAMACPP_PYTHON to a python with llama-cpp-python";
   TempDir dir;
   const std::string model = dir.file("live.gguf"), out = dir.file("live.h5");
-  ASSERT_EQ(run_cmd(sparsim_bin() + " synth --out " + model + " --seed 4242 --untied").exit_code, 0);
+  ASSERT_EQ(run_cmd(sparsim_bin() + " synth --out " + model + " --seed 4242 --untied").exit_code,
+            0);
   const RunResult r = run_cmd(std::string(py) + " " + SPARSIM_SOURCE_DIR +
                               "/scripts/llamacpp_reference.py --model " + model +
                               " --prompt-len 24 --seed 3 --n-greedy 32 --threads 2 --out " + out);

@@ -27,9 +27,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("sparsim_io_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
-            info->name());
+    dir_ = fs::temp_directory_path() / ("sparsim_io_" + std::to_string(::getpid()) + "_" +
+                                        info->test_suite_name() + "_" + info->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -302,8 +301,8 @@ TEST(Hdf5, Attributes) {
   EXPECT_EQ(t.get_attr<std::int64_t>("count"), 7);
   EXPECT_EQ(t.get_attr<std::int64_t>("big"), std::int64_t{1} << 40);
   EXPECT_EQ(t.get_attr<std::int64_t>("flag"), 1);
-  EXPECT_EQ(t.attr_names(),
-            (std::vector<std::string>{"big", "count", "flag", "meaning", "note", "scale", "units"}));
+  EXPECT_EQ(t.attr_names(), (std::vector<std::string>{"big", "count", "flag", "meaning", "note",
+                                                      "scale", "units"}));
   EXPECT_EQ(r.get_attr<std::string>("model"), "llama");
   EXPECT_EQ(r.get_attr<std::int64_t>("n_layers"), 32);
   EXPECT_FLOAT_EQ(static_cast<float>(r.get_attr<double>("sparsity")), 0.9f);
@@ -449,8 +448,8 @@ TEST(Hdf5, HandlesShareAndOutliveTheirFile) {
 namespace {
 /// Groups, datasets, attributes and named types open in file `f` (the file itself excluded).
 ssize_t open_objects(const H5File& f) {
-  return H5Fget_obj_count(f.id(), H5F_OBJ_GROUP | H5F_OBJ_DATASET | H5F_OBJ_ATTR |
-                                      H5F_OBJ_DATATYPE | H5F_OBJ_LOCAL);
+  return H5Fget_obj_count(
+      f.id(), H5F_OBJ_GROUP | H5F_OBJ_DATASET | H5F_OBJ_ATTR | H5F_OBJ_DATATYPE | H5F_OBJ_LOCAL);
 }
 }  // namespace
 

@@ -126,7 +126,8 @@ TYPED_TEST(Kernels, RopeBothLayouts) {
           for (int j = 0; j < half; ++j) {
             const double a = (3 + 7 * t) * std::pow(base, -2.0 * j / hd);
             const int b = t * heads * hd + h * hd;
-            const int i0 = adjacent ? b + 2 * j : b + j, i1 = adjacent ? b + 2 * j + 1 : b + j + half;
+            const int i0 = adjacent ? b + 2 * j : b + j,
+                      i1 = adjacent ? b + 2 * j + 1 : b + j + half;
             r[i0] = v[i0] * std::cos(a) - v[i1] * std::sin(a);
             r[i1] = v[i0] * std::sin(a) + v[i1] * std::cos(a);
           }

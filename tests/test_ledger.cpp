@@ -90,8 +90,8 @@ TEST(Ledger, SumsAndQueries) {
     for (int o = 0; o < sparsim::flops::kNumOps; ++o) ops += l.by_op(static_cast<Op>(o), p);
     for (int layer = -1; layer < l.num_layers(); ++layer) layers += l.by_layer(layer, p);
     const auto t = l.total(p);
-    expect_totals(ops, t.flops_dense, t.flops_realised, t.bytes_dense, t.bytes_realised,
-                  t.launches, "ops partition");
+    expect_totals(ops, t.flops_dense, t.flops_realised, t.bytes_dense, t.bytes_realised, t.launches,
+                  "ops partition");
     expect_totals(layers, t.flops_dense, t.flops_realised, t.bytes_dense, t.bytes_realised,
                   t.launches, "layers partition");
   }
@@ -209,8 +209,8 @@ TEST(Ledger, WriteAndReadBack) {
 
 TEST(Ledger, Table) {
   const std::string t = sample().table();
-  for (const char* s : {"phase", "GFLOP", "GB", "share", "prefill", "decode", "q_proj",
-                        "down_proj", "lm_head", "embedding", "total"})
+  for (const char* s : {"phase", "GFLOP", "GB", "share", "prefill", "decode", "q_proj", "down_proj",
+                        "lm_head", "embedding", "total"})
     EXPECT_NE(t.find(s), std::string::npos) << s << "\n" << t;
   EXPECT_EQ(t.find("v_proj"), std::string::npos) << t;  // never launched: no row
   EXPECT_NE(t.find("81.4%"), std::string::npos) << t;   // lm_head: 500 of 614 realised FLOP

@@ -13,8 +13,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
-#include <optional>
 #include <fstream>
+#include <optional>
 #include <random>
 
 namespace sparsim {
@@ -47,7 +47,9 @@ std::vector<GoldenCase> read_golden(const std::string& name) {
   return out;
 }
 
-std::string show(const std::vector<int>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+std::string show(const std::vector<int>& v) {
+  return fmt::format("[{}]", fmt::join(v, ", "));
+}
 
 /// False when some character of `s` encodes to nothing (SmolLM2 has no byte-level symbol for
 /// several C0 control bytes, which are then dropped, as llama.cpp does).
@@ -55,7 +57,12 @@ bool all_chars_kept(const Tokenizer& tok, const std::string& s) {
   for (std::size_t i = 0; i < s.size();) {
     std::size_t len = 1;
     const auto b = static_cast<unsigned char>(s[i]);
-    if (b >= 0xF0) len = 4; else if (b >= 0xE0) len = 3; else if (b >= 0xC0) len = 2;
+    if (b >= 0xF0)
+      len = 4;
+    else if (b >= 0xE0)
+      len = 3;
+    else if (b >= 0xC0)
+      len = 2;
     if (tok.encode(s.substr(i, len), false).empty()) return false;
     i += len;
   }
@@ -70,8 +77,8 @@ std::size_t check_golden(const Tokenizer& tok, const std::vector<GoldenCase>& ca
     const auto ids = tok.encode(c.text, false);
     if (ids != c.ids) {
       if (++bad <= 8)
-        ADD_FAILURE() << "text " << nlohmann::json(c.text).dump() << "\n  expected "
-                      << show(c.ids) << "\n  got      " << show(ids);
+        ADD_FAILURE() << "text " << nlohmann::json(c.text).dump() << "\n  expected " << show(c.ids)
+                      << "\n  got      " << show(ids);
     }
     if (round_trip && all_chars_kept(tok, c.text)) {
       EXPECT_EQ(tok.decode(ids), c.text) << nlohmann::json(c.text).dump();
@@ -164,8 +171,12 @@ std::string write_hf_json(const gguf::File& f, const std::string& path,
   for (std::size_t i = 0; i < tokens.size(); ++i) {
     vocab[tokens[i]] = i;
     if (types[i] == 3)
-      added.push_back({{"id", i}, {"content", tokens[i]}, {"special", true},
-                       {"normalized", false}, {"lstrip", false}, {"rstrip", false},
+      added.push_back({{"id", i},
+                       {"content", tokens[i]},
+                       {"special", true},
+                       {"normalized", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
                        {"single_word", false}});
   }
   for (const auto& m : merges) {
@@ -183,10 +194,16 @@ std::string write_hf_json(const gguf::File& f, const std::string& path,
             {"post_processor", nullptr},
             {"decoder", {{"type", "ByteLevel"}}},
             {"model",
-             {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", ignore_merges},
-              {"vocab", vocab}, {"merges", jm}}}};
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", ignore_merges},
+              {"vocab", vocab},
+              {"merges", jm}}}};
   std::ofstream(path) << j.dump();
   return path;
 }
@@ -197,11 +214,13 @@ TEST(TokenizerGolden, HfJsonSmolLM2StyleMatchesLlamaCpp) {
   using nlohmann::json;
   TempDir dir;
   // SmolLM2's own tokenizer.json: digits one by one, then the byte-level GPT-2 regex.
-  const json pre = {{"type", "Sequence"},
-                    {"pretokenizers",
-                     json::array({{{"type", "Digits"}, {"individual_digits", true}},
-                                  {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                                   {"trim_offsets", true}, {"use_regex", true}}})}};
+  const json pre = {
+      {"type", "Sequence"},
+      {"pretokenizers", json::array({{{"type", "Digits"}, {"individual_digits", true}},
+                                     {{"type", "ByteLevel"},
+                                      {"add_prefix_space", false},
+                                      {"trim_offsets", true},
+                                      {"use_regex", true}}})}};
   for (bool pairs : {false, true}) {
     SCOPED_TRACE(pairs ? "pair merges" : "string merges");
     const auto p = write_hf_json(*f, dir.file(pairs ? "p.json" : "s.json"), pre, pairs, false);
@@ -220,13 +239,15 @@ TEST(TokenizerGolden, HfJsonLlama3StyleSplitMatchesLlamaCpp) {
   // Llama-3 files: a Split with the Llama-3 regex, then ByteLevel without its own regex.
   const std::string re =
       R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  const json pre = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       json::array({{{"type", "Split"}, {"pattern", {{"Regex", re}}}, {"behavior", "Isolated"},
-                     {"invert", false}},
-                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
-                     {"use_regex", false}}})}};
+  const json pre = {{"type", "Sequence"},
+                    {"pretokenizers", json::array({{{"type", "Split"},
+                                                    {"pattern", {{"Regex", re}}},
+                                                    {"behavior", "Isolated"},
+                                                    {"invert", false}},
+                                                   {{"type", "ByteLevel"},
+                                                    {"add_prefix_space", false},
+                                                    {"trim_offsets", true},
+                                                    {"use_regex", false}}})}};
   const auto p = write_hf_json(*f, dir.file("l3.json"), pre, true, true);
   const auto tok = Tokenizer::from_hf_json(p);
   check_golden(tok, read_golden("tokenizer_smollm2_pre-llama-bpe.jsonl"), true);
@@ -237,15 +258,14 @@ TEST(TokenizerGolden, HfJsonSentencePieceStyleMatchesHuggingFace) {
   // scripts/make_tokenizer_golden.py) over the synth vocabulary, with that library's ids.
   for (const char* variant : {"metaspace", "prepend"}) {
     SCOPED_TRACE(variant);
-    const auto tok =
-        Tokenizer::from_hf_json(kGolden + "tokenizer_hf_" + variant + ".json");
+    const auto tok = Tokenizer::from_hf_json(kGolden + "tokenizer_hf_" + variant + ".json");
     EXPECT_EQ(tok.model_type(), "llama");
     EXPECT_EQ(tok.vocab_size(), 512);
     // Metaspace does not prepend to text that already starts with a space, so " x" and "x"
     // give the same ids there and only the Prepend layout can round-trip.
     const bool prepend = std::string(variant) == "prepend";
-    const auto n = check_golden(
-        tok, read_golden(std::string("tokenizer_hf_") + variant + ".jsonl"), prepend);
+    const auto n =
+        check_golden(tok, read_golden(std::string("tokenizer_hf_") + variant + ".jsonl"), prepend);
     EXPECT_GT(n, 300u);
   }
 }
@@ -322,11 +342,17 @@ TEST(TokenizerBpe, EqualRanksMergeLeftmostFirst) {
 TEST(TokenizerBpe, PreTokenizerBoundsMerges) {
   TempDir dir;
   // "Ġ" is the byte-level spelling of ' '.
-  const auto t = tiny_bpe(dir, {"\xC4\xA0 a", "a b", "\xC4\xA0" "a b"});
+  const auto t = tiny_bpe(dir, {"\xC4\xA0 a", "a b",
+                                "\xC4\xA0"
+                                "a b"});
   // "ab ab" → pieces "ab", " ab" (GPT-2 regex) → [ab] [Ġab].
-  EXPECT_EQ(texts(t, t.encode("ab ab", false)), (Strings{"ab", "\xC4\xA0" "ab"}));
+  EXPECT_EQ(texts(t, t.encode("ab ab", false)), (Strings{"ab",
+                                                         "\xC4\xA0"
+                                                         "ab"}));
   // Two spaces: "\s+(?!\S)" keeps one back for the word → [Ġ] [Ġab].
-  EXPECT_EQ(texts(t, t.encode("  ab", false)), (Strings{"\xC4\xA0", "\xC4\xA0" "ab"}));
+  EXPECT_EQ(texts(t, t.encode("  ab", false)), (Strings{"\xC4\xA0",
+                                                        "\xC4\xA0"
+                                                        "ab"}));
   // Byte-level: é is two bytes, each its own symbol; decode restores the text.
   const auto ids = t.encode("é", false);
   EXPECT_EQ(ids.size(), 2u);
@@ -350,8 +376,13 @@ TEST(TokenizerBpe, SpecialTokensAreMatchedWhole) {
 TEST(TokenizerBpe, InvalidUtf8BecomesReplacementCharacter) {
   TempDir dir;
   const auto t = tiny_bpe(dir, {"a b"});
-  EXPECT_EQ(t.encode("a\xFF" "b", false), t.encode("a\xEF\xBF\xBD" "b", false));
-  EXPECT_EQ(t.encode("\xC3", false), t.encode("\xEF\xBF\xBD", false));          // truncated
+  EXPECT_EQ(t.encode("a\xFF"
+                     "b",
+                     false),
+            t.encode("a\xEF\xBF\xBD"
+                     "b",
+                     false));
+  EXPECT_EQ(t.encode("\xC3", false), t.encode("\xEF\xBF\xBD", false));                  // truncated
   EXPECT_EQ(t.encode("\xC0\xAF", false), t.encode("\xEF\xBF\xBD\xEF\xBF\xBD", false));  // overlong
   EXPECT_EQ(t.encode("\xED\xA0\x80", false),  // a surrogate: three bad bytes
             t.encode("\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", false));
@@ -369,9 +400,17 @@ Tokenizer tiny_spm(const TempDir& dir, bool add_space_prefix = true) {
   }
   const std::vector<std::pair<std::string, float>> pieces = {
       {"\xE2\x96\x81", -1.0f},  // ▁
-      {"h", -5}, {"e", -5}, {"l", -5}, {"o", -5},
-      {"ll", -2}, {"he", -3}, {"\xE2\x96\x81h", -4}, {"\xE2\x96\x81he", -3.5f},
-      {"llo", -2.5f}, {"\xE2\x96\x81hello", -1.5f}, {"hello", -6},
+      {"h", -5},
+      {"e", -5},
+      {"l", -5},
+      {"o", -5},
+      {"ll", -2},
+      {"he", -3},
+      {"\xE2\x96\x81h", -4},
+      {"\xE2\x96\x81he", -3.5f},
+      {"llo", -2.5f},
+      {"\xE2\x96\x81hello", -1.5f},
+      {"hello", -6},
   };
   for (const auto& [p, s] : pieces) {
     tokens.push_back(p);
@@ -427,9 +466,9 @@ TEST(TokenizerSpm, SpecialTokensGetASpacePrefixAfterThem) {
 
 std::string random_utf8(std::mt19937& rng, int n) {
   static const std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges = {
-      {0x20, 0x7E}, {0x20, 0x7E}, {0x20, 0x7E}, {0x09, 0x0D}, {0x00, 0x1F}, {0xA0, 0x17F},
-      {0x370, 0x3FF}, {0x400, 0x4FF}, {0x4E00, 0x4FFF}, {0x3040, 0x30FF}, {0xAC00, 0xAD00},
-      {0x1F300, 0x1F64F}, {0x2000, 0x206F}, {0x0300, 0x036F}, {0x10000, 0x10FFF}};
+      {0x20, 0x7E},     {0x20, 0x7E},       {0x20, 0x7E},     {0x09, 0x0D},     {0x00, 0x1F},
+      {0xA0, 0x17F},    {0x370, 0x3FF},     {0x400, 0x4FF},   {0x4E00, 0x4FFF}, {0x3040, 0x30FF},
+      {0xAC00, 0xAD00}, {0x1F300, 0x1F64F}, {0x2000, 0x206F}, {0x0300, 0x036F}, {0x10000, 0x10FFF}};
   std::string s;
   for (int i = 0; i < n; ++i) {
     const auto& [lo, hi] = ranges[rng() % ranges.size()];
@@ -489,9 +528,10 @@ TEST(TokenizerSpeed, EncodesAMegabyteQuickly) {
   if (!f) GTEST_SKIP() << kInstallHint;
   const auto tok = Tokenizer::from_gguf(*f);
   static const char* const words[] = {
-      "the", "model", "reads", "tokens", "and", "writes", "logits", "for", "every", "position",
-      "in", "a", "sequence", "of", "length", "1024", "with", "attention", "over", "previous",
-      "keys,", "values.", "Sparse", "kernels", "skip", "zeros;", "(dense)", "ones", "don't"};
+      "the",   "model",     "reads",   "tokens",   "and",      "writes",  "logits", "for",
+      "every", "position",  "in",      "a",        "sequence", "of",      "length", "1024",
+      "with",  "attention", "over",    "previous", "keys,",    "values.", "Sparse", "kernels",
+      "skip",  "zeros;",    "(dense)", "ones",     "don't"};
   std::mt19937 rng(7);
   std::string text;
   while (text.size() < (1u << 20)) {
@@ -530,8 +570,7 @@ TEST(TokenizerSpeed, LongRunsOfOneCharacterClass) {
       while (text.size() < 150000) text += unit;
       const auto t0 = std::chrono::steady_clock::now();
       const auto ids = t.encode(text, false);
-      const double s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       EXPECT_LT(s, 2.0) << nlohmann::json(unit).dump();
       EXPECT_EQ(t.decode(ids), text);
     }
@@ -558,8 +597,9 @@ TEST(TokenizerErrors, UnsupportedModelTypeAndMissingKeys) {
     w.set("tokenizer.ggml.tokens", std::vector<std::string>{"a"});
     w.write(dir.file("xyz.gguf"));
     const auto f = gguf::File::open(dir.file("xyz.gguf"));
-    EXPECT_NE(error_of([&] { Tokenizer::from_gguf(f); })
-                  .find("tokenizer.ggml.model 'xyz' is not supported (gpt2, llama)"),
+    EXPECT_NE(error_of([&] {
+                Tokenizer::from_gguf(f);
+              }).find("tokenizer.ggml.model 'xyz' is not supported (gpt2, llama)"),
               std::string::npos);
   }
   {
@@ -586,8 +626,9 @@ TEST(TokenizerErrors, UnsupportedModelTypeAndMissingKeys) {
     w.set("tokenizer.ggml.merges", std::vector<std::string>{"a b"});
     w.write(dir.file("pre.gguf"));
     const auto f = gguf::File::open(dir.file("pre.gguf"));
-    EXPECT_NE(error_of([&] { Tokenizer::from_gguf(f); })
-                  .find("tokenizer.ggml.pre 'not-a-pre' is not supported"),
+    EXPECT_NE(error_of([&] {
+                Tokenizer::from_gguf(f);
+              }).find("tokenizer.ggml.pre 'not-a-pre' is not supported"),
               std::string::npos);
   }
   const auto t = tiny_spm(dir);
@@ -603,10 +644,12 @@ TEST(TokenizerErrors, HfJsonUnsupportedComponentsAreNamed) {
     return p;
   };
   using nlohmann::json;
-  const json bpe = {{"type", "BPE"}, {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}},
+  const json bpe = {{"type", "BPE"},
+                    {"vocab", {{"a", 0}, {"b", 1}, {"ab", 2}}},
                     {"merges", json::array({"a b"})}};
   EXPECT_NE(error_of([&] {
-              Tokenizer::from_hf_json(write({{"model", {{"type", "Unigram"}, {"vocab", json::array()}}}}));
+              Tokenizer::from_hf_json(
+                  write({{"model", {{"type", "Unigram"}, {"vocab", json::array()}}}}));
             }).find("model type 'Unigram' is not supported"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
@@ -618,9 +661,9 @@ TEST(TokenizerErrors, HfJsonUnsupportedComponentsAreNamed) {
               Tokenizer::from_hf_json(write({{"model", bpe}, {"normalizer", {{"type", "NFKC"}}}}));
             }).find("normalizer 'NFKC' is not supported"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { Tokenizer::from_hf_json(dir.file("missing.json")); })
-                .find("cannot open"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { Tokenizer::from_hf_json(dir.file("missing.json")); }).find("cannot open"),
+      std::string::npos);
   // The minimal file works: no pre-tokenizer, SentencePiece-style, merges by rank.
   const auto t = Tokenizer::from_hf_json(write({{"model", bpe}}));
   EXPECT_EQ(t.model_type(), "llama");
@@ -633,17 +676,18 @@ TEST(TokenizerHf, SentencePieceStyleJson) {
   json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
   for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = 3 + b;
   int id = 259;
-  for (const char* p : {"\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi"}) vocab[p] = id++;
+  for (const char* p : {"\xE2\x96\x81", "h", "i", "\xE2\x96\x81h", "\xE2\x96\x81hi"})
+    vocab[p] = id++;
   const json j = {
       {"added_tokens", json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
                                     {{"id", 1}, {"content", "<s>"}, {"special", true}},
                                     {{"id", 2}, {"content", "</s>"}, {"special", true}}})},
       {"normalizer",
        {{"type", "Sequence"},
-        {"normalizers",
-         json::array({{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
-                      {{"type", "Replace"}, {"pattern", {{"String", " "}}},
-                       {"content", "\xE2\x96\x81"}}})}}},
+        {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", "\xE2\x96\x81"}},
+                                     {{"type", "Replace"},
+                                      {"pattern", {{"String", " "}}},
+                                      {"content", "\xE2\x96\x81"}}})}}},
       {"pre_tokenizer", nullptr},
       {"post_processor",
        {{"type", "TemplateProcessing"},
@@ -651,7 +695,10 @@ TEST(TokenizerHf, SentencePieceStyleJson) {
                                 {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
         {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
       {"model",
-       {{"type", "BPE"}, {"unk_token", "<unk>"}, {"byte_fallback", true}, {"fuse_unk", true},
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"byte_fallback", true},
+        {"fuse_unk", true},
         {"vocab", vocab},
         {"merges", json::array({json::array({"\xE2\x96\x81", "h"}), "\xE2\x96\x81h i"})}}}};
   const std::string p = dir.file("tokenizer.json");

@@ -7,31 +7,66 @@
 
 #include <cmath>
 
-#define SPARSIM_KOKKOS_VERSION_AT_LEAST(maj, min) \
-  (KOKKOS_VERSION >= ((maj) * 10000 + (min) * 100))
+#define SPARSIM_KOKKOS_VERSION_AT_LEAST(maj, min) (KOKKOS_VERSION >= ((maj)*10000 + (min)*100))
 
 namespace sparsim::kx {
 
 #if SPARSIM_KOKKOS_VERSION_AT_LEAST(3, 7)
-KOKKOS_INLINE_FUNCTION float exp(float x) { return Kokkos::exp(x); }
-KOKKOS_INLINE_FUNCTION float sqrt(float x) { return Kokkos::sqrt(x); }
-KOKKOS_INLINE_FUNCTION float cos(float x) { return Kokkos::cos(x); }
-KOKKOS_INLINE_FUNCTION float sin(float x) { return Kokkos::sin(x); }
-KOKKOS_INLINE_FUNCTION float fabs(float x) { return Kokkos::fabs(x); }
-KOKKOS_INLINE_FUNCTION float log(float x) { return Kokkos::log(x); }
-KOKKOS_INLINE_FUNCTION double exp(double x) { return Kokkos::exp(x); }
-KOKKOS_INLINE_FUNCTION double log(double x) { return Kokkos::log(x); }
-KOKKOS_INLINE_FUNCTION bool isfinite(float x) { return Kokkos::isfinite(x); }
+KOKKOS_INLINE_FUNCTION float exp(float x) {
+  return Kokkos::exp(x);
+}
+KOKKOS_INLINE_FUNCTION float sqrt(float x) {
+  return Kokkos::sqrt(x);
+}
+KOKKOS_INLINE_FUNCTION float cos(float x) {
+  return Kokkos::cos(x);
+}
+KOKKOS_INLINE_FUNCTION float sin(float x) {
+  return Kokkos::sin(x);
+}
+KOKKOS_INLINE_FUNCTION float fabs(float x) {
+  return Kokkos::fabs(x);
+}
+KOKKOS_INLINE_FUNCTION float log(float x) {
+  return Kokkos::log(x);
+}
+KOKKOS_INLINE_FUNCTION double exp(double x) {
+  return Kokkos::exp(x);
+}
+KOKKOS_INLINE_FUNCTION double log(double x) {
+  return Kokkos::log(x);
+}
+KOKKOS_INLINE_FUNCTION bool isfinite(float x) {
+  return Kokkos::isfinite(x);
+}
 #else
-KOKKOS_INLINE_FUNCTION float exp(float x) { return Kokkos::Experimental::exp(x); }
-KOKKOS_INLINE_FUNCTION float sqrt(float x) { return Kokkos::Experimental::sqrt(x); }
-KOKKOS_INLINE_FUNCTION float cos(float x) { return Kokkos::Experimental::cos(x); }
-KOKKOS_INLINE_FUNCTION float sin(float x) { return Kokkos::Experimental::sin(x); }
-KOKKOS_INLINE_FUNCTION float fabs(float x) { return Kokkos::Experimental::fabs(x); }
-KOKKOS_INLINE_FUNCTION float log(float x) { return Kokkos::Experimental::log(x); }
-KOKKOS_INLINE_FUNCTION double exp(double x) { return Kokkos::Experimental::exp(x); }
-KOKKOS_INLINE_FUNCTION double log(double x) { return Kokkos::Experimental::log(x); }
-KOKKOS_INLINE_FUNCTION bool isfinite(float x) { return Kokkos::Experimental::isfinite(x); }
+KOKKOS_INLINE_FUNCTION float exp(float x) {
+  return Kokkos::Experimental::exp(x);
+}
+KOKKOS_INLINE_FUNCTION float sqrt(float x) {
+  return Kokkos::Experimental::sqrt(x);
+}
+KOKKOS_INLINE_FUNCTION float cos(float x) {
+  return Kokkos::Experimental::cos(x);
+}
+KOKKOS_INLINE_FUNCTION float sin(float x) {
+  return Kokkos::Experimental::sin(x);
+}
+KOKKOS_INLINE_FUNCTION float fabs(float x) {
+  return Kokkos::Experimental::fabs(x);
+}
+KOKKOS_INLINE_FUNCTION float log(float x) {
+  return Kokkos::Experimental::log(x);
+}
+KOKKOS_INLINE_FUNCTION double exp(double x) {
+  return Kokkos::Experimental::exp(x);
+}
+KOKKOS_INLINE_FUNCTION double log(double x) {
+  return Kokkos::Experimental::log(x);
+}
+KOKKOS_INLINE_FUNCTION bool isfinite(float x) {
+  return Kokkos::Experimental::isfinite(x);
+}
 #endif
 
 /// Rank of a View type, as a constant in both major versions.

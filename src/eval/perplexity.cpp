@@ -9,8 +9,8 @@ namespace sparsim {
 
 void PplOptions::validate(int model_context) const {
   require(context >= 2, "--context must be at least 2 tokens, got {}", context);
-  require(context <= model_context,
-          "--context {} is longer than the model supports ({} tokens)", context, model_context);
+  require(context <= model_context, "--context {} is longer than the model supports ({} tokens)",
+          context, model_context);
   require(stride >= 1, "--stride must be positive, got {}", stride);
   require(score >= 1 && score <= context - 1 - (bos_id >= 0 ? 1 : 0) + 1 && score < context,
           "--score {} must be between 1 and the context minus one ({})", score, context - 1);
@@ -47,8 +47,8 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
   const int bos = o.bos_id >= 0 ? 1 : 0;
   PplResult res;
   Kokkos::View<double*, DeviceOf<E>> nll("sparsim::eval::nll", o.batch * tail);
-  IVec<E> target("sparsim::eval::target", o.batch * tail), amax("sparsim::eval::argmax",
-                                                                 o.batch * tail);
+  IVec<E> target("sparsim::eval::target", o.batch * tail),
+      amax("sparsim::eval::argmax", o.batch * tail);
   auto h_target = Kokkos::create_mirror_view(target);
   const int total = static_cast<int>(starts.size());
   for (int w0 = 0; w0 < total; w0 += o.batch) {
@@ -61,7 +61,8 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
       s.insert(s.end(), stream.begin() + starts[w0 + b], stream.begin() + starts[w0 + b] + C - bos);
       // Logit row i (position C − tail + i) predicts the token at position C − tail + i + 1;
       // the last row predicts past the window and is not scored.
-      for (int i = 0; i < tail; ++i) h_target(b * tail + i) = i + 1 < tail ? s[C - tail + i + 1] : -1;
+      for (int i = 0; i < tail; ++i)
+        h_target(b * tail + i) = i + 1 < tail ? s[C - tail + i + 1] : -1;
     }
     Kokkos::deep_copy(target, h_target);
     Mat<E> logits = eng.forward_tail(seqs, 0, tail);
@@ -117,9 +118,9 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
   return ll;
 }
 
-#define SPARSIM_INSTANTIATE_EVAL(E)                                                             \
-  template PplResult perplexity<E>(Engine<E>&, const std::vector<int>&, const PplOptions&,     \
-                                   const Progress&);                                           \
+#define SPARSIM_INSTANTIATE_EVAL(E)                                                              \
+  template PplResult perplexity<E>(Engine<E>&, const std::vector<int>&, const PplOptions&,       \
+                                   const Progress&);                                             \
   template double loglikelihood<E>(Engine<E>&, const std::vector<int>&, const std::vector<int>&, \
                                    bool*);
 #ifdef KOKKOS_ENABLE_SERIAL

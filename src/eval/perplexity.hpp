@@ -10,12 +10,12 @@
 namespace sparsim {
 
 struct PplOptions {
-  int context = 2048;    ///< C: tokens per window (including the BOS token when one is added)
-  int stride = 512;      ///< R: tokens between window starts
-  int score = 512;       ///< S: trailing positions of each window that are scored
-  int batch = 1;         ///< windows per forward pass
-  int max_windows = 0;   ///< 0: all
-  int bos_id = -1;       ///< prepended to every window when >= 0
+  int context = 2048;   ///< C: tokens per window (including the BOS token when one is added)
+  int stride = 512;     ///< R: tokens between window starts
+  int score = 512;      ///< S: trailing positions of each window that are scored
+  int batch = 1;        ///< windows per forward pass
+  int max_windows = 0;  ///< 0: all
+  int bos_id = -1;      ///< prepended to every window when >= 0
   void validate(int model_context) const;
 };
 
@@ -23,12 +23,12 @@ struct PplOptions {
 std::vector<std::size_t> window_starts(std::size_t stream_len, const PplOptions& o);
 
 struct PplResult {
-  double nll_sum = 0;                 ///< nats, over all scored tokens
+  double nll_sum = 0;  ///< nats, over all scored tokens
   std::uint64_t tokens_scored = 0;
-  std::vector<double> window_nll;     ///< per window, summed nats
+  std::vector<double> window_nll;  ///< per window, summed nats
   std::vector<std::uint64_t> window_tokens;
   std::vector<std::uint64_t> window_start;
-  std::uint64_t argmax_hits = 0;      ///< scored tokens the model ranked first
+  std::uint64_t argmax_hits = 0;  ///< scored tokens the model ranked first
   double perplexity() const;
 };
 

@@ -24,7 +24,7 @@ struct TaskResult {
   int items = 0;
   double acc = 0, acc_norm = 0;
   std::vector<int> pred, pred_norm;
-  std::vector<double> loglik;  ///< flattened over items and choices
+  std::vector<double> loglik;      ///< flattened over items and choices
   std::vector<int> choice_offset;  ///< item i's choices start at loglik[choice_offset[i]]
 };
 

@@ -11,31 +11,50 @@ namespace sparsim::flops {
 
 const char* to_string(Phase p) {
   switch (p) {
-    case Phase::Prefill: return "prefill";
-    case Phase::Decode: return "decode";
+    case Phase::Prefill:
+      return "prefill";
+    case Phase::Decode:
+      return "decode";
   }
   return "?";
 }
 
 const char* to_string(Op op) {
   switch (op) {
-    case Op::Embedding: return "embedding";
-    case Op::RMSNorm: return "rms_norm";
-    case Op::QProj: return "q_proj";
-    case Op::KProj: return "k_proj";
-    case Op::VProj: return "v_proj";
-    case Op::OProj: return "o_proj";
-    case Op::GateProj: return "gate_proj";
-    case Op::UpProj: return "up_proj";
-    case Op::DownProj: return "down_proj";
-    case Op::RoPE: return "rope";
-    case Op::AttnScore: return "attn_score";
-    case Op::AttnSoftmax: return "attn_softmax";
-    case Op::AttnValue: return "attn_value";
-    case Op::SwiGLU: return "swiglu";
-    case Op::Residual: return "residual";
-    case Op::LMHead: return "lm_head";
-    case Op::Other: return "other";
+    case Op::Embedding:
+      return "embedding";
+    case Op::RMSNorm:
+      return "rms_norm";
+    case Op::QProj:
+      return "q_proj";
+    case Op::KProj:
+      return "k_proj";
+    case Op::VProj:
+      return "v_proj";
+    case Op::OProj:
+      return "o_proj";
+    case Op::GateProj:
+      return "gate_proj";
+    case Op::UpProj:
+      return "up_proj";
+    case Op::DownProj:
+      return "down_proj";
+    case Op::RoPE:
+      return "rope";
+    case Op::AttnScore:
+      return "attn_score";
+    case Op::AttnSoftmax:
+      return "attn_softmax";
+    case Op::AttnValue:
+      return "attn_value";
+    case Op::SwiGLU:
+      return "swiglu";
+    case Op::Residual:
+      return "residual";
+    case Op::LMHead:
+      return "lm_head";
+    case Op::Other:
+      return "other";
   }
   return "?";
 }
@@ -63,7 +82,9 @@ void Ledger::grow(int layer) {
   cells_.resize(static_cast<std::size_t>(slots_) * kSlotCells, Totals{});
 }
 
-void Ledger::reset() { std::fill(cells_.begin(), cells_.end(), Totals{}); }
+void Ledger::reset() {
+  std::fill(cells_.begin(), cells_.end(), Totals{});
+}
 
 Ledger::Totals Ledger::at(Phase phase, Op op, int layer) const {
   check_layer(layer);
@@ -160,8 +181,9 @@ void Ledger::write(io::Group& g) const {
   g.write_strings("phases", phases, {"", "names of the first index of the flops/bytes tables"});
   g.write_strings("ops", ops, {"", "names of the second index of the flops/bytes tables"});
   g.write_strings("layers", layers,
-                  {"", "names of the third index of the flops/bytes tables; entry 0 collects "
-                       "ops outside the transformer layers"});
+                  {"",
+                   "names of the third index of the flops/bytes tables; entry 0 collects "
+                   "ops outside the transformer layers"});
   g.write("layer_index", layer_index,
           {"1", "transformer layer of each third index of the flops/bytes tables (-1: none)"});
 

@@ -125,17 +125,28 @@ std::string describe_type(hid_t t) {
   switch (c) {
     case H5T_INTEGER:
       return fmt::format("{}{}", H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int", bits);
-    case H5T_FLOAT: return fmt::format("float{}", bits);
-    case H5T_STRING: return H5Tis_variable_str(t) > 0 ? "string" : "fixed-length string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_VLEN: return "variable-length sequence";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_REFERENCE: return "reference";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_TIME: return "time";
-    default: return "unknown type";
+    case H5T_FLOAT:
+      return fmt::format("float{}", bits);
+    case H5T_STRING:
+      return H5Tis_variable_str(t) > 0 ? "string" : "fixed-length string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "variable-length sequence";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_REFERENCE:
+      return "reference";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_TIME:
+      return "time";
+    default:
+      return "unknown type";
   }
 }
 
@@ -152,8 +163,10 @@ bool type_matches(hid_t t) {
 
 /// Variable-length UTF-8 string type.
 Handle vlen_utf8_type() {
-  Handle t = own(H5Tcopy(H5T_C_S1), Handle::Kind::Datatype, [] { return "cannot copy string type"; });
-  check(H5Tset_size(t.id(), H5T_VARIABLE), [] { return "cannot make string type variable-length"; });
+  Handle t =
+      own(H5Tcopy(H5T_C_S1), Handle::Kind::Datatype, [] { return "cannot copy string type"; });
+  check(H5Tset_size(t.id(), H5T_VARIABLE),
+        [] { return "cannot make string type variable-length"; });
   check(H5Tset_cset(t.id(), H5T_CSET_UTF8), [] { return "cannot set UTF-8 on string type"; });
   return t;
 }
@@ -166,9 +179,8 @@ Handle scalar_space() {
 Handle simple_space(const std::vector<hsize_t>& dims) {
   if (dims.empty()) return scalar_space();
   return own(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-             Handle::Kind::Dataspace, [&] {
-               return fmt::format("cannot create a dataspace of rank {}", dims.size());
-             });
+             Handle::Kind::Dataspace,
+             [&] { return fmt::format("cannot create a dataspace of rank {}", dims.size()); });
 }
 
 hsize_t element_count(const std::vector<hsize_t>& dims) {
@@ -200,7 +212,9 @@ Handle dataset_dcpl(const std::vector<hsize_t>& dims, bool compressible, const s
       chunk[i] = std::max<hsize_t>(1, std::min<hsize_t>(dims[i], budget));
       budget = std::max<hsize_t>(1, budget / chunk[i]);
     }
-    auto what = [&] { return fmt::format("cannot set chunking/compression for dataset {}", where); };
+    auto what = [&] {
+      return fmt::format("cannot set chunking/compression for dataset {}", where);
+    };
     check(H5Pset_chunk(p.id(), static_cast<int>(chunk.size()), chunk.data()), what);
     check(H5Pset_shuffle(p.id()), what);
     check(H5Pset_deflate(p.id(), kDeflateLevel), what);
@@ -279,7 +293,9 @@ Handle& Handle::operator=(Handle&& o) noexcept {
   return *this;
 }
 
-bool Handle::valid() const noexcept { return id_ >= 0 && H5Iis_valid(id_) > 0; }
+bool Handle::valid() const noexcept {
+  return id_ >= 0 && H5Iis_valid(id_) > 0;
+}
 
 hid_t Handle::release() noexcept {
   const hid_t id = id_;
@@ -293,13 +309,20 @@ herr_t Handle::close() noexcept {
   // The file's "strong" close degree may already have closed it.
   if (H5Iis_valid(id) <= 0) return 0;
   switch (kind_) {
-    case Kind::File: return H5Fclose(id);
-    case Kind::Group: return H5Gclose(id);
-    case Kind::Dataset: return H5Dclose(id);
-    case Kind::Dataspace: return H5Sclose(id);
-    case Kind::Datatype: return H5Tclose(id);
-    case Kind::PropList: return H5Pclose(id);
-    case Kind::Attribute: return H5Aclose(id);
+    case Kind::File:
+      return H5Fclose(id);
+    case Kind::Group:
+      return H5Gclose(id);
+    case Kind::Dataset:
+      return H5Dclose(id);
+    case Kind::Dataspace:
+      return H5Sclose(id);
+    case Kind::Datatype:
+      return H5Tclose(id);
+    case Kind::PropList:
+      return H5Pclose(id);
+    case Kind::Attribute:
+      return H5Aclose(id);
   }
   return -1;
 }
@@ -307,7 +330,9 @@ herr_t Handle::close() noexcept {
 // ---------------------------------------------------------------------------------------------
 // Object: attributes
 
-std::string Object::where() const { return quote_where(path_, file_); }
+std::string Object::where() const {
+  return quote_where(path_, file_);
+}
 
 namespace {
 
@@ -362,22 +387,23 @@ herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* data)
 }
 
 /// Opens scalar attribute `name`, checks its class; returns (attribute, file type).
-std::pair<Handle, Handle> open_scalar_attr(hid_t obj, const std::string& name,
-                                           H5T_class_t want, const char* want_name,
-                                           const std::string& where) {
+std::pair<Handle, Handle> open_scalar_attr(hid_t obj, const std::string& name, H5T_class_t want,
+                                           const char* want_name, const std::string& where) {
   silence_hdf5_errors();
   const htri_t exists = H5Aexists(obj, name.c_str());
   if (exists < 0) h5fail(fmt::format("cannot query attribute '{}' on {}", name, where));
   if (exists == 0) fail("no attribute '{}' on {}", name, where);
   Handle a = own(H5Aopen(obj, name.c_str(), H5P_DEFAULT), Handle::Kind::Attribute,
                  [&] { return fmt::format("cannot open attribute '{}' on {}", name, where); });
-  Handle t = own(H5Aget_type(a.id()), Handle::Kind::Datatype,
-                 [&] { return fmt::format("cannot get type of attribute '{}' on {}", name, where); });
+  Handle t = own(H5Aget_type(a.id()), Handle::Kind::Datatype, [&] {
+    return fmt::format("cannot get type of attribute '{}' on {}", name, where);
+  });
   if (H5Tget_class(t.id()) != want)
-    fail("attribute '{}' on {} holds {} but {} was requested", name, where,
-         describe_type(t.id()), want_name);
-  Handle s = own(H5Aget_space(a.id()), Handle::Kind::Dataspace,
-                 [&] { return fmt::format("cannot get space of attribute '{}' on {}", name, where); });
+    fail("attribute '{}' on {} holds {} but {} was requested", name, where, describe_type(t.id()),
+         want_name);
+  Handle s = own(H5Aget_space(a.id()), Handle::Kind::Dataspace, [&] {
+    return fmt::format("cannot get space of attribute '{}' on {}", name, where);
+  });
   const hssize_t n = H5Sget_simple_extent_npoints(s.id());
   if (n != 1) fail("attribute '{}' on {} has {} elements, expected a scalar", name, where, n);
   return {std::move(a), std::move(t)};
@@ -388,8 +414,9 @@ std::pair<Handle, Handle> open_scalar_attr(hid_t obj, const std::string& name,
 template <>
 std::string Object::get_attr<std::string>(const std::string& name) const {
   auto [a, t] = open_scalar_attr(id(), name, H5T_STRING, "string", where());
-  Handle s = own(H5Aget_space(a.id()), Handle::Kind::Dataspace,
-                 [&] { return fmt::format("cannot get space of attribute '{}' on {}", name, where()); });
+  Handle s = own(H5Aget_space(a.id()), Handle::Kind::Dataspace, [&] {
+    return fmt::format("cannot get space of attribute '{}' on {}", name, where());
+  });
   return read_string_elements(a.id(), true, t.id(), s.id(), 1,
                               fmt::format("attribute '{}' on {}", name, where()))
       .at(0);
@@ -446,8 +473,9 @@ std::string Dataset::type_name() const {
 
 bool Dataset::chunked() const {
   silence_hdf5_errors();
-  Handle p = own(H5Dget_create_plist(id()), Handle::Kind::PropList,
-                 [&] { return fmt::format("cannot get creation properties of dataset {}", where()); });
+  Handle p = own(H5Dget_create_plist(id()), Handle::Kind::PropList, [&] {
+    return fmt::format("cannot get creation properties of dataset {}", where());
+  });
   return H5Pget_layout(p.id()) == H5D_CHUNKED;
 }
 
@@ -514,9 +542,9 @@ Group Group::create_group(const std::string& name) {
   require(!name.empty(), "cannot create a group with an empty name in {}", where());
   if (has(name)) fail("cannot create group {}: it already exists", quote_where(p, file_));
   Handle lcpl = intermediate_lcpl();
-  Handle g = own(H5Gcreate2(id(), name.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT),
-                 Handle::Kind::Group,
-                 [&] { return fmt::format("cannot create group {}", quote_where(p, file_)); });
+  Handle g =
+      own(H5Gcreate2(id(), name.c_str(), lcpl.id(), H5P_DEFAULT, H5P_DEFAULT), Handle::Kind::Group,
+          [&] { return fmt::format("cannot create group {}", quote_where(p, file_)); });
   return Group(std::move(g), file_, p);
 }
 
@@ -680,15 +708,14 @@ std::vector<std::string> Group::read_strings(const std::string& name) const {
 std::string Group::read_string(const std::string& name) const {
   std::vector<std::string> v = read_strings(name);
   if (v.size() != 1)
-    fail("dataset {} has {} strings, expected one", quote_where(child_path(name), file_),
-         v.size());
+    fail("dataset {} has {} strings, expected one", quote_where(child_path(name), file_), v.size());
   return std::move(v[0]);
 }
 
-#define SPARSIM_IO_INSTANTIATE(T)                                                              \
-  template void Group::write<T>(const std::string&, const T*, const std::vector<hsize_t>&,     \
-                                const Attrs&);                                                 \
-  template std::vector<T> Group::read<T>(const std::string&, std::vector<hsize_t>*) const;     \
+#define SPARSIM_IO_INSTANTIATE(T)                                                          \
+  template void Group::write<T>(const std::string&, const T*, const std::vector<hsize_t>&, \
+                                const Attrs&);                                             \
+  template std::vector<T> Group::read<T>(const std::string&, std::vector<hsize_t>*) const; \
   template T Group::read_scalar<T>(const std::string&) const;
 SPARSIM_IO_INSTANTIATE(float)
 SPARSIM_IO_INSTANTIATE(double)

@@ -19,7 +19,9 @@ bool path_exists(const std::string& p) {
   return ::lstat(p.c_str(), &st) == 0;
 }
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 std::string parent_dir(const std::string& p) {
   const std::size_t slash = p.find_last_of('/');
@@ -90,7 +92,9 @@ RunFile::RunFile(std::string path, bool overwrite)
   }
 }
 
-RunFile::~RunFile() { abort(); }
+RunFile::~RunFile() {
+  abort();
+}
 
 H5File& RunFile::file() {
   require(!committed_ && !aborted_, "run file '{}' was already {}", path_,
@@ -98,7 +102,9 @@ H5File& RunFile::file() {
   return file_;
 }
 
-Group RunFile::root() { return file().root(); }
+Group RunFile::root() {
+  return file().root();
+}
 
 void RunFile::commit() {
   require(!committed_ && !aborted_, "run file '{}' was already {}", path_,

@@ -46,38 +46,38 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
   Kokkos::View<float**, Layout, DeviceOf<E>> scores(
       Kokkos::view_alloc(std::string("sparsim::attention::scores"), Kokkos::WithoutInitializing),
       token.size(), ctx);
-  Kokkos::parallel_for(
-      "sparsim::kernels::attention_host", Kokkos::RangePolicy<E>(exec, 0, n_seq * T * n_head),
-      [=](const int item) {
-        const int r = item / n_head, h = item % n_head;
-        const int s = r / T, t = r % T;
-        const int kvh = h / group;
-        const int npos = p0 + t + 1;
-        const int slot = token.acquire();
-        float* sc = &scores(slot, 0);
-        const float* qr = &q(r, h * head_dim);
-        float mx = -3.0e38f;
-        for (int p = 0; p < npos; ++p) {
-          const float v = detail::dot_lanes(qr, &kc(s, p, kvh * head_dim), head_dim) * scale;
-          sc[p] = v;
-          mx = v > mx ? v : mx;
-        }
-        float sum = 0.0f;
-        for (int p = 0; p < npos; ++p) {
-          sc[p] = kx::exp(sc[p] - mx);
-          sum += sc[p];
-        }
-        const float inv = 1.0f / sum;
-        float* o = &out(r, h * head_dim);
-        for (int i = 0; i < head_dim; ++i) o[i] = 0.0f;
-        for (int p = 0; p < npos; ++p) {
-          const float w = sc[p];
-          const float* vr = &vc(s, p, kvh * head_dim);
-          for (int i = 0; i < head_dim; ++i) o[i] += w * vr[i];
-        }
-        for (int i = 0; i < head_dim; ++i) o[i] *= inv;
-        token.release(slot);
-      });
+  Kokkos::parallel_for("sparsim::kernels::attention_host",
+                       Kokkos::RangePolicy<E>(exec, 0, n_seq * T * n_head), [=](const int item) {
+                         const int r = item / n_head, h = item % n_head;
+                         const int s = r / T, t = r % T;
+                         const int kvh = h / group;
+                         const int npos = p0 + t + 1;
+                         const int slot = token.acquire();
+                         float* sc = &scores(slot, 0);
+                         const float* qr = &q(r, h * head_dim);
+                         float mx = -3.0e38f;
+                         for (int p = 0; p < npos; ++p) {
+                           const float v =
+                               detail::dot_lanes(qr, &kc(s, p, kvh * head_dim), head_dim) * scale;
+                           sc[p] = v;
+                           mx = v > mx ? v : mx;
+                         }
+                         float sum = 0.0f;
+                         for (int p = 0; p < npos; ++p) {
+                           sc[p] = kx::exp(sc[p] - mx);
+                           sum += sc[p];
+                         }
+                         const float inv = 1.0f / sum;
+                         float* o = &out(r, h * head_dim);
+                         for (int i = 0; i < head_dim; ++i) o[i] = 0.0f;
+                         for (int p = 0; p < npos; ++p) {
+                           const float w = sc[p];
+                           const float* vr = &vc(s, p, kvh * head_dim);
+                           for (int i = 0; i < head_dim; ++i) o[i] += w * vr[i];
+                         }
+                         for (int i = 0; i < head_dim; ++i) o[i] *= inv;
+                         token.release(slot);
+                       });
 }
 
 /// out[r][h·hd + i] = Σ_p softmax_p(q_h·k_p / √hd) v_p[i] over p ≤ p0 + t.
@@ -85,14 +85,15 @@ template <class E>
 void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
                int head_dim) {
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
     attention_host(exec, q, kc, vc, out, n_seq, T, p0, n_head, n_kv_head, head_dim);
     return;
   }
   using Policy = Kokkos::TeamPolicy<E>;
   using Team = typename Policy::member_type;
-  using ScratchVec =
-      Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using ScratchVec = Kokkos::View<float*, typename E::scratch_memory_space,
+                                  Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   const int ctx = p0 + T;
   const int group = n_head / n_kv_head;
   const float scale = 1.0f / kx::sqrt(static_cast<float>(head_dim));
@@ -108,7 +109,8 @@ void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<
         ScratchVec sc(team.team_scratch(1), ctx);
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos), [&](const int p) {
           float acc = 0.0f;
-          for (int i = 0; i < head_dim; ++i) acc += q(r, h * head_dim + i) * kc(s, p, kvh * head_dim + i);
+          for (int i = 0; i < head_dim; ++i)
+            acc += q(r, h * head_dim + i) * kc(s, p, kvh * head_dim + i);
           sc(p) = acc * scale;
         });
         team.team_barrier();

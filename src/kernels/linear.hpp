@@ -60,7 +60,7 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
   Kokkos::parallel_for(
       "sparsim::kernels::widen",
       Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
-                                                 {static_cast<int>(w.extent(0)), cols}),
+                                                {static_cast<int>(w.extent(0)), cols}),
       KOKKOS_LAMBDA(const int r, const int c) { dst(r, c) = to_f32(w(r, c)); });
 }
 
@@ -95,15 +95,16 @@ void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>
                        Kokkos::subview(yl, rows, toks));
     }
   };
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible) {
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
     const int rt = (out + kTileRows - 1) / kTileRows;
     const int tt = (n + kTileTokens - 1) / kTileTokens;
-    Kokkos::parallel_for(
-        "sparsim::kernels::linear_blas_tiles", Kokkos::RangePolicy<E>(exec, 0, rt * tt),
-        [=](const int i) {
-          const int r0 = (i % rt) * kTileRows, t0 = (i / rt) * kTileTokens;
-          call(r0, std::min(kTileRows, out - r0), t0, std::min(kTileTokens, n - t0));
-        });
+    Kokkos::parallel_for("sparsim::kernels::linear_blas_tiles",
+                         Kokkos::RangePolicy<E>(exec, 0, rt * tt), [=](const int i) {
+                           const int r0 = (i % rt) * kTileRows, t0 = (i / rt) * kTileTokens;
+                           call(r0, std::min(kTileRows, out - r0), t0,
+                                std::min(kTileTokens, n - t0));
+                         });
     exec.fence();
   } else {
     call(0, out, 0, n);
@@ -118,8 +119,8 @@ struct LinearScratch {
   Mat<E> wide;
   Mat<E> get(int rows, int cols) {
     if (wide.extent(0) * wide.extent(1) < static_cast<std::size_t>(rows) * cols)
-      wide = Mat<E>(Kokkos::view_alloc("sparsim::linear::wide", Kokkos::WithoutInitializing),
-                    rows, cols);
+      wide = Mat<E>(Kokkos::view_alloc("sparsim::linear::wide", Kokkos::WithoutInitializing), rows,
+                    cols);
     return Mat<E>(wide.data(), rows, cols);
   }
 };

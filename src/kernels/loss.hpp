@@ -33,11 +33,14 @@ void nll_rows(const E& exec, const CMat<E>& logits, const IVec<E>& target,
         double sum = 0;
         Kokkos::parallel_reduce(
             Kokkos::TeamThreadRange(team, V),
-            [&](const int v, double& a) { a += kx::exp(static_cast<double>(logits(r, v) - best.val)); },
+            [&](const int v, double& a) {
+              a += kx::exp(static_cast<double>(logits(r, v) - best.val));
+            },
             sum);
         Kokkos::single(Kokkos::PerTeam(team), [&]() {
           const int t = target(r);
-          nll(r) = (t >= 0 && t < V) ? kx::log(sum) + static_cast<double>(best.val - logits(r, t)) : 0.0;
+          nll(r) =
+              (t >= 0 && t < V) ? kx::log(sum) + static_cast<double>(best.val - logits(r, t)) : 0.0;
           argmax(r) = best.loc;
         });
       });

@@ -18,23 +18,23 @@ void embed(const E& exec, const Matrix<E>& emb, const IVec<E>& tokens, const Mat
   switch (emb.dtype) {
     case DType::F32: {
       auto w = emb.f32;
-      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
-        out(t, j) = w(tokens(t), j);
-      });
+      Kokkos::parallel_for(
+          "sparsim::kernels::embed", pol,
+          KOKKOS_LAMBDA(int t, int j) { out(t, j) = w(tokens(t), j); });
       break;
     }
     case DType::BF16: {
       auto w = emb.bf16;
-      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
-        out(t, j) = to_f32(w(tokens(t), j));
-      });
+      Kokkos::parallel_for(
+          "sparsim::kernels::embed", pol,
+          KOKKOS_LAMBDA(int t, int j) { out(t, j) = to_f32(w(tokens(t), j)); });
       break;
     }
     case DType::F16: {
       auto w = emb.f16;
-      Kokkos::parallel_for("sparsim::kernels::embed", pol, KOKKOS_LAMBDA(int t, int j) {
-        out(t, j) = to_f32(w(tokens(t), j));
-      });
+      Kokkos::parallel_for(
+          "sparsim::kernels::embed", pol,
+          KOKKOS_LAMBDA(int t, int j) { out(t, j) = to_f32(w(tokens(t), j)); });
       break;
     }
   }
@@ -47,8 +47,7 @@ void rmsnorm(const E& exec, const CMat<E>& x, const CVec<E>& g, float eps, const
   const int d = static_cast<int>(x.extent(1));
   using Team = typename Kokkos::TeamPolicy<E>::member_type;
   Kokkos::parallel_for(
-      "sparsim::kernels::rmsnorm", team_policy(exec, n),
-      KOKKOS_LAMBDA(const Team& team) {
+      "sparsim::kernels::rmsnorm", team_policy(exec, n), KOKKOS_LAMBDA(const Team& team) {
         const int t = team.league_rank();
         float ss = 0.0f;
         Kokkos::parallel_reduce(

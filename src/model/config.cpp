@@ -37,10 +37,10 @@ void Config::validate() const {
 
 std::uint64_t Config::n_params() const {
   const std::uint64_t d = d_model, v = vocab;
-  std::uint64_t per_layer = 2 * d                                     // norms
-                            + d * q_dim() * 2                          // q, o
+  std::uint64_t per_layer = 2 * d                                           // norms
+                            + d * q_dim() * 2                               // q, o
                             + d * static_cast<std::uint64_t>(kv_dim()) * 2  // k, v
-                            + 3 * d * static_cast<std::uint64_t>(d_ff);    // gate, up, down
+                            + 3 * d * static_cast<std::uint64_t>(d_ff);     // gate, up, down
   return v * d * (tied_embeddings ? 1 : 2) + d + per_layer * n_layer;
 }
 

@@ -17,7 +17,9 @@ namespace sparsim {
 
 namespace {
 
-std::string key(const std::string& arch, const char* k) { return arch + "." + k; }
+std::string key(const std::string& arch, const char* k) {
+  return arch + "." + k;
+}
 
 int as_int(std::uint64_t v, const std::string& what) {
   require(v <= 0x7fffffffULL, "metadata key '{}' value {} is too large", what, v);
@@ -38,11 +40,12 @@ Config config_from_gguf(const gguf::File& f) {
       as_int(f.require_uint(key(arch, "attention.head_count")), key(arch, "attention.head_count"));
   c.n_kv_head = as_int(f.get_uint(key(arch, "attention.head_count_kv")).value_or(c.n_head),
                        key(arch, "attention.head_count_kv"));
-  c.d_ff = as_int(f.require_uint(key(arch, "feed_forward_length")),
-                  key(arch, "feed_forward_length"));
+  c.d_ff =
+      as_int(f.require_uint(key(arch, "feed_forward_length")), key(arch, "feed_forward_length"));
   c.context_length =
       as_int(f.require_uint(key(arch, "context_length")), key(arch, "context_length"));
-  require(c.n_head > 0, "{}: metadata key '{}' is zero", f.path(), key(arch, "attention.head_count"));
+  require(c.n_head > 0, "{}: metadata key '{}' is zero", f.path(),
+          key(arch, "attention.head_count"));
   c.head_dim = c.d_model / c.n_head;
   if (auto kl = f.get_uint(key(arch, "attention.key_length")))
     c.head_dim = as_int(*kl, key(arch, "attention.key_length"));
@@ -52,8 +55,8 @@ Config config_from_gguf(const gguf::File& f) {
             "supported)",
             f.path(), key(arch, "rope.dimension_count"), *rd, c.head_dim);
   c.rope_theta = static_cast<float>(f.get_float(key(arch, "rope.freq_base")).value_or(10000.0));
-  c.rms_eps = static_cast<float>(
-      f.get_float(key(arch, "attention.layer_norm_rms_epsilon")).value_or(1e-5));
+  c.rms_eps =
+      static_cast<float>(f.get_float(key(arch, "attention.layer_norm_rms_epsilon")).value_or(1e-5));
   if (auto st = f.get_string(key(arch, "rope.scaling.type"))) {
     require(*st == "none" || *st == "llama3" || (*st == "linear" && false),
             "{}: RoPE scaling type '{}' ('{}') is not supported", f.path(), *st,
@@ -117,7 +120,8 @@ class GgufLoader {
   }
 
   Matrix<E> mat(const std::string& name, int rows, int cols) {
-    const auto& t = find(name, {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)});
+    const auto& t =
+        find(name, {static_cast<std::uint64_t>(cols), static_cast<std::uint64_t>(rows)});
     return b_.mat(raw(t), rows, cols);
   }
 
@@ -190,25 +194,28 @@ ModelFormat detect_model_format(const std::string& path) {
   std::string first;
   for (std::size_t i = 0; i < std::min<std::size_t>(n, 8); ++i)
     first += fmt::format("{}{:02x}", i ? " " : "", b[i]);
-  fail("{}: unrecognised model file format (first bytes: {}): expected a GGUF file (magic "
-       "'GGUF'), a .safetensors file or a Hugging Face model directory",
-       path, n ? first : std::string("none, the file is empty"));
+  fail(
+      "{}: unrecognised model file format (first bytes: {}): expected a GGUF file (magic "
+      "'GGUF'), a .safetensors file or a Hugging Face model directory",
+      path, n ? first : std::string("none, the file is empty"));
 }
 
 template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info) {
   switch (detect_model_format(path)) {
-    case ModelFormat::HfDirectory: return load_safetensors<E>(path, opt, info);
-    case ModelFormat::Gguf: break;
+    case ModelFormat::HfDirectory:
+      return load_safetensors<E>(path, opt, info);
+    case ModelFormat::Gguf:
+      break;
   }
   return load_gguf<E>(path, opt, info);
 }
 
-#define SPARSIM_INSTANTIATE_LOADER(E)                                                           \
-  template std::shared_ptr<Weights<E>> load_gguf<E>(const std::string&, const LoadOptions&,    \
-                                                    ModelInfo*);                               \
-  template std::shared_ptr<Weights<E>> load_model<E>(const std::string&, const LoadOptions&,   \
+#define SPARSIM_INSTANTIATE_LOADER(E)                                                        \
+  template std::shared_ptr<Weights<E>> load_gguf<E>(const std::string&, const LoadOptions&,  \
+                                                    ModelInfo*);                             \
+  template std::shared_ptr<Weights<E>> load_model<E>(const std::string&, const LoadOptions&, \
                                                      ModelInfo*);
 #ifdef KOKKOS_ENABLE_SERIAL
 SPARSIM_INSTANTIATE_LOADER(Kokkos::Serial)

@@ -22,11 +22,11 @@ struct LoadOptions {
 /// Facts about a loaded model file, for records.
 struct ModelInfo {
   std::string path;
-  std::string format;                  ///< "gguf" or "safetensors"
-  std::uint64_t file_bytes = 0;        ///< all shards together for a sharded checkpoint
-  std::string fingerprint;             ///< 16 hex digits: hash of every tensor's name, shape, type, data
+  std::string format;            ///< "gguf" or "safetensors"
+  std::uint64_t file_bytes = 0;  ///< all shards together for a sharded checkpoint
+  std::string fingerprint;       ///< 16 hex digits: hash of every tensor's name, shape, type, data
   std::vector<std::string> tensor_types;  ///< distinct file tensor types, e.g. {"Q4_1", "F32"}
-  std::uint64_t nonfinite = 0;         ///< NaN / Inf values found in the weights
+  std::uint64_t nonfinite = 0;            ///< NaN / Inf values found in the weights
 };
 
 /// Reads the Llama hyper-parameters of a GGUF file (architecture must be "llama").

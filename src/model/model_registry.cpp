@@ -63,7 +63,8 @@ std::optional<std::string> find_smollm2_gguf() {
 
   const std::string home = env("HOME");
   std::vector<fs::path> venvs;
-  if (std::string deps = env("SPARSIM_DEPS"); !deps.empty()) venvs.push_back(fs::path(deps) / "venv");
+  if (std::string deps = env("SPARSIM_DEPS"); !deps.empty())
+    venvs.push_back(fs::path(deps) / "venv");
   if (!home.empty()) venvs.push_back(fs::path(home) / ".cache/sparsim-deps/venv");
   venvs.push_back("/root/.cache/sparsim-deps/venv");
 

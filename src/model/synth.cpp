@@ -16,7 +16,9 @@ std::uint64_t SynthRng::next() {  // splitmix64
   return z ^ (z >> 31);
 }
 
-double SynthRng::uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
+double SynthRng::uniform() {
+  return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
 
 double SynthRng::normal() {
   double u1 = uniform();
@@ -38,7 +40,9 @@ std::uint64_t stream_seed(std::uint64_t seed, const std::string& name) {
 std::vector<SynthTensor> synth_tensors(const Config& c) {
   std::vector<SynthTensor> v;
   auto add = [&](const std::string& name, int rows, int cols, double stddev, double mean,
-                 bool matrix) { v.push_back(SynthTensor{name, rows, cols, stddev, mean, matrix}); };
+                 bool matrix) {
+    v.push_back(SynthTensor{name, rows, cols, stddev, mean, matrix});
+  };
   const int d = c.d_model;
   add("token_embd.weight", c.vocab, d, 1.0, 0.0, true);
   for (int l = 0; l < c.n_layer; ++l) {

@@ -10,8 +10,8 @@
 namespace sparsim {
 
 struct SynthSpec {
-  Config cfg;                                ///< shape; name, rope and eps are written as given
-  gguf::GGMLType type = gguf::GGMLType::F32; ///< type of every 2-D tensor (norms stay F32)
+  Config cfg;                                 ///< shape; name, rope and eps are written as given
+  gguf::GGMLType type = gguf::GGMLType::F32;  ///< type of every 2-D tensor (norms stay F32)
   std::uint64_t seed = 1;
   bool with_tokenizer = true;  ///< write a SentencePiece-style vocabulary (needs vocab ≥ 259)
   bool rope_freqs = false;     ///< write Llama-3 rope_freqs.weight from cfg.rope_scaling

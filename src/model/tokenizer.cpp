@@ -44,8 +44,8 @@ void TokenizerData::finalize() {
   require(scores.empty() || scores.size() == tokens.size(), "{}: {} token scores for {} tokens",
           src, scores.size(), tokens.size());
   for (int id : {bos, eos, unk})
-    require(id >= -1 && id < n, "{}: special token id {} is outside the vocabulary of {}", src,
-            id, n);
+    require(id >= -1 && id < n, "{}: special token id {} is outside the vocabulary of {}", src, id,
+            n);
 
   token_to_id.clear();
   token_to_id.reserve(tokens.size() * 2);
@@ -60,9 +60,8 @@ void TokenizerData::finalize() {
       specials.push_back(i);
     }
   }
-  std::stable_sort(specials.begin(), specials.end(), [&](int a, int b) {
-    return tokens[a].size() > tokens[b].size();
-  });
+  std::stable_sort(specials.begin(), specials.end(),
+                   [&](int a, int b) { return tokens[a].size() > tokens[b].size(); });
 
   for (int b = 0; b < 256; ++b) {
     auto it = token_to_id.find(fmt::format("<0x{:02X}>", b));
@@ -99,8 +98,8 @@ void TokenizerData::finalize() {
     }
     auto rank_of = [&](int id) {
       if (scores.empty()) return 0;
-      auto it = std::lower_bound(distinct.begin(), distinct.end(), scores[id],
-                                 std::greater<float>());
+      auto it =
+          std::lower_bound(distinct.begin(), distinct.end(), scores[id], std::greater<float>());
       return static_cast<int>(it - distinct.begin());
     };
     extra_chars.clear();
@@ -539,7 +538,9 @@ std::string preset_names() {
 using detail::TokenizerData;
 
 namespace {
-void detail_replace_meta(std::string& s) { detail::replace_all(s, "\xE2\x96\x81", " "); }
+void detail_replace_meta(std::string& s) {
+  detail::replace_all(s, "\xE2\x96\x81", " ");
+}
 }  // namespace
 
 Tokenizer::Tokenizer(std::shared_ptr<const TokenizerData> d) : d_(std::move(d)) {
@@ -595,12 +596,24 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
   return out;
 }
 
-int Tokenizer::vocab_size() const { return static_cast<int>(d_->tokens.size()); }
-int Tokenizer::bos_id() const { return d_->bos; }
-int Tokenizer::eos_id() const { return d_->eos; }
-bool Tokenizer::add_bos_default() const { return d_->add_bos; }
-const std::string& Tokenizer::model_type() const { return d_->model_type; }
-const std::string& Tokenizer::pre_type() const { return d_->pre_type; }
+int Tokenizer::vocab_size() const {
+  return static_cast<int>(d_->tokens.size());
+}
+int Tokenizer::bos_id() const {
+  return d_->bos;
+}
+int Tokenizer::eos_id() const {
+  return d_->eos;
+}
+bool Tokenizer::add_bos_default() const {
+  return d_->add_bos;
+}
+const std::string& Tokenizer::model_type() const {
+  return d_->model_type;
+}
+const std::string& Tokenizer::pre_type() const {
+  return d_->pre_type;
+}
 
 const std::string& Tokenizer::token_text(int id) const {
   require(id >= 0 && id < vocab_size(), "tokenizer: token id {} is outside the vocabulary of {}",
@@ -625,8 +638,8 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     d->types.reserve(t->size());
     for (auto v : *t) d->types.push_back(static_cast<int>(v));
     require(d->types.size() == d->tokens.size(),
-            "{}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(),
-            d->types.size(), d->tokens.size());
+            "{}: tokenizer.ggml.token_type has {} entries for {} tokens", f.path(), d->types.size(),
+            d->tokens.size());
   }
   d->pre_type = f.get_string("tokenizer.ggml.pre").value_or("default");
 
@@ -637,8 +650,7 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
       const std::string& m = merges[i];
       const std::size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
       require(sp != std::string::npos,
-              "{}: tokenizer.ggml.merges[{}] '{}' is not of the form 'left right'", f.path(), i,
-              m);
+              "{}: tokenizer.ggml.merges[{}] '{}' is not of the form 'left right'", f.path(), i, m);
       d->merge_rules.emplace_back(m.substr(0, sp), m.substr(sp + 1));
     }
     const detail::PrePreset* preset = nullptr;
@@ -661,8 +673,8 @@ Tokenizer Tokenizer::from_gguf(const gguf::File& f) {
     if (auto s = f.get_float_array("tokenizer.ggml.scores")) {
       d->scores = std::move(*s);
       require(d->scores.size() == d->tokens.size(),
-              "{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(),
-              d->scores.size(), d->tokens.size());
+              "{}: tokenizer.ggml.scores has {} entries for {} tokens", f.path(), d->scores.size(),
+              d->tokens.size());
     } else {
       d->scores.assign(d->tokens.size(), 0.0f);
     }

@@ -13,11 +13,11 @@ namespace sparsim {
 
 namespace {
 
-using nlohmann::json;
 using detail::NormStep;
 using detail::PreStep;
 using detail::SplitBehavior;
 using detail::TokenizerData;
+using nlohmann::json;
 
 const char* const kByteLevelRegex =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -122,9 +122,10 @@ class HfLoader {
       else if (b == "MergedWithNext")
         st.behavior = SplitBehavior::MergedWithNext;
       else
-        fail("{}: Split behavior '{}' is not supported (Isolated, Removed, MergedWithPrevious, "
-             "MergedWithNext)",
-             path_, b);
+        fail(
+            "{}: Split behavior '{}' is not supported (Isolated, Removed, MergedWithPrevious, "
+            "MergedWithNext)",
+            path_, b);
       st.invert = boolean(p, "invert", false);
       d_.pre_steps.push_back(std::move(st));
     } else if (type == "Digits") {
@@ -154,9 +155,10 @@ class HfLoader {
       metaspace_prepend_ = st.prepend;
       d_.pre_steps.push_back(std::move(st));
     } else {
-      fail("{}: pre_tokenizer '{}' is not supported (ByteLevel, Split, Digits, Metaspace, "
-           "Whitespace, WhitespaceSplit, Sequence)",
-           path_, type);
+      fail(
+          "{}: pre_tokenizer '{}' is not supported (ByteLevel, Split, Digits, Metaspace, "
+          "Whitespace, WhitespaceSplit, Sequence)",
+          path_, type);
     }
   }
 
@@ -199,7 +201,8 @@ class HfLoader {
     const json& vocab = m.at("vocab");
     require(vocab.is_object(), "{}: model.vocab must be an object", path_);
     int max_id = -1;
-    for (auto it = vocab.begin(); it != vocab.end(); ++it) max_id = std::max(max_id, it->get<int>());
+    for (auto it = vocab.begin(); it != vocab.end(); ++it)
+      max_id = std::max(max_id, it->get<int>());
     const json added = j.contains("added_tokens") && j["added_tokens"].is_array()
                            ? j["added_tokens"]
                            : json::array();

@@ -4,13 +4,20 @@ namespace sparsim {
 
 const char* proj_name(Proj p) {
   switch (p) {
-    case Proj::Q: return "q";
-    case Proj::K: return "k";
-    case Proj::V: return "v";
-    case Proj::O: return "o";
-    case Proj::Gate: return "gate";
-    case Proj::Up: return "up";
-    case Proj::Down: return "down";
+    case Proj::Q:
+      return "q";
+    case Proj::K:
+      return "k";
+    case Proj::V:
+      return "v";
+    case Proj::O:
+      return "o";
+    case Proj::Gate:
+      return "gate";
+    case Proj::Up:
+      return "up";
+    case Proj::Down:
+      return "down";
   }
   return "?";
 }

@@ -48,9 +48,9 @@ struct Weights {
   using Dev = DeviceOf<ExecSpace>;
   Config cfg;
   DType storage = DType::F32;
-  Matrix<ExecSpace> tok_embd;            ///< [vocab][d_model]
-  Kokkos::View<float*, Dev> out_norm;    ///< [d_model]
-  Matrix<ExecSpace> output;              ///< [vocab][d_model]; shares tok_embd's view when tied
+  Matrix<ExecSpace> tok_embd;          ///< [vocab][d_model]
+  Kokkos::View<float*, Dev> out_norm;  ///< [d_model]
+  Matrix<ExecSpace> output;            ///< [vocab][d_model]; shares tok_embd's view when tied
   std::vector<LayerWeights<ExecSpace>> layers;
   std::vector<float> rope_freq_factors;  ///< GGUF rope_freqs.weight, empty when absent
 

@@ -73,7 +73,7 @@ struct PreStep {
 struct NormStep {
   enum class Kind { Prepend, Replace };
   Kind kind = Kind::Prepend;
-  std::string text;     ///< Prepend: prefix; Replace: literal pattern (when re is null)
+  std::string text;  ///< Prepend: prefix; Replace: literal pattern (when re is null)
   std::shared_ptr<const Regex> re;
   std::string content;  ///< Replace: replacement
 };
@@ -125,11 +125,11 @@ struct TokenizerData {
   /// being entries themselves get ids from tokens.size() on, so that they can still merge
   /// ("▁" + "t" → "▁t" when "▁" alone is not in the vocabulary).
   std::unordered_map<std::string, int> extra_chars;
-  std::vector<int> specials;                            ///< longest text first
-  std::array<int, 256> byte_sym{};   ///< byte-level: id of the byte's alphabet character
-  std::array<int, 256> byte_tok{};   ///< id of <0xXX>, -1 if absent
-  std::vector<std::string> pieces;   ///< decoded bytes of each token
-  std::vector<bool> is_special;      ///< matched as a whole in the text
+  std::vector<int> specials;        ///< longest text first
+  std::array<int, 256> byte_sym{};  ///< byte-level: id of the byte's alphabet character
+  std::array<int, 256> byte_tok{};  ///< id of <0xXX>, -1 if absent
+  std::vector<std::string> pieces;  ///< decoded bytes of each token
+  std::vector<bool> is_special;     ///< matched as a whole in the text
 
   /// Validates the input tables and builds the derived ones. Throws sparsim::Error.
   void finalize();

@@ -76,7 +76,8 @@ std::uint32_t utf8_next(std::string_view s, std::size_t& i) {
   std::size_t len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
   if (i + len > s.size()) len = s.size() - i;
   std::uint32_t cp = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  for (std::size_t k = 1; k < len; ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   i += len;
   return cp;
 }
@@ -124,7 +125,9 @@ Regex::Regex(const std::string& pattern) : pattern_(pattern) {
   code_ = code;
 }
 
-Regex::~Regex() { pcre2_code_free(static_cast<pcre2_code*>(code_)); }
+Regex::~Regex() {
+  pcre2_code_free(static_cast<pcre2_code*>(code_));
+}
 
 namespace {
 struct MatchData {
