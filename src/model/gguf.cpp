@@ -673,69 +673,15 @@ void Parser::check_tensors() {
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open GGUF file: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail("{}: cannot stat: {}", path, std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path);
-  }
-  f.size_ = static_cast<std::uint64_t>(st.st_size);
-  if (f.size_ < 4) {
-    ::close(fd);
-    fail("{}: file too small ({} bytes) to be a GGUF file", path, f.size_);
-  }
-  void* m = ::mmap(nullptr, static_cast<std::size_t>(f.size_), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (m == MAP_FAILED) fail("{}: cannot mmap {} bytes: {}", path, f.size_, std::strerror(e));
-  f.map_ = m;
-  Parser(f, static_cast<const std::uint8_t*>(m)).parse();
+  f.map_ = MappedFile::open(path, "GGUF file", 4, "to be a GGUF file");
+  f.size_ = f.map_.size();
+  Parser(f, f.map_.data()).parse();
   return f;
 }
 
-File::File(File&& o) noexcept
-    : path_(std::move(o.path_)),
-      map_(std::exchange(o.map_, nullptr)),
-      size_(std::exchange(o.size_, 0)),
-      version_(o.version_),
-      alignment_(o.alignment_),
-      data_offset_(o.data_offset_),
-      metadata_(std::move(o.metadata_)),
-      key_index_(std::move(o.key_index_)),
-      tensors_(std::move(o.tensors_)),
-      tensor_index_(std::move(o.tensor_index_)) {}
-
-File& File::operator=(File&& o) noexcept {
-  if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    version_ = o.version_;
-    alignment_ = o.alignment_;
-    data_offset_ = o.data_offset_;
-    metadata_ = std::move(o.metadata_);
-    key_index_ = std::move(o.key_index_);
-    tensors_ = std::move(o.tensors_);
-    tensor_index_ = std::move(o.tensor_index_);
-  }
-  return *this;
-}
-
-File::~File() {
-  unmap();
-}
-
-void File::unmap() noexcept {
-  if (map_) ::munmap(map_, static_cast<std::size_t>(size_));
-  map_ = nullptr;
-}
+File::File(File&& o) noexcept = default;
+File& File::operator=(File&& o) noexcept = default;
+File::~File() = default;
 
 const Value* File::find(std::string_view key) const {
   auto it = key_index_.find(key);
@@ -889,21 +835,7 @@ const TensorInfo& File::require_tensor(std::string_view name) const {
 }
 
 void File::release(const TensorInfo& t) const {
-  const auto base = reinterpret_cast<std::uintptr_t>(map_);
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-  require(map_ != nullptr && t.data != nullptr && begin >= base && t.nbytes <= size_ &&
-              begin - base <= size_ - t.nbytes,
-          "{}: release: tensor '{}' does not belong to this file", path_, t.name);
-  if (t.nbytes == 0) return;
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  // The mapping starts on a page boundary and covers whole pages up to size_ rounded up.
-  const std::uintptr_t lo = begin & ~(page - 1);
-  const std::uintptr_t map_end = (base + size_ + page - 1) & ~(page - 1);
-  const std::uintptr_t hi = std::min(map_end, (begin + t.nbytes + page - 1) & ~(page - 1));
-  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0) {
-    fail("{}: madvise(MADV_DONTNEED) for tensor '{}' failed: {}", path_, t.name,
-         std::strerror(errno));
-  }
+  map_.release(t.data, t.nbytes, "tensor '" + t.name + "'");
 }
 
 }  // namespace sparsim::gguf

@@ -5,6 +5,7 @@
 /// sparsim::Error with the file name and the metadata key, tensor name or byte offset at fault.
 /// Tensor data is not copied: TensorInfo::data points into the read-only private mapping, which
 /// lives as long as the File object (moving a File keeps the pointers valid).
+#include "core/mapped_file.hpp"
 #include "model/quant.hpp"
 
 #include <cstddef>
@@ -199,10 +200,9 @@ class File {
 
  private:
   File() = default;
-  void unmap() noexcept;
 
   std::string path_;
-  void* map_ = nullptr;
+  MappedFile map_;
   std::uint64_t size_ = 0;
   std::uint32_t version_ = 0;
   std::uint64_t alignment_ = 32;

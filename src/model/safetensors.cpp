@@ -150,30 +150,10 @@ std::string TensorInfo::shape_string() const {
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open safetensors file: {}", path, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int e = errno;
-    ::close(fd);
-    fail("{}: cannot stat: {}", path, std::strerror(e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: not a regular file", path);
-  }
-  f.size_ = static_cast<std::uint64_t>(st.st_size);
-  if (f.size_ < 8) {
-    ::close(fd);
-    fail("{}: file too small ({} bytes) to hold the 8-byte safetensors header length", path,
-         f.size_);
-  }
-  void* m = ::mmap(nullptr, static_cast<std::size_t>(f.size_), PROT_READ, MAP_PRIVATE, fd, 0);
-  const int e = errno;
-  ::close(fd);
-  if (m == MAP_FAILED) fail("{}: cannot mmap {} bytes: {}", path, f.size_, std::strerror(e));
-  f.map_ = m;
-  const auto* base = static_cast<const std::uint8_t*>(m);
+  f.map_ = MappedFile::open(path, "safetensors file", 8,
+                           "to hold the 8-byte safetensors header length");
+  f.size_ = f.map_.size();
+  const auto* base = f.map_.data();
 
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | base[i];
@@ -265,37 +245,9 @@ File File::open(const std::string& path) {
   return f;
 }
 
-File::File(File&& o) noexcept
-    : path_(std::move(o.path_)),
-      map_(std::exchange(o.map_, nullptr)),
-      size_(std::exchange(o.size_, 0)),
-      header_len_(o.header_len_),
-      metadata_(std::move(o.metadata_)),
-      tensors_(std::move(o.tensors_)),
-      index_(std::move(o.index_)) {}
-
-File& File::operator=(File&& o) noexcept {
-  if (this != &o) {
-    unmap();
-    path_ = std::move(o.path_);
-    map_ = std::exchange(o.map_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    header_len_ = o.header_len_;
-    metadata_ = std::move(o.metadata_);
-    tensors_ = std::move(o.tensors_);
-    index_ = std::move(o.index_);
-  }
-  return *this;
-}
-
-File::~File() {
-  unmap();
-}
-
-void File::unmap() noexcept {
-  if (map_) ::munmap(map_, static_cast<std::size_t>(size_));
-  map_ = nullptr;
-}
+File::File(File&& o) noexcept = default;
+File& File::operator=(File&& o) noexcept = default;
+File::~File() = default;
 
 const TensorInfo* File::find_tensor(std::string_view name) const {
   auto it = index_.find(name);
@@ -303,19 +255,7 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
 }
 
 void File::release(const TensorInfo& t) const {
-  const auto base = reinterpret_cast<std::uintptr_t>(map_);
-  const auto begin = reinterpret_cast<std::uintptr_t>(t.data);
-  require(map_ != nullptr && t.data != nullptr && begin >= base && t.nbytes() <= size_ &&
-              begin - base <= size_ - t.nbytes(),
-          "{}: release: tensor '{}' does not belong to this file", path_, t.name);
-  if (t.nbytes() == 0) return;
-  const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const std::uintptr_t lo = begin & ~(page - 1);
-  const std::uintptr_t map_end = (base + size_ + page - 1) & ~(page - 1);
-  const std::uintptr_t hi = std::min(map_end, (begin + t.nbytes() + page - 1) & ~(page - 1));
-  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED) != 0)
-    fail("{}: madvise(MADV_DONTNEED) for tensor '{}' failed: {}", path_, t.name,
-         std::strerror(errno));
+  map_.release(t.data, t.nbytes(), "tensor '" + t.name + "'");
 }
 
 // ---------------------------------------------------------------------------------------------

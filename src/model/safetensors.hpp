@@ -15,6 +15,7 @@
 ///
 /// A file is memory-mapped read-only; TensorInfo::data points into the mapping, which lives as
 /// long as the File (moving a File keeps the pointers valid). Host-only code (no Kokkos).
+#include "core/mapped_file.hpp"
 #include "model/quant.hpp"
 
 #include <cstdint>
@@ -101,10 +102,9 @@ class File {
 
  private:
   File() = default;
-  void unmap() noexcept;
 
   std::string path_;
-  void* map_ = nullptr;
+  MappedFile map_;
   std::uint64_t size_ = 0;
   std::uint64_t header_len_ = 0;
   std::map<std::string, std::string> metadata_;
