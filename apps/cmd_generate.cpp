@@ -111,7 +111,7 @@ int cmd_generate(int argc, char** argv) {
     const double t_prefill = sw.seconds();
     sw.reset();
     std::vector<int> out;
-    std::cout << prompt << std::flush;
+    std::cout << prompt << (chat ? "\n" : "") << std::flush;
     for (int g = 0; g < max_tokens; ++g) {
       const int next = sample(logits, temperature, top_k, top_p, rng);
       if (next == tok.eos_id()) break;
