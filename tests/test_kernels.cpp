@@ -3,6 +3,7 @@
 #include "helpers.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/loss.hpp"
 #include "kernels/pointwise.hpp"
 
 #include <cmath>
@@ -223,6 +224,35 @@ TYPED_TEST(Kernels, AttentionAgainstNaiveCausalGqa) {
         }
       }
   expect_close(to_host(out), ref, 1e-5, 1e-5, "attention");
+}
+
+TYPED_TEST(Kernels, NllAndArgmaxRows) {
+  using E = TypeParam;
+  const int n = 7, V = 1000;
+  auto z = random_vec(n * V, 40, 4.0f);
+  z[3 * V + 17] = z[3 * V + 18] = 50.0f;  // a tie: the lower id wins
+  auto zd = to_device<E>(z, n, V);
+  IVec<E> tgt("tgt", n), am("am", n);
+  Kokkos::View<double*, DeviceOf<E>> nll("nll", n);
+  auto ht = Kokkos::create_mirror_view(tgt);
+  const int targets[] = {0, 999, 5, 17, 500, -1, 42};  // -1: not scored
+  for (int r = 0; r < n; ++r) ht(r) = targets[r];
+  Kokkos::deep_copy(tgt, ht);
+  nll_rows(E(), CMat<E>(zd), tgt, nll, am);
+  auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), am);
+  for (int r = 0; r < n; ++r) {
+    double mx = -1e300;
+    int best = 0;
+    for (int v = 0; v < V; ++v)
+      if (z[r * V + v] > mx) mx = z[r * V + v], best = v;
+    double s = 0;
+    for (int v = 0; v < V; ++v) s += std::exp(double(z[r * V + v]) - mx);
+    const double ref = targets[r] < 0 ? 0.0 : std::log(s) + mx - z[r * V + targets[r]];
+    EXPECT_NEAR(hn(r), ref, 1e-6 * (1 + std::fabs(ref))) << "row " << r;
+    EXPECT_EQ(ha(r), best) << "row " << r;
+  }
+  EXPECT_EQ(ha(3), 17);
 }
 
 }  // namespace
