@@ -5,6 +5,7 @@
 #   scripts/setup.sh                 # dependencies + Kokkos bootstrap + build + main job
 #   scripts/setup.sh --deps-only     # stop after the dependencies
 #   scripts/setup.sh --no-run        # build, but do not run the main job
+#   scripts/setup.sh --with-llamacpp # also build llama-cpp-python (the reference scripts; ~20 min)
 #
 # Environment:
 #   SPARSIM_DEPS   prefix for the bootstrapped Kokkos / Kokkos Kernels (default ~/.cache/sparsim-deps)
@@ -17,10 +18,12 @@ deps="${SPARSIM_DEPS:-$HOME/.cache/sparsim-deps}"
 jobs="${JOBS:-$(nproc)}"
 deps_only=0
 run_main=1
+with_llamacpp=0
 for a in "$@"; do
   case "$a" in
     --deps-only) deps_only=1 ;;
     --no-run) run_main=0 ;;
+    --with-llamacpp) with_llamacpp=1 ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
@@ -54,6 +57,15 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if ! "$venv/bin/python" -c 'import numpy, gguf, h5py' 2>/dev/null; then
   "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py
+fi
+
+# llama.cpp through llama-cpp-python, built from its PyPI source: the independent reference of
+# scripts/llamacpp_reference.py, compare_smollm2_llamacpp.py and bench_vs_llamacpp.py.
+if [ "$with_llamacpp" = 1 ] && ! "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
+  log "building llama-cpp-python 0.3.36 from source (about 20 minutes on 2 cores)"
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON" \
+    CMAKE_BUILD_PARALLEL_LEVEL="$jobs" "$venv/bin/python" -m pip install -q \
+    --disable-pip-version-check --no-cache-dir llama-cpp-python==0.3.36
 fi
 
 # ---------------------------------------------------------------- default model and corpus
