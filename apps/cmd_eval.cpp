@@ -118,11 +118,16 @@ int cmd_eval(int argc, char** argv) {
     }
     const double t_tok = sw.seconds();
 
+    // The cache must hold a whole window, and the longest context + choice of any task item.
     int ctx_needed = no_ppl ? 0 : po_.context;
-    for (const auto& it : tasks) {
-      (void)it;
-      ctx_needed = std::max(ctx_needed, std::min(c.context_length, 1024));
-    }
+    for (const auto& it : tasks)
+      for (const auto& choice : it.choices) {
+        const int len = static_cast<int>(tok.encode(it.context + choice, add_bos).size()) + 1;
+        require(len <= c.context_length,
+                "tasks: an item of {} tokens exceeds the model's context of {} tokens", len,
+                c.context_length);
+        ctx_needed = std::max(ctx_needed, len);
+      }
     flops::Ledger ledger(c.n_layer);
     Engine<E> eng(w, no_ppl ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger, exec);
 
