@@ -1,6 +1,7 @@
 // Micro-benchmarks of the projection kernel (decode GEMV and prefill GEMM) on SmolLM2-135M's
 // projection shapes, for each storage type. Run: build/bin/sparsim_bench_kernels
 #include "kernels/linear.hpp"
+#include "kernels/sparse_gemv.hpp"
 
 #include <benchmark/benchmark.h>
 
@@ -50,6 +51,35 @@ void shapes(benchmark::internal::Benchmark* b) {
       for (int n : {1, 64}) b->Args({s[0], s[1], n, t});
 }
 BENCHMARK(BM_Linear)->Apply(shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+/// Column-skipping GEMV on a transposed bf16 weight at sparsity s = range(2) / 10; s = 0 is
+/// the dense reference of the same kernel. Counters: bytes of kept rows per second.
+void BM_SparseGemv(benchmark::State& st) {
+  const int out = static_cast<int>(st.range(0)), in = static_cast<int>(st.range(1));
+  const double s = st.range(2) / 10.0;
+  Kokkos::View<bf16_t**, Layout, DeviceOf<E>> wt("wt", in, out);
+  Vec<E> x("x", in), y("y", out);
+  Kokkos::deep_copy(x, 1.0f);
+  const int keep = static_cast<int>(in * (1.0 - s));
+  IVec<E> idx("idx", std::max(keep, 1));
+  auto hi = Kokkos::create_mirror_view(idx);
+  for (int k = 0; k < keep; ++k) hi(k) = static_cast<int>((static_cast<long>(k) * in) / keep);
+  Kokkos::deep_copy(idx, hi);
+  for (auto _ : st) {
+    sparse_gemv(E(), CVec<E>(x), idx, keep, wt, y);
+    E().fence();
+  }
+  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(keep) * out * 2);
+  st.SetLabel("bf16 s=" + std::to_string(st.range(2) * 10) + "%");
+}
+
+void sparse_shapes(benchmark::internal::Benchmark* b) {
+  // SmolLM2-135M gate/up and down; Llama-2-7B q/k/v/o, gate/up and down
+  const int shapes[][2] = {{1536, 576}, {576, 1536}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
+  for (auto& sh : shapes)
+    for (int s : {0, 3, 5, 7, 9}) b->Args({sh[0], sh[1], s});
+}
+BENCHMARK(BM_SparseGemv)->Apply(sparse_shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
