@@ -49,7 +49,7 @@ TEST(Ledger, NamesAreDistinct) {
   for (int o = 0; o < sparsim::flops::kNumOps; ++o)
     names.insert(sparsim::flops::to_string(static_cast<Op>(o)));
   EXPECT_EQ(names.size(), static_cast<std::size_t>(sparsim::flops::kNumOps));
-  EXPECT_EQ(sparsim::flops::kNumOps, 17);
+  EXPECT_EQ(sparsim::flops::kNumOps, 19);
   EXPECT_STREQ(sparsim::flops::to_string(Op::QProj), "q_proj");
   EXPECT_STREQ(sparsim::flops::to_string(Op::LMHead), "lm_head");
   EXPECT_STREQ(sparsim::flops::to_string(Phase::Prefill), "prefill");
@@ -157,9 +157,10 @@ TEST(Ledger, WriteAndReadBack) {
   sparsim::io::Group g = f.root().open_group("flops");
   std::vector<hsize_t> dims;
   const std::vector<double> fd = g.read<double>("flops_dense", &dims);
-  ASSERT_EQ(dims, (std::vector<hsize_t>{2, 17, 3}));
+  ASSERT_EQ(dims, (std::vector<hsize_t>{2, static_cast<hsize_t>(sparsim::flops::kNumOps), 3}));
   auto at = [](int p, Op o, int layer) {
-    return (static_cast<std::size_t>(p) * 17 + static_cast<std::size_t>(o)) * 3 +
+    return (static_cast<std::size_t>(p) * sparsim::flops::kNumOps + static_cast<std::size_t>(o)) *
+               3 +
            static_cast<std::size_t>(layer + 1);
   };
   EXPECT_DOUBLE_EQ(fd[at(0, Op::QProj, 0)], 100);

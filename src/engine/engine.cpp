@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "kernels/pointwise.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sparsim {
@@ -51,6 +52,8 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     v_ = alloc("sparsim::v", n, c.kv_dim());
     att_ = alloc("sparsim::att", n, c.q_dim());
     tmp_ = alloc("sparsim::tmp", n, c.d_model);
+    rx_ = alloc("sparsim::rx", n, c.d_model);
+    sparse_flags_ = IVec<E>("sparsim::sparse_rows", n);
     gate_ = alloc("sparsim::gate", n, c.d_ff);
     up_ = alloc("sparsim::up", n, c.d_ff);
     tok_ = IVec<E>("sparsim::tokens", n);
@@ -75,26 +78,174 @@ void Engine<E>::mark(flops::Op op) {
   t_mark_ = now;
 }
 
-template <class E>
-void Engine<E>::proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
-                     flops::Phase ph) {
-  linear(exec_, x, w, y, scratch_);
-  mark(op);
-  if (ledger_) {
-    const double n = static_cast<double>(x.extent(0));
-    const double fl = 2.0 * n * w.rows * w.cols;
-    const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-    ledger_->add(op, layer, ph, fl, fl, by, by);
-  }
-}
-
 namespace {
 // A row-major view over the first n rows of a capacity buffer.
 template <class E>
 Mat<E> rows(const Mat<E>& buf, int n) {
   return Mat<E>(buf.data(), n, buf.extent(1));
 }
+
+flops::Op op_of(Proj p) {
+  switch (p) {
+    case Proj::Q:
+      return flops::Op::QProj;
+    case Proj::K:
+      return flops::Op::KProj;
+    case Proj::V:
+      return flops::Op::VProj;
+    case Proj::O:
+      return flops::Op::OProj;
+    case Proj::Gate:
+      return flops::Op::GateProj;
+    case Proj::Up:
+      return flops::Op::UpProj;
+    case Proj::Down:
+      break;
+  }
+  return flops::Op::DownProj;
+}
 }  // namespace
+
+template <class E>
+void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
+                           int layer, flops::Phase ph, double realised_fraction) {
+  linear(exec_, x, w, y, scratch_);
+  mark(op);
+  if (ledger_) {
+    const double n = static_cast<double>(x.extent(0));
+    const double fl = 2.0 * n * w.rows * w.cols;
+    const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
+    ledger_->add(op, layer, ph, fl, fl * realised_fraction, by, by * realised_fraction);
+  }
+}
+
+template <class E>
+void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph) {
+  const Matrix<E>& w = w_->layers[layer].proj(p);
+  if (!masker_ || sparse_.count == 0 || !masker_->active(layer, p)) {
+    plain_proj(x, w, y, op_of(p), layer, ph);
+    return;
+  }
+  long long kept = 0;
+  const CMat<E> xm = masker_->apply(exec_, layer, p, x, sparse_, kept);
+  mark(flops::Op::MaskSelect);
+  const double n = static_cast<double>(x.extent(0));
+  const double d = static_cast<double>(w.cols);
+  if (ledger_) {  // selection reads each sparse row a few times; count one compare per entry
+    const double sel = static_cast<double>(sparse_.count) * d;
+    ledger_->add(flops::Op::MaskSelect, layer, ph, 0, sel, 0, 4.0 * sel);
+  }
+  // Realised work: dense rows use every column, sparse rows only their kept ones.
+  const double frac = ((n - sparse_.count) * d + static_cast<double>(kept)) / (n * d);
+  plain_proj(xm, w, y, op_of(p), layer, ph, frac);
+}
+
+template <class E>
+void Engine<E>::set_positions(int n_seq, int T, int p0) {
+  auto hp = Kokkos::create_mirror_view(pos_);
+  for (int s = 0; s < n_seq; ++s)
+    for (int t = 0; t < T; ++t) hp(s * T + t) = p0 + t;
+  Kokkos::deep_copy(exec_, pos_, hp);
+  // rows the masker sparsifies
+  const int t0 = sparse_from_ == kDecodeOnly ? (T == 1 ? 0 : T) : sparse_from_;
+  sparse_.count = masker_ ? n_seq * std::max(0, T - std::min(T, t0)) : 0;
+  if (sparse_.count > 0) {
+    auto hf = Kokkos::create_mirror_view(sparse_flags_);
+    for (int s = 0; s < n_seq; ++s)
+      for (int t = 0; t < T; ++t) hf(s * T + t) = t >= t0 ? 1 : 0;
+    Kokkos::deep_copy(exec_, sparse_flags_, hf);
+  }
+  sparse_.flags = IVec<E>(sparse_flags_.data(), n_seq * T);
+}
+
+template <class E>
+void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops::Phase ph) {
+  const Config& c = w_->cfg;
+  const LayerWeights<E>& lw = w_->layers[l];
+  const int n = n_seq * T;
+  IVec<E> pos(pos_.data(), n);
+  Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
+         att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n),
+         rx = rows(rx_, n);
+  const bool rot = w_->rotated();
+  // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
+  auto residual = [&](const Matrix<E>* r) {
+    if (rot) {
+      plain_proj(x, *r, rx, flops::Op::Rotation, l, ph);
+      add_inplace(exec_, rx, CMat<E>(tmp));
+      Kokkos::deep_copy(exec_, x, rx);
+    } else {
+      add_inplace(exec_, x, CMat<E>(tmp));
+    }
+    mark(flops::Op::Residual);
+  };
+  observe(l, Site::BlockIn, x);
+  rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
+  mark(flops::Op::RMSNorm);
+  observe(l, Site::Attn, xn);
+  proj(xn, Proj::Q, l, q, ph);
+  proj(xn, Proj::K, l, k, ph);
+  proj(xn, Proj::V, l, v, ph);
+  rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
+       c.rope_layout == RopeLayout::Adjacent);
+  mark(flops::Op::RoPE);
+  kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
+  attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
+            c.head_dim);
+  mark(flops::Op::AttnScore);
+  observe(l, Site::O, att);
+  proj(att, Proj::O, l, tmp, ph);
+  residual(rot ? &w_->rot_attn_mlp[l] : nullptr);
+  rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
+  mark(flops::Op::RMSNorm);
+  observe(l, Site::Mlp, xn);
+  proj(xn, Proj::Gate, l, gate, ph);
+  proj(xn, Proj::Up, l, up, ph);
+  swiglu(exec_, gate, CMat<E>(up));
+  mark(flops::Op::SwiGLU);
+  observe(l, Site::Down, gate);
+  proj(gate, Proj::Down, l, tmp, ph);
+  residual(rot ? &w_->rot_mlp_next[l] : nullptr);
+  if (ledger_) {
+    const double nd = static_cast<double>(n) * c.d_model;
+    double att_pairs = 0;  // scores and value mixing over all visible positions
+    for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
+    att_pairs *= n_seq;
+    const double hd = c.head_dim, nh = c.n_head;
+    ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
+    const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
+    ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
+                 8.0 * n * (c.q_dim() + c.kv_dim()));
+    const double sf = 2.0 * att_pairs * nh * hd;
+    const double kvb = 4.0 * att_pairs * c.kv_dim();
+    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
+    ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
+    ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
+    const double sw = 6.0 * n * c.d_ff;
+    ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
+    ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+  }
+}
+
+template <class E>
+void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) {
+  const Config& c = w_->cfg;
+  require(layer >= 0 && layer < c.n_layer, "run_block: layer {} outside 0 … {}", layer,
+          c.n_layer - 1);
+  require(n_seq >= 1 && n_seq <= max_seqs_ && T >= 1 && p0 >= 0 && p0 + T <= max_ctx_,
+          "run_block: {} sequences × {} tokens at position {} do not fit the engine", n_seq, T, p0);
+  require(static_cast<int>(x.extent(0)) == n_seq * T && static_cast<int>(x.extent(1)) == c.d_model,
+          "run_block: input is {}×{}, expected {}×{}", x.extent(0), x.extent(1), n_seq * T,
+          c.d_model);
+  ensure_rows(n_seq * T, 1);
+  set_positions(n_seq, T, p0);
+  if (profile_) {
+    exec_.fence();
+    t_mark_ = std::chrono::steady_clock::now();
+  }
+  block(layer, x, n_seq, T, p0, T > 1 ? flops::Phase::Prefill : flops::Phase::Decode);
+  exec_.fence();
+}
 
 template <class E>
 Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int p0, int tail) {
@@ -118,21 +269,18 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
 
   {
     auto ht = Kokkos::create_mirror_view(tok_);
-    auto hp = Kokkos::create_mirror_view(pos_);
     for (int s = 0; s < n_seq; ++s)
       for (int t = 0; t < T; ++t) {
         const int id = tokens[s][t];
         require(id >= 0 && id < c.vocab, "forward: token id {} outside the vocabulary 0 … {}", id,
                 c.vocab - 1);
         ht(s * T + t) = id;
-        hp(s * T + t) = p0 + t;
       }
     Kokkos::deep_copy(exec_, tok_, ht);
-    Kokkos::deep_copy(exec_, pos_, hp);
   }
-  IVec<E> tok(tok_.data(), n), pos(pos_.data(), n);
-  Mat<E> x = rows(x_, n), xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
-         att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n);
+  set_positions(n_seq, T, p0);
+  IVec<E> tok(tok_.data(), n);
+  Mat<E> x = rows(x_, n);
 
   if (profile_) {
     exec_.fence();
@@ -143,55 +291,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
-  const double nd = static_cast<double>(n) * c.d_model;
-  // attention FLOPs: scores and value mixing over all visible positions
-  double att_pairs = 0;
-  for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
-  att_pairs *= n_seq;
-
-  for (int l = 0; l < c.n_layer; ++l) {
-    const LayerWeights<E>& lw = w_->layers[l];
-    rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
-    mark(flops::Op::RMSNorm);
-    proj(xn, lw.wq, q, flops::Op::QProj, l, ph);
-    proj(xn, lw.wk, k, flops::Op::KProj, l, ph);
-    proj(xn, lw.wv, v, flops::Op::VProj, l, ph);
-    rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
-         c.rope_layout == RopeLayout::Adjacent);
-    mark(flops::Op::RoPE);
-    kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
-    attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
-              c.head_dim);
-    mark(flops::Op::AttnScore);
-    proj(att, lw.wo, tmp, flops::Op::OProj, l, ph);
-    add_inplace(exec_, x, CMat<E>(tmp));
-    mark(flops::Op::Residual);
-    rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
-    mark(flops::Op::RMSNorm);
-    proj(xn, lw.w_gate, gate, flops::Op::GateProj, l, ph);
-    proj(xn, lw.w_up, up, flops::Op::UpProj, l, ph);
-    swiglu(exec_, gate, CMat<E>(up));
-    mark(flops::Op::SwiGLU);
-    proj(gate, lw.w_down, tmp, flops::Op::DownProj, l, ph);
-    add_inplace(exec_, x, CMat<E>(tmp));
-    mark(flops::Op::Residual);
-    if (ledger_) {
-      const double hd = c.head_dim, nh = c.n_head;
-      ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd,
-                   2 * 8.0 * nd);
-      const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
-      ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
-                   8.0 * n * (c.q_dim() + c.kv_dim()));
-      const double sf = 2.0 * att_pairs * nh * hd;
-      const double kvb = 4.0 * att_pairs * c.kv_dim();
-      ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
-      ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
-      ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
-      const double sw = 6.0 * n * c.d_ff;
-      ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
-      ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
-    }
-  }
+  for (int l = 0; l < c.n_layer; ++l) block(l, x, n_seq, T, p0, ph);
 
   Mat<E> src = x;
   if (tail < T) {
@@ -211,7 +311,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
   Mat<E> logits = rows(logits_, n_out);
-  proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
+  plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();
   return logits;
 }

@@ -10,6 +10,7 @@
 ///
 /// Prefill runs many tokens of several sequences at once (GEMM); decode runs one token per
 /// sequence (GEMV). Both write the same cache and produce the same logits.
+#include "engine/hooks.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
@@ -51,15 +52,36 @@ class Engine {
   void set_ledger(flops::Ledger* l) { ledger_ = l; }
   const E& exec() const { return exec_; }
 
+  /// Activation sparsity: `m` (not owned; nullptr: dense) masks projection inputs of the rows
+  /// chosen by set_sparse_from().
+  void set_masker(ProjectionMasker<E>* m) { masker_ = m; }
+  ProjectionMasker<E>* masker() const { return masker_; }
+  /// Rows the masker sparsifies: token index t ≥ `t0` of every sequence of a call, or with
+  /// kDecodeOnly (the default) every row of single-token calls and none of longer ones.
+  static constexpr int kDecodeOnly = -1;
+  void set_sparse_from(int t0) { sparse_from_ = t0; }
+  /// Called with the dense activations feeding projections (calibration, dumps); empty: none.
+  void set_observer(ActivationObserver<E> obs) { observer_ = std::move(obs); }
+
+  /// Runs block `layer` in place on x[n_seq·T][d_model] (tokens s·T + t at positions p0 + t),
+  /// exactly as forward() does, writing that layer's cache. For calibration and profiling.
+  void run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0);
+
   /// Per-op wall time (fences after every kernel, so only for profiling runs).
   void set_profile(bool on) { profile_ = on; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
 
  private:
   void ensure_rows(int n, int n_out);
+  void set_positions(int n_seq, int T, int p0);
   void mark(flops::Op op);
-  void proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
-            flops::Phase ph);
+  void proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph);
+  void plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
+                  flops::Phase ph, double realised_fraction = 1.0);
+  void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
+  void observe(int l, Site s, const Mat<E>& x) {
+    if (observer_) observer_(l, s, CMat<E>(x));
+  }
 
   std::shared_ptr<const Weights<E>> w_;
   int max_seqs_, max_ctx_;
@@ -68,8 +90,12 @@ class Engine {
   std::vector<Cache<E>> kcache_, vcache_;  // per layer: [seq][pos][kv_dim]
   Mat<E> cos_, sin_;                       // [max_ctx][head_dim/2]
   int cap_rows_ = 0, cap_out_ = 0;
-  Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, gate_, up_, logits_, last_;
-  IVec<E> tok_, pos_, last_rows_;
+  Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
+  IVec<E> tok_, pos_, last_rows_, sparse_flags_;
+  SparseRows<E> sparse_;
+  ProjectionMasker<E>* masker_ = nullptr;
+  int sparse_from_ = kDecodeOnly;
+  ActivationObserver<E> observer_;
   LinearScratch<E> scratch_;
   bool profile_ = false;
   std::array<double, flops::kNumOps> op_seconds_{};

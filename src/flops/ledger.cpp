@@ -51,6 +51,10 @@ const char* to_string(Op op) {
       return "swiglu";
     case Op::Residual:
       return "residual";
+    case Op::Rotation:
+      return "rotation";
+    case Op::MaskSelect:
+      return "mask_select";
     case Op::LMHead:
       return "lm_head";
     case Op::Other:

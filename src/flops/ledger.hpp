@@ -37,6 +37,8 @@ enum class Op : std::uint8_t {
   SwiGLU,
   Residual,
   LMHead,
+  Rotation,    ///< WINA's online re-rotation of the residual stream
+  MaskSelect,  ///< activation-mask selection (threshold test, TopK selection)
   Other
 };
 inline constexpr int kNumOps = static_cast<int>(Op::Other) + 1;

@@ -22,6 +22,22 @@ const char* proj_name(Proj p) {
   return "?";
 }
 
+const char* site_name(Site s) {
+  switch (s) {
+    case Site::BlockIn:
+      return "block_in";
+    case Site::Attn:
+      return "attn_in";
+    case Site::O:
+      return "o_in";
+    case Site::Mlp:
+      return "mlp_in";
+    case Site::Down:
+      return "down_in";
+  }
+  return "?";
+}
+
 template <class E>
 std::size_t Weights<E>::bytes() const {
   std::size_t b = tok_embd.bytes() + out_norm.extent(0) * 4;
@@ -31,6 +47,8 @@ std::size_t Weights<E>::bytes() const {
     for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
       b += m->bytes();
   }
+  for (const auto& m : rot_attn_mlp) b += m.bytes();
+  for (const auto& m : rot_mlp_next) b += m.bytes();
   return b;
 }
 
