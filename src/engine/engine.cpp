@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "kernels/pointwise.hpp"
+#include "kernels/sparse_gemv.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -127,6 +128,27 @@ void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops
     return;
   }
   long long kept = 0;
+  if (!wt_.empty() && x.extent(0) == 1) {
+    const int nnz = masker_->indices(exec_, layer, p, x, idx_, Vec<E>());
+    mark(flops::Op::MaskSelect);
+    const Matrix<E>& t = wt_[static_cast<std::size_t>(layer)][static_cast<std::size_t>(p)];
+    const CVec<E> xr(x.data(), w.cols);
+    const Vec<E> yr(y.data(), w.rows);
+    if (t.dtype == DType::F32)
+      sparse_gemv(exec_, xr, idx_, nnz, t.f32, yr);
+    else if (t.dtype == DType::BF16)
+      sparse_gemv(exec_, xr, idx_, nnz, t.bf16, yr);
+    else
+      sparse_gemv(exec_, xr, idx_, nnz, t.f16, yr);
+    mark(op_of(p));
+    if (ledger_) {
+      const double fl = 2.0 * w.rows * w.cols, f = static_cast<double>(nnz) / w.cols;
+      const double by = static_cast<double>(w.bytes()) + 4.0 * (w.rows + w.cols);
+      ledger_->add(flops::Op::MaskSelect, layer, ph, 0, w.cols, 0, 4.0 * w.cols);
+      ledger_->add(op_of(p), layer, ph, fl, fl * f, by, by * f);
+    }
+    return;
+  }
   const CMat<E> xm = masker_->apply(exec_, layer, p, x, sparse_, kept);
   mark(flops::Op::MaskSelect);
   const double n = static_cast<double>(x.extent(0));
@@ -138,6 +160,50 @@ void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops
   // Realised work: dense rows use every column, sparse rows only their kept ones.
   const double frac = ((n - sparse_.count) * d + static_cast<double>(kept)) / (n * d);
   plain_proj(xm, w, y, op_of(p), layer, ph, frac);
+}
+
+namespace {
+template <class E, class T>
+void transpose_into(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& src,
+                    const Kokkos::View<T**, Layout, DeviceOf<E>>& dst) {
+  Kokkos::parallel_for(
+      "sparsim::engine::transpose",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(
+          exec, {0, 0}, {static_cast<int>(src.extent(0)), static_cast<int>(src.extent(1))}),
+      KOKKOS_LAMBDA(const int r, const int c) { dst(c, r) = src(r, c); });
+}
+}  // namespace
+
+template <class E>
+void Engine<E>::use_column_skipping(bool on) {
+  wt_.clear();
+  if (!on) return;
+  const Config& c = w_->cfg;
+  int widest = 0;
+  for (int l = 0; l < c.n_layer; ++l) {
+    std::array<Matrix<E>, kNumProj> m;
+    for (int i = 0; i < kNumProj; ++i) {
+      const Matrix<E>& w = w_->layers[l].proj(static_cast<Proj>(i));
+      Matrix<E>& t = m[static_cast<std::size_t>(i)];
+      t.dtype = w.dtype;
+      t.rows = w.cols;  // the transposed matrix is stored [in][out]
+      t.cols = w.rows;
+      widest = std::max(widest, w.cols);
+      if (w.dtype == DType::F32) {
+        t.f32 = decltype(t.f32)("sparsim::wt", w.cols, w.rows);
+        transpose_into(exec_, w.f32, t.f32);
+      } else if (w.dtype == DType::BF16) {
+        t.bf16 = decltype(t.bf16)("sparsim::wt", w.cols, w.rows);
+        transpose_into(exec_, w.bf16, t.bf16);
+      } else {
+        t.f16 = decltype(t.f16)("sparsim::wt", w.cols, w.rows);
+        transpose_into(exec_, w.f16, t.f16);
+      }
+    }
+    wt_.push_back(std::move(m));
+  }
+  idx_ = IVec<E>("sparsim::engine::kept_idx", widest);
+  exec_.fence();
 }
 
 template <class E>
@@ -156,6 +222,7 @@ void Engine<E>::set_positions(int n_seq, int T, int p0) {
     Kokkos::deep_copy(exec_, sparse_flags_, hf);
   }
   sparse_.flags = IVec<E>(sparse_flags_.data(), n_seq * T);
+  if (masker_) masker_->begin_call(n_seq * T);
 }
 
 template <class E>

@@ -60,6 +60,13 @@ class Engine {
   /// kDecodeOnly (the default) every row of single-token calls and none of longer ones.
   static constexpr int kDecodeOnly = -1;
   void set_sparse_from(int t0) { sparse_from_ = t0; }
+  /// Column-skipping decode: with `on`, single-token calls of one sequence run masked
+  /// projections through the sparse GEMV on transposed copies of the projection weights
+  /// (built here; they double the projection memory). Off: masked inputs go through the dense
+  /// kernels (same result within fp32 reordering).
+  void use_column_skipping(bool on);
+  bool column_skipping() const { return !wt_.empty(); }
+
   /// Called with the dense activations feeding projections (calibration, dumps); empty: none.
   void set_observer(ActivationObserver<E> obs) { observer_ = std::move(obs); }
 
@@ -93,6 +100,8 @@ class Engine {
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   IVec<E> tok_, pos_, last_rows_, sparse_flags_;
   SparseRows<E> sparse_;
+  std::vector<std::array<Matrix<E>, kNumProj>> wt_;  // transposed projections [in][out]
+  IVec<E> idx_;
   ProjectionMasker<E>* masker_ = nullptr;
   int sparse_from_ = kDecodeOnly;
   ActivationObserver<E> observer_;

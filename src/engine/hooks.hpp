@@ -22,6 +22,9 @@ class ProjectionMasker {
  public:
   virtual ~ProjectionMasker() = default;
 
+  /// Called once at the start of every forward call (and run_block) with its row count.
+  virtual void begin_call(int n_rows) { (void)n_rows; }
+
   /// Whether projection `p` of `layer` is masked at all (false: it reads x unchanged).
   virtual bool active(int layer, Proj p) const = 0;
 
@@ -32,7 +35,7 @@ class ProjectionMasker {
 
   /// Decode fast path: kept indices (ascending) of the masked single row x[1][d] of projection
   /// `p`, for the column-skipping GEMV. Returns their number; fills `idx` and `xm` (the masked
-  /// row). The default uses apply().
+  /// row, or nothing when xm is empty).
   virtual int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
                       const Vec<E>& xm) = 0;
 };
