@@ -1,0 +1,588 @@
+#include "sparsity/calibration.hpp"
+
+#include "core/error.hpp"
+#include "io/hdf5.hpp"
+#include "io/run_file.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+namespace sparsim::sparsity {
+
+// ---------------------------------------------------------------------------------------------
+// Greedy allocation
+
+const std::vector<double>& GreedyTable::nearest(double P) const {
+  require(!rows.empty(), "GreedyTable::nearest: the table is empty");
+  require(!std::isnan(P), "GreedyTable::nearest: P is NaN");
+  std::size_t best = 0;
+  double best_d = std::abs(rows[0][0] - P);
+  for (std::size_t r = 1; r < rows.size(); ++r) {
+    const double d = std::abs(rows[r][0] - P);
+    if (d < best_d || (d == best_d && rows[r][0] < rows[best][0])) {
+      best = r;
+      best_d = d;
+    }
+  }
+  return rows[best];
+}
+
+GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
+                            const BlockErrorFn& block_error) {
+  const std::size_t n = f.size();
+  require(n > 0, "greedy_allocate: no matrices");
+  require(static_cast<bool>(block_error), "greedy_allocate: no block error function");
+  double F = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    require(std::isfinite(f[i]) && f[i] >= 0.0,
+            "greedy_allocate: parameter count f[{}] = {} must be finite and >= 0", i, f[i]);
+    F += f[i];
+  }
+  require(F > 0.0, "greedy_allocate: every parameter count is zero");
+  require(std::isfinite(alpha) && alpha > 0.0, "greedy_allocate: alpha = {} must be > 0", alpha);
+  require(cap > 0.0 && cap <= 1.0, "greedy_allocate: cap = {} must be in (0, 1]", cap);
+
+  std::vector<double> step(n, 0.0);
+  double max_steps = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (f[i] <= 0.0) continue;
+    step[i] = alpha * F / f[i];
+    max_steps += std::ceil(1.0 / step[i]);
+  }
+  require(max_steps <= 1e7, "greedy_allocate: alpha = {} would take up to {} steps", alpha,
+          max_steps);
+  auto p_after = [&](std::size_t i, std::int64_t k) {
+    return std::min(1.0, static_cast<double>(k) * step[i]);
+  };
+
+  GreedyTable t;
+  t.n = n;
+  std::vector<std::int64_t> k(n, 0);
+  std::vector<double> p(n, 0.0);
+  t.rows.emplace_back(n + 1, 0.0);
+  double P = 0.0;
+  while (P < cap) {
+    std::size_t best = n;
+    double best_e = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (f[i] <= 0.0 || p[i] >= 1.0) continue;
+      const double saved = p[i];
+      p[i] = p_after(i, k[i] + 1);
+      const double e = block_error(p);
+      p[i] = saved;
+      require(!std::isnan(e),
+              "greedy_allocate: block error is NaN when raising matrix {} at step {}", i,
+              t.rows.size());
+      if (best == n || e < best_e) {
+        best = i;
+        best_e = e;
+      }
+    }
+    if (best == n) break;
+    ++k[best];
+    p[best] = p_after(best, k[best]);
+    double weighted = 0.0;
+    for (std::size_t i = 0; i < n; ++i) weighted += p[i] * f[i];
+    P = weighted / F;
+    std::vector<double> row(n + 1);
+    row[0] = P;
+    std::copy(p.begin(), p.end(), row.begin() + 1);
+    t.rows.push_back(std::move(row));
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Budgets
+
+std::vector<double> block_budgets(const std::vector<double>& e, double s, double lambda, double lo,
+                                  double hi) {
+  require(!e.empty(), "block_budgets: no sensitivities");
+  require(std::isfinite(s) && std::isfinite(lambda), "block_budgets: s = {}, lambda = {}", s,
+          lambda);
+  require(lo <= hi, "block_budgets: lower bound {} exceeds upper bound {}", lo, hi);
+  double mean = 0.0;
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    require(std::isfinite(e[i]), "block_budgets: sensitivity e[{}] = {} is not finite", i, e[i]);
+    mean += e[i];
+  }
+  mean /= static_cast<double>(e.size());
+  std::vector<double> out(e.size());
+  for (std::size_t i = 0; i < e.size(); ++i)
+    out[i] = std::clamp(s + lambda * (mean - e[i]), lo, hi);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calibration: checks
+
+int histogram_slot(Site s) {
+  for (int i = 0; i < kNumHistogramSites; ++i)
+    if (kHistogramSites[static_cast<std::size_t>(i)] == s) return i;
+  fail("site '{}' has no calibration histogram", site_name(s));
+}
+
+int Calibration::d_in(Proj p) const {
+  switch (p) {
+    case Proj::O:
+      return q_dim;
+    case Proj::Down:
+      return d_ff;
+    default:
+      return d_model;
+  }
+}
+
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+const char* const kVariantNames[2] = {"plain", "rotated"};
+
+bool all_finite(const std::vector<double>& v) {
+  return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+}
+
+void validate_variant(const Calibration& c, const CalibrationVariant& v, const char* name) {
+  const auto L = static_cast<std::size_t>(c.n_layer);
+  const auto D = static_cast<std::size_t>(c.d_model);
+  require(v.histograms.size() == L, "{}: {} layers of histograms, expected {}", name,
+          v.histograms.size(), L);
+  for (std::size_t l = 0; l < L; ++l)
+    for (int s = 0; s < kNumHistogramSites; ++s) {
+      const Histogram& h = v.histograms[l][static_cast<std::size_t>(s)];
+      require(h.finished(), "{}: histogram of layer {} site '{}' is not finished", name, l,
+              site_name(kHistogramSites[static_cast<std::size_t>(s)]));
+    }
+  if (!v.greedy.empty()) {
+    require(v.greedy.size() == L, "{}: {} greedy tables, expected {}", name, v.greedy.size(), L);
+    for (std::size_t l = 0; l < L; ++l) {
+      const GreedyTable& t = v.greedy[l];
+      require(t.n == kNumProj, "{}: greedy table of layer {} covers {} matrices, expected {}", name,
+              l, t.n, kNumProj);
+      require(!t.rows.empty(), "{}: greedy table of layer {} has no rows", name, l);
+      double prev_P = 0.0;
+      for (std::size_t r = 0; r < t.rows.size(); ++r) {
+        const std::vector<double>& row = t.rows[r];
+        require(row.size() == kNumProj + 1, "{}: greedy table of layer {} row {} has {} columns",
+                name, l, r, row.size());
+        for (std::size_t j = 0; j < row.size(); ++j)
+          require(std::isfinite(row[j]) && row[j] >= 0.0 && row[j] <= 1.0,
+                  "{}: greedy table of layer {} row {} column {} is {} (must be in [0, 1])", name,
+                  l, r, j, row[j]);
+        if (r == 0)
+          require(std::all_of(row.begin(), row.end(), [](double x) { return x == 0.0; }),
+                  "{}: greedy table of layer {} does not start with an all-zero row", name, l);
+        require(row[0] >= prev_P, "{}: greedy table of layer {}: P decreases at row {}", name, l,
+                r);
+        prev_P = row[0];
+      }
+    }
+  }
+  if (!v.sensitivity.empty()) {
+    require(v.sensitivity.size() == c.probe_levels.size(),
+            "{}: {} sensitivity rows but {} probe levels", name, v.sensitivity.size(),
+            c.probe_levels.size());
+    for (std::size_t k = 0; k < v.sensitivity.size(); ++k) {
+      require(v.sensitivity[k].size() == L, "{}: sensitivity row {} has {} layers, expected {}",
+              name, k, v.sensitivity[k].size(), L);
+      for (std::size_t l = 0; l < L; ++l)
+        require(std::isfinite(v.sensitivity[k][l]) && v.sensitivity[k][l] >= 0.0,
+                "{}: sensitivity at probe {} layer {} is {}", name, k, l, v.sensitivity[k][l]);
+    }
+  }
+  if (!v.q_attn.empty()) {
+    require(v.q_attn.size() == (L + 1) * D * D, "{}: q_attn holds {} values, expected {} x {} x {}",
+            name, v.q_attn.size(), L + 1, D, D);
+    require(all_finite(v.q_attn), "{}: q_attn holds a non-finite value", name);
+  }
+  if (!v.q_mlp.empty()) {
+    require(v.q_mlp.size() == L * D * D, "{}: q_mlp holds {} values, expected {} x {} x {}", name,
+            v.q_mlp.size(), L, D, D);
+    require(all_finite(v.q_mlp), "{}: q_mlp holds a non-finite value", name);
+  }
+  for (int pi = 0; pi < kNumProj; ++pi) {
+    const auto p = static_cast<Proj>(pi);
+    const std::vector<float>& cn = v.col_norms[static_cast<std::size_t>(pi)];
+    if (cn.empty()) continue;
+    const auto din = static_cast<std::size_t>(c.d_in(p));
+    require(cn.size() == L * din, "{}: column norms of '{}' hold {} values, expected {} x {}", name,
+            proj_name(p), cn.size(), L, din);
+    for (std::size_t j = 0; j < cn.size(); ++j)
+      require(std::isfinite(cn[j]) && cn[j] >= 0.0f,
+              "{}: column norm of '{}' layer {} column {} is {}", name, proj_name(p), j / din,
+              j % din, cn[j]);
+  }
+}
+
+}  // namespace
+
+void Calibration::validate() const {
+  require(!model_fingerprint.empty(), "calibration: model_fingerprint is empty");
+  require(n_layer > 0 && d_model > 0 && d_ff > 0 && q_dim > 0 && kv_dim > 0,
+          "calibration: model shape n_layer {} d_model {} d_ff {} q_dim {} kv_dim {} must be "
+          "positive",
+          n_layer, d_model, d_ff, q_dim, kv_dim);
+  require(tokens >= 0 && windows >= 0 && context >= 0 && greedy_tokens >= 0,
+          "calibration: negative tokens {}, windows {}, context {} or greedy_tokens {}", tokens,
+          windows, context, greedy_tokens);
+  require(std::isfinite(alpha) && alpha > 0.0, "calibration: alpha = {} must be > 0", alpha);
+  require(greedy_cap > 0.0 && greedy_cap <= 1.0, "calibration: greedy_cap = {} not in (0, 1]",
+          greedy_cap);
+  require(greedy_score_fraction > 0.0 && greedy_score_fraction <= 1.0,
+          "calibration: greedy_score_fraction = {} not in (0, 1]", greedy_score_fraction);
+  require(histogram_range_values >= 1, "calibration: histogram_range_values = {} must be >= 1",
+          histogram_range_values);
+  for (std::size_t k = 0; k < probe_levels.size(); ++k)
+    require(probe_levels[k] >= 0.0 && probe_levels[k] < 1.0,
+            "calibration: probe level {} = {} not in [0, 1)", k, probe_levels[k]);
+  require(plain.has_value() || rotated.has_value(),
+          "calibration: neither the plain nor the rotated variant is present");
+  if (plain) validate_variant(*this, *plain, "plain");
+  if (rotated) validate_variant(*this, *rotated, "rotated");
+}
+
+void Calibration::check_model(const std::string& fingerprint, const Config& cfg,
+                              const std::string& what) const {
+  const std::string src = file.empty() ? std::string("(in memory)") : file;
+  if (lower(fingerprint) != lower(model_fingerprint))
+    fail("calibration file {} was made for model fingerprint {} (path {}), this model ({}) is {}",
+         src, model_fingerprint, model_path, what, fingerprint);
+  if (cfg.n_layer != n_layer || cfg.d_model != d_model || cfg.d_ff != d_ff ||
+      cfg.q_dim() != q_dim || cfg.kv_dim() != kv_dim)
+    fail(
+        "calibration file {} was made for a model of shape n_layer {} d_model {} d_ff {} q_dim {} "
+        "kv_dim {}, this model ({}) has n_layer {} d_model {} d_ff {} q_dim {} kv_dim {}",
+        src, n_layer, d_model, d_ff, q_dim, kv_dim, what, cfg.n_layer, cfg.d_model, cfg.d_ff,
+        cfg.q_dim(), cfg.kv_dim());
+}
+
+void Calibration::check_model(std::uint64_t fingerprint, const Config& cfg,
+                              const std::string& what) const {
+  check_model(fmt::format("{:016x}", fingerprint), cfg, what);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+namespace {
+
+using Dims = std::vector<hsize_t>;
+
+void write_variant(io::Group g, const Calibration& c, const CalibrationVariant& v) {
+  const auto L = static_cast<std::size_t>(c.n_layer);
+  const auto D = static_cast<hsize_t>(c.d_model);
+  constexpr std::size_t B = Histogram::kNumBins;
+
+  io::Group hg = g.create_group("histograms");
+  for (int s = 0; s < kNumHistogramSites; ++s) {
+    const auto slot = static_cast<std::size_t>(s);
+    const std::string site = site_name(kHistogramSites[slot]);
+    io::Group sg = hg.create_group(site);
+    std::vector<std::uint64_t> counts(L * B), count(L);
+    std::vector<double> lo(L), hi(L), mn(L), mx(L), sum(L), sumsq(L);
+    for (std::size_t l = 0; l < L; ++l) {
+      const Histogram& h = v.histograms[l][slot];
+      std::copy(h.counts().begin(), h.counts().end(), counts.begin() + l * B);
+      count[l] = h.count();
+      lo[l] = h.count() ? h.lo() : 0.0;
+      hi[l] = h.count() ? h.hi() : 0.0;
+      mn[l] = h.min();
+      mx[l] = h.max();
+      sum[l] = h.sum();
+      sumsq[l] = h.sumsq();
+    }
+    sg.write<std::uint64_t>(
+        "counts", counts.data(), {L, B},
+        {"1", fmt::format("[layer][bin] values at {} per bin: bin 0 < lo, bin 1+i in "
+                          "[lo + i*w, lo + (i+1)*w) with w = (hi - lo)/10000, bin 10001 >= hi",
+                          site)});
+    sg.write("count", count, {"1", "[layer] values histogrammed (sum of counts over bins)"});
+    sg.write("lo", lo, {"1", "[layer] lower range edge: 1% quantile of the first values"});
+    sg.write("hi", hi, {"1", "[layer] upper range edge: 99% quantile of the first values"});
+    sg.write("min", mn, {"1", "[layer] exact minimum of all values"});
+    sg.write("max", mx, {"1", "[layer] exact maximum of all values"});
+    sg.write("sum", sum, {"1", "[layer] sum of all values"});
+    sg.write("sumsq", sumsq, {"1", "[layer] sum of squares of all values"});
+  }
+
+  if (!v.greedy.empty()) {
+    io::Group gg = g.create_group("greedy");
+    std::size_t R = 0;
+    for (const GreedyTable& t : v.greedy) R = std::max(R, t.rows.size());
+    constexpr std::size_t C = kNumProj + 1;
+    std::vector<double> rows(L * R * C, std::numeric_limits<double>::quiet_NaN());
+    std::vector<std::int64_t> nrows(L);
+    for (std::size_t l = 0; l < L; ++l) {
+      const GreedyTable& t = v.greedy[l];
+      nrows[l] = static_cast<std::int64_t>(t.rows.size());
+      for (std::size_t r = 0; r < t.rows.size(); ++r)
+        std::copy(t.rows[r].begin(), t.rows[r].end(), rows.begin() + (l * R + r) * C);
+    }
+    gg.write<double>("rows", rows.data(), {L, R, C},
+                     {"1",
+                      "[layer][row][column] greedy table rows (P, p_q, p_k, p_v, p_o, p_gate, "
+                      "p_up, p_down); rows at or beyond row_count[layer] are NaN padding"});
+    gg.write("row_count", nrows, {"1", "[layer] valid rows of each layer's greedy table"});
+  }
+
+  if (!v.sensitivity.empty()) {
+    const std::size_t P = v.sensitivity.size();
+    std::vector<double> e(P * L);
+    for (std::size_t k = 0; k < P; ++k)
+      std::copy(v.sensitivity[k].begin(), v.sensitivity[k].end(), e.begin() + k * L);
+    g.write<double>("sensitivity", e.data(), {P, L},
+                    {"1",
+                     "[probe][layer] mean relative block-output error with only that block "
+                     "sparsified at probe level /probe_levels[probe]"});
+  }
+
+  if (!v.q_attn.empty())
+    g.write<double>("rotation/q_attn", v.q_attn.data(), {L + 1, D, D},
+                    {"1", "[i][row][col] WINA rotation Q_attn,i (i = n_layer: Q_final)"});
+  if (!v.q_mlp.empty())
+    g.write<double>("rotation/q_mlp", v.q_mlp.data(), {L, D, D},
+                    {"1", "[i][row][col] WINA rotation Q_mlp,i"});
+
+  for (int pi = 0; pi < kNumProj; ++pi) {
+    const auto p = static_cast<Proj>(pi);
+    const std::vector<float>& cn = v.col_norms[static_cast<std::size_t>(pi)];
+    if (cn.empty()) continue;
+    g.write<float>(fmt::format("column_norms/{}", proj_name(p)), cn.data(),
+                   {L, static_cast<hsize_t>(c.d_in(p))},
+                   {"1", fmt::format("[layer][input column] L2 norm of each input column of the "
+                                     "{} projection weight as used at run time",
+                                     proj_name(p))});
+  }
+}
+
+}  // namespace
+
+void write_calibration(const std::string& path, const Calibration& cal) {
+  cal.validate();
+  io::RunFile out(path);
+  io::Group root = out.root();
+  root.set_attr("format", kCalibrationFormat);
+  root.set_attr("version", kCalibrationVersion);
+  root.set_attr("sparsim_version", SPARSIM_VERSION);
+  root.set_attr("command", cal.command);
+  root.set_attr("model_fingerprint", cal.model_fingerprint);
+  root.set_attr("model_path", cal.model_path);
+  root.set_attr("corpus_fingerprint", cal.corpus_fingerprint);
+  root.set_attr("corpus_path", cal.corpus_path);
+  root.set_attr("n_layer", cal.n_layer);
+  root.set_attr("d_model", cal.d_model);
+  root.set_attr("d_ff", cal.d_ff);
+  root.set_attr("q_dim", cal.q_dim);
+  root.set_attr("kv_dim", cal.kv_dim);
+  root.set_attr("tokens", cal.tokens);
+  root.set_attr("context", cal.context);
+  root.set_attr("windows", cal.windows);
+  root.set_attr("alpha", cal.alpha);
+  root.set_attr("greedy_cap", cal.greedy_cap);
+  root.set_attr("greedy_tokens", cal.greedy_tokens);
+  root.set_attr("greedy_score_fraction", cal.greedy_score_fraction);
+  root.set_attr("histogram_bins", static_cast<std::int64_t>(Histogram::kUniformBins));
+  root.set_attr("histogram_range_values", cal.histogram_range_values);
+  root.write("probe_levels", cal.probe_levels,
+             {"1", "[probe] probe sparsities of the sensitivity measurement"});
+  if (cal.plain) write_variant(root.create_group("plain"), cal, *cal.plain);
+  if (cal.rotated) write_variant(root.create_group("rotated"), cal, *cal.rotated);
+  out.commit();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+namespace {
+
+std::string shape_str(const Dims& d) {
+  if (d.empty()) return "scalar";
+  std::string s;
+  for (hsize_t x : d) s += fmt::format("[{}]", x);
+  return s;
+}
+
+std::string obj_path(const io::Group& g, const std::string& name) {
+  return g.path() == "/" ? "/" + name : g.path() + "/" + name;
+}
+
+template <class T>
+std::vector<T> read_shaped(const io::Group& g, const std::string& name, const Dims& want) {
+  Dims dims;
+  std::vector<T> v = g.read<T>(name, &dims);
+  require(dims == want, "dataset '{}' has shape {}, expected {}", obj_path(g, name),
+          shape_str(dims), shape_str(want));
+  return v;
+}
+
+void require_finite(const std::vector<double>& v, const io::Group& g, const std::string& name) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    require(std::isfinite(v[i]), "dataset '{}' holds a non-finite value ({}) at flat index {}",
+            obj_path(g, name), v[i], i);
+}
+
+int int_attr(const io::Group& g, const std::string& name) {
+  const std::int64_t v = g.get_attr<std::int64_t>(name);
+  require(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
+          "attribute '{}' = {} is out of range", name, v);
+  return static_cast<int>(v);
+}
+
+CalibrationVariant read_variant(const io::Group& g, const Calibration& c) {
+  const auto L = static_cast<hsize_t>(c.n_layer);
+  const auto D = static_cast<hsize_t>(c.d_model);
+  constexpr hsize_t B = Histogram::kNumBins;
+  CalibrationVariant v;
+  v.histograms.resize(L);
+
+  const io::Group hg = g.open_group("histograms");
+  for (int s = 0; s < kNumHistogramSites; ++s) {
+    const auto slot = static_cast<std::size_t>(s);
+    const io::Group sg = hg.open_group(site_name(kHistogramSites[slot]));
+    const auto counts = read_shaped<std::uint64_t>(sg, "counts", {L, B});
+    const auto count = read_shaped<std::uint64_t>(sg, "count", {L});
+    std::vector<std::vector<double>> stat;
+    for (const char* name : {"lo", "hi", "min", "max", "sum", "sumsq"}) {
+      stat.push_back(read_shaped<double>(sg, name, {L}));
+      require_finite(stat.back(), sg, name);
+    }
+    for (hsize_t l = 0; l < L; ++l) {
+      try {
+        v.histograms[l][slot] = Histogram::restore(
+            stat[0][l], stat[1][l],
+            std::vector<std::uint64_t>(counts.begin() + static_cast<std::ptrdiff_t>(l * B),
+                                       counts.begin() + static_cast<std::ptrdiff_t>((l + 1) * B)),
+            stat[2][l], stat[3][l], count[l], stat[4][l], stat[5][l]);
+      } catch (const Error& e) {
+        fail("histogram '{}' layer {}: {}", sg.path(), l, e.what());
+      }
+    }
+  }
+
+  if (g.has_group("greedy")) {
+    const io::Group gg = g.open_group("greedy");
+    Dims dims;
+    const std::vector<double> rows = gg.read<double>("rows", &dims);
+    constexpr hsize_t C = kNumProj + 1;
+    require(dims.size() == 3 && dims[0] == L && dims[2] == C,
+            "dataset '{}' has shape {}, expected [{}][rows][{}]", obj_path(gg, "rows"),
+            shape_str(dims), L, C);
+    const hsize_t R = dims[1];
+    const auto nrows = read_shaped<std::int64_t>(gg, "row_count", {L});
+    v.greedy.resize(L);
+    for (hsize_t l = 0; l < L; ++l) {
+      require(nrows[l] >= 1 && static_cast<hsize_t>(nrows[l]) <= R,
+              "dataset '{}': layer {} has {} rows, expected 1 to {}", obj_path(gg, "row_count"), l,
+              nrows[l], R);
+      GreedyTable& t = v.greedy[l];
+      t.n = kNumProj;
+      for (hsize_t r = 0; r < static_cast<hsize_t>(nrows[l]); ++r) {
+        const auto first = rows.begin() + static_cast<std::ptrdiff_t>((l * R + r) * C);
+        t.rows.emplace_back(first, first + C);
+      }
+    }
+  }
+
+  if (g.has_dataset("sensitivity")) {
+    const auto P = static_cast<hsize_t>(c.probe_levels.size());
+    const auto e = read_shaped<double>(g, "sensitivity", {P, L});
+    require_finite(e, g, "sensitivity");
+    for (hsize_t k = 0; k < P; ++k)
+      v.sensitivity.emplace_back(e.begin() + static_cast<std::ptrdiff_t>(k * L),
+                                 e.begin() + static_cast<std::ptrdiff_t>((k + 1) * L));
+  }
+
+  if (g.has_dataset("rotation/q_attn")) {
+    v.q_attn = read_shaped<double>(g, "rotation/q_attn", {L + 1, D, D});
+    require_finite(v.q_attn, g, "rotation/q_attn");
+  }
+  if (g.has_dataset("rotation/q_mlp")) {
+    v.q_mlp = read_shaped<double>(g, "rotation/q_mlp", {L, D, D});
+    require_finite(v.q_mlp, g, "rotation/q_mlp");
+  }
+  for (int pi = 0; pi < kNumProj; ++pi) {
+    const auto p = static_cast<Proj>(pi);
+    const std::string name = fmt::format("column_norms/{}", proj_name(p));
+    if (!g.has_dataset(name)) continue;
+    v.col_norms[static_cast<std::size_t>(pi)] =
+        read_shaped<float>(g, name, {L, static_cast<hsize_t>(c.d_in(p))});
+  }
+  return v;
+}
+
+Calibration read_impl(const std::string& path) {
+  io::H5File f = io::H5File::open_read(path);
+  const io::Group root = f.root();
+  if (!root.has_attr("format")) fail("not a sparsim calibration file (no 'format' attribute)");
+  const std::string format = root.get_attr<std::string>("format");
+  require(format == kCalibrationFormat,
+          "not a sparsim calibration file (format '{}', expected '{}')", format,
+          kCalibrationFormat);
+  const std::int64_t version = root.get_attr<std::int64_t>("version");
+  require(version == kCalibrationVersion,
+          "layout version {} is not supported (this sparsim reads version {})", version,
+          kCalibrationVersion);
+  const std::int64_t bins = root.get_attr<std::int64_t>("histogram_bins");
+  require(bins == static_cast<std::int64_t>(Histogram::kUniformBins),
+          "histograms have {} bins, this sparsim uses {}", bins, Histogram::kUniformBins);
+
+  Calibration c;
+  c.file = path;
+  c.command = root.get_attr<std::string>("command");
+  c.model_fingerprint = root.get_attr<std::string>("model_fingerprint");
+  c.model_path = root.get_attr<std::string>("model_path");
+  c.corpus_fingerprint = root.get_attr<std::string>("corpus_fingerprint");
+  c.corpus_path = root.get_attr<std::string>("corpus_path");
+  c.n_layer = int_attr(root, "n_layer");
+  c.d_model = int_attr(root, "d_model");
+  c.d_ff = int_attr(root, "d_ff");
+  c.q_dim = int_attr(root, "q_dim");
+  c.kv_dim = int_attr(root, "kv_dim");
+  require(c.n_layer > 0 && c.d_model > 0 && c.d_ff > 0 && c.q_dim > 0 && c.kv_dim > 0,
+          "model shape n_layer {} d_model {} d_ff {} q_dim {} kv_dim {} must be positive",
+          c.n_layer, c.d_model, c.d_ff, c.q_dim, c.kv_dim);
+  c.tokens = root.get_attr<std::int64_t>("tokens");
+  c.context = int_attr(root, "context");
+  c.windows = root.get_attr<std::int64_t>("windows");
+  c.alpha = root.get_attr<double>("alpha");
+  c.greedy_cap = root.get_attr<double>("greedy_cap");
+  c.greedy_tokens = root.get_attr<std::int64_t>("greedy_tokens");
+  c.greedy_score_fraction = root.get_attr<double>("greedy_score_fraction");
+  c.histogram_range_values = root.get_attr<std::int64_t>("histogram_range_values");
+  {
+    Dims dims;
+    c.probe_levels = root.read<double>("probe_levels", &dims);
+    require(dims.size() == 1, "dataset '/probe_levels' has shape {}, expected [probes]",
+            shape_str(dims));
+    require_finite(c.probe_levels, root, "probe_levels");
+  }
+  for (const char* name : kVariantNames) {
+    if (!root.has(name)) continue;
+    require(root.has_group(name), "'/{}' is not a group", name);
+    CalibrationVariant v = read_variant(root.open_group(name), c);
+    (std::string(name) == "plain" ? c.plain : c.rotated) = std::move(v);
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace
+
+Calibration read_calibration(const std::string& path) {
+  try {
+    return read_impl(path);
+  } catch (const Error& e) {
+    fail("invalid calibration file '{}': {}", path, e.what());
+  }
+}
+
+}  // namespace sparsim::sparsity
