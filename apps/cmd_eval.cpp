@@ -11,6 +11,8 @@
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
+#include "sparsity/plan.hpp"
+#include "sparsity_report.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -26,7 +28,9 @@ int cmd_eval(int argc, char** argv) {
       method, progress_mode;
   PplOptions po_;
   int score = -1;
-  bool strict = false, no_ppl = false, save_tokens = false;
+  bool strict = false, no_ppl = false, save_tokens = false, no_rotation = false;
+  std::string calib_path, budget_mode, masking_mode, norms_mode;
+  sparsity::MethodOptions mopt;
   po::options_description d("sparsim eval options");
   d.add_options()(
       "model,m", po::value(&model_arg)->default_value("smollm2"),
@@ -45,7 +49,24 @@ int cmd_eval(int argc, char** argv) {
       "prepend BOS to each window: auto (the model's add_bos setting), yes or no")(
       "no-perplexity", po::bool_switch(&no_ppl), "skip perplexity (tasks only)")(
       "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")(
-      "method", po::value(&method)->default_value("dense"), "evaluation method (dense)")(
+      "method", po::value(&method)->default_value("dense"),
+      "dense, teal (thresholds), wina (TopK on weight-informed scores) or topk-guided")(
+      "sparsity,s", po::value(&mopt.sparsity)->default_value(0.5),
+      "target activation sparsity s in [0, 1) (sparse methods)")(
+      "calibration", po::value(&calib_path), "calibration file from sparsim calibrate")(
+      "delta", po::value(&mopt.delta)->default_value(0.01), "TopK-Guided clip margin δ")(
+      "probe", po::value(&mopt.probe)->default_value(0.4),
+      "TopK-Guided sensitivity probe s̄ (a calibrated level)")(
+      "lambda", po::value(&mopt.lambda)->default_value(0.4),
+      "TopK-Guided budget redistribution strength λ")(
+      "budget", po::value(&budget_mode)->default_value("sensitivity"),
+      "TopK-Guided block budgets: sensitivity or uniform (ablation)")(
+      "masking", po::value(&masking_mode)->default_value("guided"),
+      "TopK-Guided masking: guided or topk (WINA's TopK; ablation)")(
+      "no-rotation", po::bool_switch(&no_rotation),
+      "WINA / TopK-Guided on the unrotated model (uses the plain calibration)")(
+      "wina-norms", po::value(&norms_mode)->default_value("kg"),
+      "projections scored with column norms: kg (k and gate, WINA's choice) or all")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")(
@@ -59,8 +80,24 @@ int cmd_eval(int argc, char** argv) {
   if (!parse(argc, argv, "usage: sparsim eval [--model smollm2] [--corpus default] [options]", d,
              vm))
     return 0;
-  require(method == "dense", "--method '{}' is not available (this build evaluates: dense)",
-          method);
+  mopt.method = sparsity::parse_method(method);
+  mopt.validate();
+  require(budget_mode == "sensitivity" || budget_mode == "uniform",
+          "--budget must be sensitivity or uniform, got '{}'", budget_mode);
+  require(masking_mode == "guided" || masking_mode == "topk",
+          "--masking must be guided or topk, got '{}'", masking_mode);
+  require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
+          norms_mode);
+  mopt.sensitivity_budget = budget_mode == "sensitivity";
+  mopt.guided_masking = masking_mode == "guided";
+  mopt.rotate = !no_rotation;
+  mopt.wina_norms_all = norms_mode == "all";
+  require(!mopt.needs_calibration() || !calib_path.empty(),
+          "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
+  require(mopt.needs_calibration() || calib_path.empty(),
+          "--calibration is only used by the sparse methods (--method teal, wina, topk-guided)");
+  std::optional<sparsity::Calibration> cal;
+  if (!calib_path.empty()) cal = sparsity::read_calibration(calib_path);
   require(bos_mode == "auto" || bos_mode == "yes" || bos_mode == "no",
           "--bos must be auto, yes or no, got '{}'", bos_mode);
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
@@ -91,9 +128,20 @@ int cmd_eval(int argc, char** argv) {
     using E = decltype(exec);
     Stopwatch sw;
     ModelInfo mi;
-    auto w = load_model<E>(rm.path, lo, &mi);
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const double t_load = sw.seconds();
     const Config& c = w->cfg;
+    sparsity::Plan plan;
+    plan.opt = mopt;
+    if (cal) {
+      cal->check_model(mi.fingerprint, c, mi.path);
+      plan = sparsity::make_plan(*cal, mopt);
+      if (plan.rotated) {
+        sw.reset();
+        w = sparsity::apply_rotation(*w, sparsity::rotation_from(*cal), lo.storage);
+        log().info("WINA rotation applied ({:.1f} s)", sw.seconds());
+      }
+    }
     const Tokenizer tok = tokenizer_for(rm.path);
     require(tok.vocab_size() <= c.vocab,
             "the tokenizer has {} tokens but the model's embedding only {}", tok.vocab_size(),
@@ -108,12 +156,7 @@ int cmd_eval(int argc, char** argv) {
     std::vector<int> stream;
     std::uint64_t corpus_tokens = 0;
     if (!no_ppl) {
-      std::string text;
-      for (std::size_t i = 0; i < corpus.documents.size(); ++i) {
-        if (i) text += "\n\n";
-        text += corpus.documents[i];
-      }
-      stream = tok.encode(text, false);
+      stream = corpus_stream(corpus, tok);
       corpus_tokens = stream.size();
     }
     const double t_tok = sw.seconds();
@@ -130,6 +173,11 @@ int cmd_eval(int argc, char** argv) {
       }
     flops::Ledger ledger(c.n_layer);
     Engine<E> eng(w, no_ppl ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger, exec);
+    sparsity::ActivationMasker<E> masker(c.n_layer);
+    if (mopt.method != sparsity::Method::Dense) {
+      sparsity::configure_masker(masker, plan, *w);
+      eng.set_masker(&masker);
+    }
 
     std::unique_ptr<io::RunFile> rf;
     if (!out.empty()) rf = std::make_unique<io::RunFile>(out);
@@ -153,6 +201,9 @@ int cmd_eval(int argc, char** argv) {
     const double t_tasks = sw.seconds();
     const double wall_s = wall.seconds();
     const auto tot = ledger.total();
+    const std::vector<double>& token_sp = masker.token_sparsity();
+    const SparsityReport report{plan, masker.all_stats(), token_sp, calib_path};
+    const bool sparse = mopt.method != sparsity::Method::Dense;
 
     // ---- stdout table
     std::cout << fmt::format(
@@ -174,12 +225,16 @@ int cmd_eval(int argc, char** argv) {
           "  {:<22} {:>14.4f}\n", "top-1 accuracy",
           static_cast<double>(ppl.argmax_hits) / std::max<std::uint64_t>(1, ppl.tokens_scored));
     }
+    if (sparse) std::cout << report.table() << "\n";
     if (!tasks.empty()) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc", tr.acc);
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc_norm", tr.acc_norm);
       std::cout << fmt::format("  {:<22} {:>14}\n", "task items", tr.items);
     }
     std::cout << fmt::format("  {:<22} {:>14.3f}\n", "GFLOP (dense)", tot.flops_dense / 1e9);
+    if (sparse)
+      std::cout << fmt::format("  {:<22} {:>14.3f}\n", "GFLOP (realised)",
+                               tot.flops_realised / 1e9);
     std::cout << fmt::format("  {:<22} {:>14.3f}\n", "wall seconds", wall_s);
     std::cout << fmt::format("  {:<22} {:>14}\n", "backend / threads",
                              fmt::format("{} / {}", backend, rt.threads()));
@@ -192,6 +247,7 @@ int cmd_eval(int argc, char** argv) {
     j["backend"] = backend;
     j["wall_seconds"] = wall_s;
     j["flops"] = {{"dense", tot.flops_dense}, {"realised", tot.flops_realised}};
+    if (sparse) j["sparsity"] = report.json();
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
       j["tokens_scored"] = ppl.tokens_scored;
@@ -264,6 +320,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("perplexity_seconds", t_ppl, {"s", "perplexity forward passes"});
       tm.write_scalar("tasks_seconds", t_tasks, {"s", "task scoring"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
+      if (sparse) report.write(root);
       io::Group fl = root.create_group("flops");
       ledger.write(fl);
     }

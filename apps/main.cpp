@@ -13,6 +13,7 @@ int cmd_forward(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
+int cmd_calibrate(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -26,6 +27,8 @@ struct Command {
 const Command kCommands[] = {
     {"eval", sparsim::app::cmd_eval,
      "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
+    {"calibrate", sparsim::app::cmd_calibrate,
+     "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
      "show a model file's metadata, tensors and memory needs"},

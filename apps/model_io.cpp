@@ -16,3 +16,16 @@ Tokenizer tokenizer_for(const std::string& model_path) {
 }
 
 }  // namespace sparsim::app
+
+namespace sparsim::app {
+
+std::vector<int> corpus_stream(const Corpus& corpus, const Tokenizer& tok) {
+  std::string text;
+  for (std::size_t i = 0; i < corpus.documents.size(); ++i) {
+    if (i) text += "\n\n";
+    text += corpus.documents[i];
+  }
+  return tok.encode(text, false);
+}
+
+}  // namespace sparsim::app

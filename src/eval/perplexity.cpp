@@ -65,7 +65,11 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
         h_target(b * tail + i) = i + 1 < tail ? s[C - tail + i + 1] : -1;
     }
     Kokkos::deep_copy(target, h_target);
+    // Activation sparsity (when the engine has a masker) applies to the rows whose logits are
+    // scored; the context prefix stays dense.
+    eng.set_sparse_from(C - tail);
     Mat<E> logits = eng.forward_tail(seqs, 0, tail);
+    eng.set_sparse_from(Engine<E>::kDecodeOnly);
     Kokkos::View<double*, DeviceOf<E>> nll_b(nll.data(), nb * tail);
     IVec<E> tgt_b(target.data(), nb * tail), am_b(amax.data(), nb * tail);
     nll_rows(eng.exec(), CMat<E>(logits), tgt_b, nll_b, am_b);
@@ -104,7 +108,9 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
   auto ht = Kokkos::create_mirror_view(target);
   for (int i = 0; i < tail; ++i) ht(i) = i + 1 < tail ? continuation[i] : -1;
   Kokkos::deep_copy(target, ht);
+  eng.set_sparse_from(T - tail);  // the rows that score the continuation
   Mat<E> logits = eng.forward_tail({seq}, 0, tail);
+  eng.set_sparse_from(Engine<E>::kDecodeOnly);
   nll_rows(eng.exec(), CMat<E>(logits), target, nll, amax);
   auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
   auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), amax);

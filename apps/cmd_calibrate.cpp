@@ -1,0 +1,218 @@
+// sparsim calibrate: activation statistics, greedy per-projection allocation tables, block
+// sensitivities and the WINA rotation, written to a calibration file that eval reads.
+#include "common.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "eval/corpus.hpp"
+#include "model/loader.hpp"
+#include "model_io.hpp"
+#include "sparsity/calibrate.hpp"
+#include "sparsity/rotation.hpp"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+#include <iostream>
+#include <sstream>
+
+namespace sparsim::app {
+
+namespace {
+std::vector<double> parse_double_list(const std::string& s, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == item.size() && !item.empty(), "{}: '{}' is not a number", what, item);
+    out.push_back(v);
+  }
+  require(!out.empty(), "{}: empty list", what);
+  return out;
+}
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) out.push_back(item);
+  return out;
+}
+}  // namespace
+
+int cmd_calibrate(int argc, char** argv) {
+  CommonOptions co;
+  std::string model_arg, corpus_arg, text_field, out, storage, probes_arg, variants, norms_mode,
+      progress_mode;
+  sparsity::CalibrateOptions opt;
+  bool strict = false;
+  po::options_description d("sparsim calibrate options");
+  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
+                  "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
+      "corpus,c", po::value(&corpus_arg)->default_value("default"),
+      "calibration text: a file, a directory, JSONL (see --text-field), or 'default'")(
+      "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
+      "out,o", po::value(&out), "calibration file to write (HDF5; required)")(
+      "context", po::value(&opt.context)->default_value(2048), "tokens per histogram window")(
+      "max-windows", po::value(&opt.max_windows)->default_value(8),
+      "histogram windows (consecutive, from the start of the corpus)")(
+      "greedy-seqs", po::value(&opt.greedy_seqs)->default_value(4),
+      "sequences feeding the greedy search and the sensitivity probe")(
+      "greedy-tokens", po::value(&opt.greedy_tokens)->default_value(128),
+      "tokens per greedy sequence")("alpha", po::value(&opt.alpha)->default_value(0.025),
+                                    "greedy base step α")(
+      "cap", po::value(&opt.cap)->default_value(0.95), "greedy search stops at P >= cap")(
+      "score-fraction", po::value(&opt.score_fraction)->default_value(0.25),
+      "greedy error over the last fraction of each sequence")(
+      "probes", po::value(&probes_arg)->default_value("0.2,0.4,0.6,0.8"),
+      "sensitivity probe sparsities s̄ (comma-separated)")(
+      "delta", po::value(&opt.delta)->default_value(0.01),
+      "TopK-Guided clip margin δ used when probing the rotated model")(
+      "variants", po::value(&variants)->default_value("plain,rotated"),
+      "what to calibrate: plain (TEAL), rotated (WINA, TopK-Guided), or both")(
+      "wina-norms", po::value(&norms_mode)->default_value("kg"),
+      "projections scored with column norms: kg (k and gate) or all")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
+      "progress", po::value(&progress_mode)->default_value("auto"),
+      "progress bar on stderr: auto, always, never");
+  add_common_options(d, co);
+  po::variables_map vm;
+  if (!parse(argc, argv, "usage: sparsim calibrate --out FILE [--model M] [--corpus C] [options]",
+             d, vm))
+    return 0;
+  require(!out.empty(), "calibrate: --out FILE is required");
+  opt.probes = parse_double_list(probes_arg, "--probes");
+  for (double v : opt.probes) require(v > 0 && v < 1, "--probes: {} is outside (0, 1)", v);
+  require(opt.context >= 2 && opt.max_windows >= 1, "--context must be ≥ 2 and --max-windows ≥ 1");
+  require(opt.greedy_seqs >= 1 && opt.greedy_tokens >= 4,
+          "--greedy-seqs must be ≥ 1 and --greedy-tokens ≥ 4");
+  require(opt.alpha > 0 && opt.alpha <= 0.5, "--alpha {} is outside (0, 0.5]", opt.alpha);
+  require(opt.cap > 0 && opt.cap <= 1, "--cap {} is outside (0, 1]", opt.cap);
+  require(opt.score_fraction > 0 && opt.score_fraction <= 1,
+          "--score-fraction {} is outside (0, 1]", opt.score_fraction);
+  require(opt.delta >= 0 && opt.delta < 0.5, "--delta {} is outside [0, 0.5)", opt.delta);
+  require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
+          norms_mode);
+  opt.wina_norms_all = norms_mode == "all";
+  bool do_plain = false, do_rot = false;
+  for (const auto& v : split_commas(variants)) {
+    if (v == "plain")
+      do_plain = true;
+    else if (v == "rotated")
+      do_rot = true;
+    else
+      fail("--variants: '{}' is not plain or rotated", v);
+  }
+  require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
+          "--progress must be auto, always or never, got '{}'", progress_mode);
+  const bool show_progress =
+      progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
+  LoadOptions lo;
+  lo.storage = parse_dtype(storage);
+  lo.strict = strict;
+  const ResolvedModel rm = resolve_model(model_arg);
+  const Corpus corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
+
+  Runtime rt(co);
+  return with_backend(co.backend, [&](auto exec) {
+    using E = decltype(exec);
+    Stopwatch wall;
+    ModelInfo mi;
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
+    const Config& c = w->cfg;
+    require(opt.context <= c.context_length && opt.greedy_tokens <= c.context_length,
+            "--context / --greedy-tokens exceed the model's context of {}", c.context_length);
+    const Tokenizer tok = tokenizer_for(rm.path);
+    const std::vector<int> stream = corpus_stream(corpus, tok);
+    log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
+
+    sparsity::Calibration cal;
+    cal.model_fingerprint = mi.fingerprint;
+    cal.model_path = mi.path;
+    cal.corpus_fingerprint = corpus.fingerprint;
+    cal.corpus_path = corpus.source;
+    cal.n_layer = c.n_layer;
+    cal.d_model = c.d_model;
+    cal.d_ff = c.d_ff;
+    cal.q_dim = c.q_dim();
+    cal.kv_dim = c.kv_dim();
+    cal.context = opt.context;
+    cal.windows = std::min<std::int64_t>(opt.max_windows,
+                                         static_cast<std::int64_t>(stream.size()) / opt.context);
+    cal.tokens = cal.windows * opt.context;
+    cal.alpha = opt.alpha;
+    cal.greedy_cap = opt.cap;
+    cal.greedy_tokens = static_cast<std::int64_t>(opt.greedy_seqs) * opt.greedy_tokens;
+    cal.greedy_score_fraction = opt.score_fraction;
+    cal.histogram_range_values = static_cast<std::int64_t>(opt.range_values);
+    cal.probe_levels = opt.probes;
+    for (int i = 0; i < argc; ++i) cal.command += (i ? " " : "") + std::string(argv[i]);
+
+    std::unique_ptr<ProgressBar> bar;
+    std::string stage;
+    auto progress = [&](const std::string& what, int done, int total) {
+      if (what != stage) {
+        if (bar) bar->finish();
+        bar = std::make_unique<ProgressBar>(what, show_progress);
+        stage = what;
+      }
+      bar->update(done, total);
+    };
+    if (do_plain) {
+      log().info("calibrating the plain model (TEAL)");
+      cal.plain.emplace();
+      sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, *cal.plain,
+                                     progress);
+      if (bar) bar->finish();
+      bar.reset();
+      stage.clear();
+    }
+    if (do_rot) {
+      log().info("computing the WINA rotation");
+      Stopwatch sw;
+      const sparsity::Rotation rot = sparsity::compute_rotation(*w);
+      std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, lo.storage);
+      log().info("rotation: {:.1f} s", sw.seconds());
+      cal.rotated.emplace();
+      for (const auto& q : rot.q_attn)
+        cal.rotated->q_attn.insert(cal.rotated->q_attn.end(), q.begin(), q.end());
+      for (const auto& q : rot.q_mlp)
+        cal.rotated->q_mlp.insert(cal.rotated->q_mlp.end(), q.begin(), q.end());
+      log().info("calibrating the rotated model (WINA, TopK-Guided)");
+      sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, *cal.rotated,
+                                     progress);
+      if (bar) bar->finish();
+      bar.reset();
+    }
+    sparsity::write_calibration(out, cal);
+
+    std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,
+                             mi.fingerprint);
+    std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
+                             cal.tokens, cal.windows, cal.context);
+    for (const auto* v : {&cal.plain, &cal.rotated}) {
+      if (!v->has_value()) continue;
+      std::cout << fmt::format("\n  {} model: greedy rows per block, sensitivity e_i at s̄\n",
+                               v == &cal.plain ? "plain" : "rotated");
+      std::cout << fmt::format("  {:>5} {:>6}", "layer", "rows");
+      for (double p : opt.probes) std::cout << fmt::format(" {:>9}", fmt::format("e@{:.2f}", p));
+      std::cout << "\n";
+      for (int l = 0; l < c.n_layer; ++l) {
+        std::cout << fmt::format("  {:>5} {:>6}", l, (*v)->greedy[l].rows.size());
+        for (std::size_t k = 0; k < opt.probes.size(); ++k)
+          std::cout << fmt::format(" {:>9.4f}", (*v)->sensitivity[k][l]);
+        std::cout << "\n";
+      }
+    }
+    std::cout << fmt::format("\n  wall seconds {:.1f}\n", wall.seconds());
+    return 0;
+  });
+}
+
+}  // namespace sparsim::app

@@ -1,0 +1,135 @@
+#include "sparsity/plan.hpp"
+
+#include "core/error.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <numeric>
+
+namespace sparsim::sparsity {
+
+Method parse_method(const std::string& s) {
+  if (s == "dense") return Method::Dense;
+  if (s == "teal") return Method::Teal;
+  if (s == "wina") return Method::Wina;
+  if (s == "topk-guided") return Method::TopkGuided;
+  fail("--method '{}' is not one of dense, teal, wina, topk-guided", s);
+}
+
+const char* method_name(Method m) {
+  switch (m) {
+    case Method::Dense:
+      return "dense";
+    case Method::Teal:
+      return "teal";
+    case Method::Wina:
+      return "wina";
+    case Method::TopkGuided:
+      return "topk-guided";
+  }
+  return "?";
+}
+
+void MethodOptions::validate() const {
+  require(std::isfinite(sparsity) && sparsity >= 0.0 && sparsity < 1.0,
+          "--sparsity {} is outside [0, 1)", sparsity);
+  require(std::isfinite(delta) && delta >= 0.0 && delta < 0.5, "--delta {} is outside [0, 0.5)",
+          delta);
+  require(std::isfinite(probe) && probe > 0.0 && probe < 1.0, "--probe {} is outside (0, 1)",
+          probe);
+  require(std::isfinite(lambda) && lambda >= 0.0 && lambda <= 10.0,
+          "--lambda {} is outside [0, 10]", lambda);
+}
+
+double Plan::mean_budget() const {
+  return budget.empty() ? 0.0
+                        : std::accumulate(budget.begin(), budget.end(), 0.0) /
+                              static_cast<double>(budget.size());
+}
+
+Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
+  opt.validate();
+  Plan plan;
+  plan.opt = opt;
+  const int L = cal.n_layer;
+  if (opt.method == Method::Dense) return plan;
+  plan.rotated = opt.method != Method::Teal && opt.rotate;
+  const std::optional<CalibrationVariant>& var = plan.rotated ? cal.rotated : cal.plain;
+  require(var.has_value(), "calibration file {} has no {} calibration, which --method {} needs",
+          cal.file, plan.rotated ? "rotated (WINA)" : "plain (unrotated)", method_name(opt.method));
+  require(static_cast<int>(var->greedy.size()) == L,
+          "calibration file {} has no greedy allocation tables", cal.file);
+  const bool budgets = opt.method == Method::TopkGuided && opt.sensitivity_budget;
+  if (budgets) {
+    int k = -1;
+    for (std::size_t i = 0; i < cal.probe_levels.size(); ++i)
+      if (std::fabs(cal.probe_levels[i] - opt.probe) < 1e-9) k = static_cast<int>(i);
+    std::string levels;
+    for (double v : cal.probe_levels) levels += (levels.empty() ? "" : ", ") + std::to_string(v);
+    require(k >= 0 && static_cast<std::size_t>(k) < var->sensitivity.size(),
+            "--probe {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
+            levels.empty() ? "none" : levels);
+    plan.budget =
+        block_budgets(var->sensitivity[static_cast<std::size_t>(k)], opt.sparsity, opt.lambda);
+  } else {
+    plan.budget.assign(static_cast<std::size_t>(L), opt.sparsity);
+  }
+  for (int l = 0; l < L; ++l) {
+    const auto& row =
+        var->greedy[static_cast<std::size_t>(l)].nearest(plan.budget[static_cast<std::size_t>(l)]);
+    plan.table_P.push_back(row[0]);
+    std::array<double, kNumProj> p{};
+    std::array<MaskParams, kNumProj> prm{};
+    for (int i = 0; i < kNumProj; ++i) {
+      const Proj pr = static_cast<Proj>(i);
+      const double pi = std::min(row[static_cast<std::size_t>(i) + 1], 0.999);
+      p[static_cast<std::size_t>(i)] = pi;
+      const Histogram& h = var->histograms[static_cast<std::size_t>(l)]
+                                          [static_cast<std::size_t>(histogram_slot(site_of(pr)))];
+      MaskParams& m = prm[static_cast<std::size_t>(i)];
+      m.p = static_cast<float>(pi);
+      if (pi <= 0.0) {
+        m.rule = MaskRule::None;
+        continue;
+      }
+      switch (opt.method) {
+        case Method::Teal:
+          m.rule = MaskRule::Threshold;
+          m.tau = static_cast<float>(h.threshold(pi));
+          break;
+        case Method::Wina:
+          m.rule = MaskRule::TopK;
+          break;
+        case Method::TopkGuided:
+          m.rule = opt.guided_masking ? MaskRule::Guided : MaskRule::TopK;
+          m.tau = static_cast<float>(h.threshold(pi));
+          m.delta = static_cast<float>(opt.delta);
+          break;
+        case Method::Dense:
+          break;
+      }
+    }
+    plan.p.push_back(p);
+    plan.params.push_back(prm);
+  }
+  return plan;
+}
+
+Rotation rotation_from(const Calibration& cal) {
+  require(cal.rotated.has_value() && !cal.rotated->q_attn.empty() && !cal.rotated->q_mlp.empty(),
+          "calibration file {} holds no WINA rotation", cal.file);
+  Rotation r;
+  r.d_model = cal.d_model;
+  r.n_layer = cal.n_layer;
+  const std::size_t DD = static_cast<std::size_t>(cal.d_model) * cal.d_model;
+  for (int i = 0; i <= cal.n_layer; ++i)
+    r.q_attn.emplace_back(cal.rotated->q_attn.begin() + static_cast<std::ptrdiff_t>(i * DD),
+                          cal.rotated->q_attn.begin() + static_cast<std::ptrdiff_t>((i + 1) * DD));
+  for (int i = 0; i < cal.n_layer; ++i)
+    r.q_mlp.emplace_back(cal.rotated->q_mlp.begin() + static_cast<std::ptrdiff_t>(i * DD),
+                         cal.rotated->q_mlp.begin() + static_cast<std::ptrdiff_t>((i + 1) * DD));
+  return r;
+}
+
+}  // namespace sparsim::sparsity
