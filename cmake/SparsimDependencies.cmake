@@ -30,6 +30,19 @@ find_package(ZLIB REQUIRED)
 # PCRE2 (8-bit, UTF + UCP) runs the tokenizer pre-tokenizer regexes.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# LAPACKE (symmetric eigensolver) and CBLAS (float64 GEMM) for the WINA tensor rotation.
+# The CBLAS symbols come from the BLAS Kokkos Kernels links (OpenBLAS provides them); without a
+# BLAS there, find one.
+pkg_check_modules(LAPACKE REQUIRED IMPORTED_TARGET lapacke)
+find_path(SPARSIM_CBLAS_INCLUDE_DIR cblas.h PATH_SUFFIXES openblas)
+if(NOT SPARSIM_CBLAS_INCLUDE_DIR)
+  message(FATAL_ERROR "cblas.h not found (Debian: libopenblas-dev); set SPARSIM_CBLAS_INCLUDE_DIR")
+endif()
+set(SPARSIM_CBLAS_LIBRARIES "")
+if(NOT TARGET Kokkos::BLAS)
+  find_package(BLAS REQUIRED)
+  set(SPARSIM_CBLAS_LIBRARIES BLAS::BLAS)
+endif()
 if(SPARSIM_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
