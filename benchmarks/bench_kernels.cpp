@@ -1,11 +1,21 @@
 // Micro-benchmarks of the projection kernel (decode GEMV and prefill GEMM) on SmolLM2-135M's
-// projection shapes, for each storage type. Run: build/bin/sparsim_bench_kernels
+// projection shapes, for each storage type, and of the sparse decode GEMV against the dense one.
+// Run: build/bin/sparsim_bench_kernels
 #include "kernels/linear.hpp"
 #include "kernels/sparse_gemv.hpp"
 
 #include <benchmark/benchmark.h>
 
 #include <Kokkos_Core.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -52,34 +62,128 @@ void shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Linear)->Apply(shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
-/// Column-skipping GEMV on a transposed bf16 weight at sparsity s = range(2) / 10; s = 0 is
-/// the dense reference of the same kernel. Counters: bytes of kept rows per second.
-void BM_SparseGemv(benchmark::State& st) {
-  const int out = static_cast<int>(st.range(0)), in = static_cast<int>(st.range(1));
-  const double s = st.range(2) / 10.0;
-  Kokkos::View<bf16_t**, Layout, DeviceOf<E>> wt("wt", in, out);
-  Vec<E> x("x", in), y("y", out);
-  Kokkos::deep_copy(x, 1.0f);
-  const int keep = static_cast<int>(in * (1.0 - s));
-  IVec<E> idx("idx", std::max(keep, 1));
-  auto hi = Kokkos::create_mirror_view(idx);
-  for (int k = 0; k < keep; ++k) hi(k) = static_cast<int>((static_cast<long>(k) * in) / keep);
-  Kokkos::deep_copy(idx, hi);
-  for (auto _ : st) {
-    sparse_gemv(E(), CVec<E>(x), idx, keep, wt, y);
+// ---- Sparse decode GEMV against the dense decode GEMV ----------------------------------------
+// Every projection shape of SmolLM2-135M and Llama-2-7B, bf16 storage, one token. The dense
+// reference is the engine's decode kernel (detail::linear_direct on W[out][in]); the sparse
+// kernel reads the kept rows of Wt[in][out] at sparsity s (s = 0: all rows). Kept indices are a
+// seeded random subset (a TopK mask has no regular pattern). "cold" weights rotate through
+// copies spanning kColdBytes, more than the last-level cache, as in decode where every matrix
+// comes from memory once per token; "hot" reuses one copy. GB/s counts the weight bytes read.
+// scripts/bench_sparse_gemv.py runs these and tabulates speedup against the ideal 1/(1-s).
+
+struct GemvShape {
+  const char* name;
+  int in, out;  // Wt[in][out], i.e. W[out][in]
+};
+constexpr GemvShape kGemvShapes[] = {
+    {"smollm2.q_o", 576, 576},       {"smollm2.k_v", 576, 192},
+    {"smollm2.gate_up", 576, 1536},  {"smollm2.down", 1536, 576},
+    {"llama2-7b.qkvo", 4096, 4096},  {"llama2-7b.gate_up", 4096, 11008},
+    {"llama2-7b.down", 11008, 4096},
+};
+constexpr std::size_t kColdBytes = std::size_t{1} << 30;
+
+/// One bf16 buffer of kColdBytes, filled on first use, from which the weight copies are cut;
+/// released before Kokkos::finalize.
+Kokkos::View<bf16_t*, DeviceOf<E>> g_weight_pool;
+
+bf16_t* weight_pool() {
+  if (g_weight_pool.extent(0) == 0) {
+    Kokkos::View<bf16_t*, DeviceOf<E>> p(
+        Kokkos::view_alloc("sparsim::bench::weights", Kokkos::WithoutInitializing),
+        kColdBytes / sizeof(bf16_t));
+    Kokkos::parallel_for(
+        "sparsim::bench::fill", Kokkos::RangePolicy<E>(0, static_cast<int64_t>(p.extent(0))),
+        KOKKOS_LAMBDA(const int64_t i) {
+          p(i) = bf16_t::from_float(0.001f * static_cast<float>(i % 61 - 30));
+        });
     E().fence();
+    g_weight_pool = p;
   }
-  st.SetBytesProcessed(st.iterations() * static_cast<int64_t>(keep) * out * 2);
-  st.SetLabel("bf16 s=" + std::to_string(st.range(2) * 10) + "%");
+  return g_weight_pool.data();
 }
 
-void sparse_shapes(benchmark::internal::Benchmark* b) {
-  // SmolLM2-135M gate/up and down; Llama-2-7B q/k/v/o, gate/up and down
-  const int shapes[][2] = {{1536, 576}, {576, 1536}, {4096, 4096}, {11008, 4096}, {4096, 11008}};
-  for (auto& sh : shapes)
-    for (int s : {0, 3, 5, 7, 9}) b->Args({sh[0], sh[1], s});
+using Bf16Mat = Kokkos::View<bf16_t**, Layout, DeviceOf<E>>;
+
+/// `copies` unmanaged rows × cols views into the pool: one when hot, enough to span the pool
+/// when cold.
+std::vector<Bf16Mat> weight_copies(int rows, int cols, bool cold) {
+  const std::size_t elems = static_cast<std::size_t>(rows) * cols;
+  const std::size_t copies =
+      cold ? std::max<std::size_t>(1, kColdBytes / sizeof(bf16_t) / elems) : 1;
+  std::vector<Bf16Mat> v;
+  for (std::size_t c = 0; c < copies; ++c) v.emplace_back(weight_pool() + c * elems, rows, cols);
+  return v;
 }
-BENCHMARK(BM_SparseGemv)->Apply(sparse_shapes)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+std::string gemv_label(const GemvShape& sh, double s, bool cold) {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "shape=%s in=%d out=%d s=%.1f weights=%s", sh.name, sh.in, sh.out,
+                s, cold ? "cold" : "hot");
+  return buf;
+}
+
+void set_gemv_counters(benchmark::State& st, double bytes) {
+  st.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["bytes"] = bytes;
+}
+
+/// The engine's dense decode GEMV: y[1][out] = x[1][in] · W[out][in]ᵀ, bf16 W.
+void BM_DenseGemv(benchmark::State& st) {
+  const GemvShape& sh = kGemvShapes[st.range(0)];
+  const bool cold = st.range(1) != 0;
+  const auto w = weight_copies(sh.out, sh.in, cold);
+  Mat<E> x("x", 1, sh.in), y("y", 1, sh.out);
+  Kokkos::deep_copy(x, 1.0f);
+  std::size_t c = 0;
+  for (auto _ : st) {
+    detail::linear_direct(E(), CMat<E>(x), w[c], y);
+    E().fence();
+    if (++c == w.size()) c = 0;
+  }
+  set_gemv_counters(st, 2.0 * sh.in * sh.out);
+  st.SetLabel(gemv_label(sh, 0.0, cold));
+}
+
+/// The column-skipping GEMV at sparsity s = range(1) / 10 on Wt[in][out], bf16.
+void BM_SparseGemv(benchmark::State& st) {
+  const GemvShape& sh = kGemvShapes[st.range(0)];
+  const double s = st.range(1) / 10.0;
+  const bool cold = st.range(2) != 0;
+  const auto wt = weight_copies(sh.in, sh.out, cold);
+  Vec<E> x("x", sh.in), y("y", sh.out);
+  Kokkos::deep_copy(x, 1.0f);
+  const int keep = static_cast<int>(std::lround(sh.in * (1.0 - s)));
+  std::vector<int> order(sh.in);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(1234));
+  std::sort(order.begin(), order.begin() + keep);
+  IVec<E> idx("idx", std::max(keep, 1));
+  auto hi = Kokkos::create_mirror_view(idx);
+  for (int k = 0; k < keep; ++k) hi(k) = order[k];
+  Kokkos::deep_copy(idx, hi);
+  std::size_t c = 0;
+  for (auto _ : st) {
+    sparse_gemv(E(), CVec<E>(x), idx, keep, wt[c], y);
+    E().fence();
+    if (++c == wt.size()) c = 0;
+  }
+  set_gemv_counters(st, 2.0 * keep * sh.out);
+  st.SetLabel(gemv_label(sh, s, cold));
+}
+
+void dense_gemv_args(benchmark::internal::Benchmark* b) {
+  for (int cold : {1, 0})
+    for (int i = 0; i < static_cast<int>(std::size(kGemvShapes)); ++i) b->Args({i, cold});
+}
+void sparse_gemv_args(benchmark::internal::Benchmark* b) {
+  for (int cold : {1, 0})
+    for (int i = 0; i < static_cast<int>(std::size(kGemvShapes)); ++i)
+      for (int s : {0, 3, 5, 7, 9}) b->Args({i, s, cold});
+}
+BENCHMARK(BM_DenseGemv)->Apply(dense_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_SparseGemv)->Apply(sparse_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 
@@ -88,6 +192,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  g_weight_pool = {};
   Kokkos::finalize();
   return 0;
 }

@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Sparse decode GEMV against the dense decode GEMV: speedup per projection shape and sparsity.
+
+Runs BM_DenseGemv and BM_SparseGemv of sparsim_bench_kernels (bf16, every projection shape of
+SmolLM2-135M and Llama-2-7B, s in {0, 0.3, 0.5, 0.7, 0.9}) with repetitions, takes the medians,
+and writes a table to docs/results/sparse_gemv.json and a markdown table to stdout:
+
+    shape, weights, s, dense time, sparse time, speedup (dense / sparse), speedup against the
+    sparse kernel at s = 0, ideal 1/(1-s), speedup / ideal, GB/s of kept weights read.
+
+"cold" weights rotate through copies larger than the last-level cache (every projection comes
+from memory once per token, as in decode); "hot" reuse one copy. The goal is speedup >=
+0.9/(1-s) up to s = 0.7. Standard library only.
+
+    scripts/bench_sparse_gemv.py --bin build/bin/sparsim_bench_kernels --reps 5
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+GOAL = 0.9  # speedup >= GOAL / (1 - s) ...
+GOAL_MAX_S = 0.7  # ... up to this sparsity
+
+
+def parse_label(label):
+    return dict(kv.split("=", 1) for kv in label.split())
+
+
+def run_benchmark(args):
+    weights = {"cold": "1", "hot": "0", "both": "[01]"}[args.weights]
+    flt = f"BM_DenseGemv/[0-9]+/{weights}/|BM_SparseGemv/[0-9]+/[0-9]+/{weights}/"
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = str(args.threads)
+    env.setdefault("OMP_PROC_BIND", "spread")
+    env.setdefault("OMP_PLACES", "threads")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [
+            args.bin,
+            f"--benchmark_filter={flt}",
+            f"--benchmark_repetitions={args.reps}",
+            "--benchmark_report_aggregates_only=true",
+            f"--benchmark_min_time={args.min_time}",
+            f"--benchmark_out={out}",
+            "--benchmark_out_format=json",
+        ]
+        print("running:", " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
+        with open(out) as f:
+            return cmd, json.load(f)
+
+
+def tabulate(raw):
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+    dense, sparse, shapes = {}, {}, {}
+    medians = [b for b in raw["benchmarks"] if b.get("aggregate_name") == "median"]
+    if not medians:  # one repetition: no aggregates
+        medians = [b for b in raw["benchmarks"] if b.get("run_type") == "iteration"]
+    for b in medians:
+        lab = parse_label(b["label"])
+        key = (lab["shape"], lab["weights"])
+        shapes[key] = (int(lab["in"]), int(lab["out"]))
+        t_us = b["real_time"] * scale[b["time_unit"]]
+        entry = {"time_us": t_us, "gb_s": b["GB/s"]}
+        if b["name"].startswith("BM_DenseGemv"):
+            dense[key] = entry
+        else:
+            sparse[key + (float(lab["s"]),)] = entry
+    rows = []
+    for (shape, weights, s), sp in sorted(sparse.items(), key=lambda kv: (kv[0][1], kv[0][0], kv[0][2])):
+        d = dense.get((shape, weights))
+        s0 = sparse.get((shape, weights, 0.0))
+        if d is None:
+            continue
+        ideal = 1.0 / (1.0 - s)
+        speedup = d["time_us"] / sp["time_us"]
+        rows.append({
+            "shape": shape,
+            "wt_in": shapes[(shape, weights)][0],
+            "wt_out": shapes[(shape, weights)][1],
+            "weights": weights,
+            "s": s,
+            "dense_us": round(d["time_us"], 2),
+            "sparse_us": round(sp["time_us"], 2),
+            "speedup": round(speedup, 3),
+            "speedup_vs_sparse_s0": round(s0["time_us"] / sp["time_us"], 3) if s0 else None,
+            "ideal": round(ideal, 3),
+            "speedup_over_ideal": round(speedup / ideal, 3),
+            "dense_gb_s": round(d["gb_s"], 2),
+            "sparse_gb_s": round(sp["gb_s"], 2),
+            "goal_met": (speedup >= GOAL * ideal) if 0 < s <= GOAL_MAX_S + 1e-9 else None,
+        })
+    return rows
+
+
+def markdown(rows):
+    lines = [
+        "| shape (Wt in×out) | weights | s | dense µs | sparse µs | speedup | vs sparse@0 | ideal "
+        "| speedup/ideal | sparse GB/s | goal |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        goal = {True: "yes", False: "**no**", None: ""}[r["goal_met"]]
+        lines.append(
+            f"| {r['shape']} {r['wt_in']}×{r['wt_out']} | {r['weights']} | {r['s']:.1f} "
+            f"| {r['dense_us']:.1f} | {r['sparse_us']:.1f} | {r['speedup']:.2f} "
+            f"| {r['speedup_vs_sparse_s0']:.2f} | {r['ideal']:.2f} | {r['speedup_over_ideal']:.2f} "
+            f"| {r['sparse_gb_s']:.1f} | {goal} |")
+    return "\n".join(lines)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--bin", default=os.path.join(root, "build", "bin", "sparsim_bench_kernels"))
+    ap.add_argument("--reps", type=int, default=5, help="repetitions per benchmark (median taken)")
+    ap.add_argument("--min-time", default="0.2", help="seconds per repetition")
+    ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
+    ap.add_argument("--weights", choices=["cold", "hot", "both"], default="both")
+    ap.add_argument("--out", default=os.path.join(root, "docs", "results", "sparse_gemv.json"))
+    args = ap.parse_args()
+
+    cmd, raw = run_benchmark(args)
+    rows = tabulate(raw)
+    ctx = raw.get("context", {})
+    result = {
+        "what": "bf16 decode GEMV: sparse (column-skipping, Wt[in][out]) vs dense "
+                "(linear_direct, W[out][in]); medians of repetitions",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "command": " ".join(cmd),
+        "threads": args.threads,
+        "repetitions": args.reps,
+        "goal": f"speedup >= {GOAL}/(1-s) for 0 < s <= {GOAL_MAX_S}",
+        "machine": {k: ctx.get(k) for k in ("host_name", "num_cpus", "mhz_per_cpu", "caches",
+                                            "load_avg", "library_build_type")},
+        "rows": rows,
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(markdown(rows))
+    print(f"\nwritten: {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
