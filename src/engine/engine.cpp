@@ -238,7 +238,14 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
   auto residual = [&](const Matrix<E>* r) {
     if (rot) {
-      plain_proj(x, *r, rx, flops::Op::Rotation, l, ph);
+      // WINA's online re-rotation: work a dense, unrotated model does not do (dense = 0)
+      linear(exec_, CMat<E>(x), *r, rx, scratch_);
+      mark(flops::Op::Rotation);
+      if (ledger_) {
+        const double fl = 2.0 * n * r->rows * r->cols;
+        ledger_->add(flops::Op::Rotation, l, ph, 0, fl, 0,
+                     static_cast<double>(r->bytes()) + 8.0 * n * r->rows);
+      }
       add_inplace(exec_, rx, CMat<E>(tmp));
       Kokkos::deep_copy(exec_, x, rx);
     } else {
