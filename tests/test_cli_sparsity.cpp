@@ -70,6 +70,76 @@ TEST_F(CliSparsity, EachMethodReportsTargetAgainstRealised) {
   }
 }
 
+// The same run gives the same bits for any thread count: calibration and evaluation.
+TEST_F(CliSparsity, ThreadCountDoesNotChangeResults) {
+  std::string first;
+  for (const std::string t : {"1", "2"}) {
+    const std::string cal = dir_->file("cal_t" + t + ".h5"), js = dir_->file("t" + t + ".json");
+    const RunResult c = run_cmd(sparsim_bin() + " calibrate --threads " + t + " --model " + model_ +
+                                " --corpus " + corpus_ + " --out " + cal +
+                                " --context 64 --max-windows 2 --greedy-seqs 2 --greedy-tokens 16"
+                                " --alpha 0.1");
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    const RunResult r =
+        run_cmd(eval("--threads " + t + " --method topk-guided --sparsity 0.4 --calibration " +
+                     cal + " --json " + js));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream f(js);
+    auto j = nlohmann::json::parse(f);
+    nlohmann::json keep = {{"perplexity", j.at("perplexity")}, {"sparsity", j.at("sparsity")}};
+    keep["sparsity"].erase("calibration");
+    if (first.empty())
+      first = keep.dump();
+    else
+      EXPECT_EQ(keep.dump(), first);
+  }
+}
+
+TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
+  for (const std::string m : {"teal", "wina"})
+    for (const std::string cs : {"on", "off"}) {
+      const std::string js = dir_->file("bench-" + m + cs + ".json");
+      const RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ +
+                                  " --prompt 16 --decode 8 --reps 1 --method " + m +
+                                  " --sparsity 0.5 --calibration " + calib_ +
+                                  " --column-skipping " + cs + " --json " + js);
+      ASSERT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_NE(r.output.find("mask selection"), std::string::npos) << r.output;
+      std::ifstream f(js);
+      const auto j = nlohmann::json::parse(f);
+      const auto& s = j.at("sparse");
+      EXPECT_EQ(s.at("method"), m);
+      EXPECT_EQ(s.at("column_skipping").get<bool>(), cs == "on");
+      EXPECT_EQ(s.at("rotated").get<bool>(), m == "wina");
+      EXPECT_GT(s.at("decode_tokens_per_s").get<double>(), 0);
+      EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0);
+      const double sr = s.at("realised_projection_sparsity");
+      EXPECT_NEAR(sr, 0.5, 0.15) << m;
+      EXPECT_NEAR(s.at("ideal_speedup_projections").get<double>(), 1.0 / (1.0 - sr), 1e-9);
+      const double step = s.at("ideal_speedup_decode_step");
+      EXPECT_GT(step, 0.5);
+      EXPECT_LT(step, 1.0 / (1.0 - sr));
+      const double mask = s.at("mask_select_time_share"), rot = s.at("rotation_time_share");
+      EXPECT_GT(mask, 0.0);
+      EXPECT_LT(mask, 1.0);
+      if (m == "wina")
+        EXPECT_GT(rot, 0.0);
+      else
+        EXPECT_EQ(rot, 0.0);
+    }
+  // the method options are checked as eval checks them
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--method wina", "needs --calibration"},
+           {"--calibration " + calib_, "only used by the sparse methods"},
+           {"--method teal --calibration " + calib_ + " --column-skipping maybe",
+            "--column-skipping must be on or off"}}) {
+    const RunResult b = run_cmd(sparsim_bin() + " bench --model " + model_ +
+                                " --prompt 16 --decode 8 --reps 1 " + args);
+    EXPECT_NE(b.exit_code, 0) << args;
+    EXPECT_NE(b.output.find(message), std::string::npos) << args << "\n" << b.output;
+  }
+}
+
 TEST_F(CliSparsity, BadInputFailsAndWritesNothing) {
   const std::string out = dir_->file("bad.h5"), js = dir_->file("bad.json");
   const std::string files = " --out " + out + " --json " + js;
