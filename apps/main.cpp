@@ -1,4 +1,5 @@
 // sparsim: simulate and evaluate sparse and pruned Llama inference.
+#include "core/blas_core.hpp"
 #include "core/error.hpp"
 
 #include <cstring>
@@ -14,6 +15,7 @@ int cmd_bench(int argc, char** argv);
 int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
+int cmd_profile(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -29,6 +31,8 @@ const Command kCommands[] = {
      "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
     {"calibrate", sparsim::app::cmd_calibrate,
      "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
+    {"profile", sparsim::app::cmd_profile,
+     "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
      "show a model file's metadata, tensors and memory needs"},
@@ -50,6 +54,7 @@ void usage(std::ostream& os) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  sparsim::select_blas_core(argv);
   if (argc < 2) {
     usage(std::cerr);
     return 2;

@@ -1,6 +1,7 @@
 // Micro-benchmarks of the projection kernel (decode GEMV and prefill GEMM) on SmolLM2-135M's
 // projection shapes, for each storage type, and of the sparse decode GEMV against the dense one.
 // Run: build/bin/sparsim_bench_kernels
+#include "core/blas_core.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/sparse_gemv.hpp"
 
@@ -188,6 +189,7 @@ BENCHMARK(BM_SparseGemv)->Apply(sparse_gemv_args)->Unit(benchmark::kMicrosecond)
 }  // namespace
 
 int main(int argc, char** argv) {
+  sparsim::select_blas_core(argv);
   Kokkos::initialize(argc, argv);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

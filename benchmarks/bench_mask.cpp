@@ -5,6 +5,7 @@
 // Counters: gemv_us (dense decode GEMV of that projection, bf16, the engine's kernel),
 // sparse_gemv_us (column-skipping GEMV over the kept columns), pct_of_gemv and
 // pct_of_sparse_gemv (selection time as a percentage of each).
+#include "core/blas_core.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/mask.hpp"
 #include "kernels/sparse_gemv.hpp"
@@ -170,6 +171,7 @@ BENCHMARK(BM_MaskRows)
 }  // namespace
 
 int main(int argc, char** argv) {
+  sparsim::select_blas_core(argv);
   Kokkos::initialize(argc, argv);
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();

@@ -1,0 +1,46 @@
+#include "core/blas_core.hpp"
+
+#include <unistd.h>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+extern "C" {
+// OpenBLAS's own query; weak so that other BLAS libraries link too.
+char* openblas_get_corename(void) __attribute__((weak));
+}
+
+namespace sparsim {
+
+const char* blas_core_name() {
+  return openblas_get_corename ? openblas_get_corename() : "";
+}
+
+void select_blas_core(char** argv) {
+#if defined(__x86_64__) && defined(__linux__)
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  if (const char* keep = std::getenv("SPARSIM_BLAS_CORE"); keep && std::strcmp(keep, "keep") == 0)
+    return;
+  if (!openblas_get_corename) return;
+  std::string core = openblas_get_corename();
+  for (auto& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  // Only the generic fallbacks are replaced; a family OpenBLAS recognised is kept.
+  if (core != "prescott" && core != "core2" && core != "katmai" && core != "northwood") return;
+  const char* target = nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    target = "SkylakeX";
+  else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    target = "Haswell";
+  if (!target) return;
+  ::setenv("OPENBLAS_CORETYPE", target, 1);
+  ::execv("/proc/self/exe", argv);
+  // exec failed: run on with the kernels OpenBLAS chose (the variable stays for children)
+#else
+  (void)argv;
+#endif
+}
+
+}  // namespace sparsim

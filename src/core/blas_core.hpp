@@ -1,0 +1,19 @@
+#pragma once
+/// OpenBLAS kernel selection. A DYNAMIC_ARCH OpenBLAS picks its kernels from the CPU model at
+/// load time and falls back to its generic SSE3 ("Prescott") kernels for models it does not
+/// know (newer Xeons with a generic model name, for instance) — about 3× slower GEMM on an
+/// AVX-512 machine. OpenBLAS reads OPENBLAS_CORETYPE only when it loads, so the fix has to
+/// happen before the process starts: select_blas_core() re-executes the program once with
+/// OPENBLAS_CORETYPE set to the best kernel family the CPU supports.
+namespace sparsim {
+
+/// Call first thing in main(). Does nothing when OPENBLAS_CORETYPE is already set (by the user
+/// or by an earlier re-execution), when the BLAS is not OpenBLAS, when OpenBLAS chose a
+/// specific kernel family itself, or when SPARSIM_BLAS_CORE=keep. Otherwise re-executes
+/// /proc/self/exe with the same arguments; returns only if that is not needed or not possible.
+void select_blas_core(char** argv);
+
+/// The OpenBLAS kernel family in use ("SkylakeX", "Prescott", …) or "" when unknown.
+const char* blas_core_name();
+
+}  // namespace sparsim
