@@ -454,10 +454,10 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
       lw.proj(static_cast<Proj>(i)) = sink.finish();
     }
     out->layers.push_back(std::move(lw));
-    MatrixSink<E> am(storage, D, D, fmt::format("blk.{}.rot_attn_mlp", l));
+    MatrixSink<E> am(DType::F32, D, D, fmt::format("blk.{}.rot_attn_mlp", l));
     am.put(0, D, rot_am.data());
     out->rot_attn_mlp.push_back(am.finish());
-    MatrixSink<E> mn(storage, D, D, fmt::format("blk.{}.rot_mlp_next", l));
+    MatrixSink<E> mn(DType::F32, D, D, fmt::format("blk.{}.rot_mlp_next", l));
     mn.put(0, D, rot_mn.data());
     out->rot_mlp_next.push_back(mn.finish());
   }

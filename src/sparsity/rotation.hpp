@@ -51,7 +51,8 @@ template <class E>
 Rotation compute_rotation(const Weights<E>& w);
 
 /// A new, rotated model stored as `storage` (all norm weights 1, embeddings untied, the online
-/// re-rotation matrices filled); `w` is left untouched. `r` must come from compute_rotation on a
+/// re-rotation matrices filled, those always in fp32: they act on the residual stream twice per
+/// block, and 16-bit rounding there would accumulate over the layers); `w` is left untouched. `r` must come from compute_rotation on a
 /// model of the same shape.
 template <class E>
 std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& r, DType storage);
