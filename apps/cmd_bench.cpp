@@ -1,8 +1,10 @@
-// sparsim bench: prefill and decode throughput, and decode against the memory-bandwidth ideal.
+// sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
+// with --method the decode of an activation-sparsity method against dense in the same run.
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
+#include "method_setup.hpp"
 #include "model/loader.hpp"
 
 #include <nlohmann/json.hpp>
@@ -39,15 +41,61 @@ double copy_bandwidth(const E& exec, std::size_t bytes, int reps) {
   return 2.0 * n * sizeof(float) / median(t);
 }
 
+bool is_projection(flops::Op o) {
+  return o >= flops::Op::QProj && o <= flops::Op::DownProj;
+}
+
+/// Prefill of `toks`, then `decode` single-token steps; returns (prefill seconds, median step).
+template <class E>
+std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
+                                    int vocab) {
+  const int prompt = static_cast<int>(toks.size());
+  Stopwatch sw;
+  eng.forward({toks}, 0, false);
+  const double pre = sw.seconds();
+  int next = toks.back();
+  std::vector<double> steps;
+  for (int s = 0; s < decode; ++s) {
+    Stopwatch st;
+    eng.forward({{next}}, prompt + s, false);
+    steps.push_back(st.seconds());
+    next = (next * 31 + 7) % vocab;
+  }
+  return {pre, median(steps)};
+}
+
+/// One prefill, then the decode steps of timed_run, profiled (per-op times in eng.op_seconds();
+/// the engine must not have been profiled before) and recorded in `ledger` from the second step
+/// on (the first warms up after the prefill).
+template <class E>
+void profiled_decode(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
+                     flops::Ledger* ledger) {
+  const int prompt = static_cast<int>(toks.size());
+  eng.forward({toks}, 0, false);
+  int next = toks.back();
+  for (int s = 0; s < decode; ++s) {
+    if (s == std::min(1, decode - 1)) {
+      eng.set_ledger(ledger);
+      eng.set_profile(true);
+    }
+    eng.forward({{next}}, prompt + s, false);
+    next = (next * 31 + 7) % vocab;
+  }
+  eng.set_profile(false);
+  eng.set_ledger(nullptr);
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out;
+  std::string model, storage, json_out, skipping = "on";
   int prompt = 512, decode = 128, reps = 3;
   bool profile = false;
+  MethodArgs ma;
   po::options_description d("sparsim bench options");
-  d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
+  d.add_options()("model,m", po::value(&model)->required(),
+                  "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
       "prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")(
       "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
@@ -56,12 +104,23 @@ int cmd_bench(int argc, char** argv) {
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");
+  ma.add_options(d);
+  d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
+                  "sparse methods: decode masked projections with the column-skipping sparse GEMV "
+                  "(on) or feed the masked inputs to the dense kernels (off)");
   add_common_options(d, co);
   po::variables_map vm;
-  if (!parse(argc, argv, "usage: sparsim bench --model M [options]", d, vm)) return 0;
+  if (!parse(argc, argv, "usage: sparsim bench --model M [--method teal --calibration C] [options]",
+             d, vm))
+    return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
+  ma.resolve();
+  require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
+          skipping);
+  const bool sparse = ma.sparse();
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
+  const ResolvedModel rm = resolve_model(model);
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
   return with_backend(co.backend, [&](auto exec) {
@@ -69,28 +128,36 @@ int cmd_bench(int argc, char** argv) {
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
     const double bw = copy_bandwidth(exec, std::size_t(128) << 20, 5);
     ModelInfo mi;
-    auto w = load_model<E>(model, lo, &mi);
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
     require(prompt + decode <= c.context_length,
             "--prompt + --decode = {} exceeds the model's context of {}", prompt + decode,
             c.context_length);
+    // The method's model: the dense one, or its WINA rotation for rotated plans.
+    std::shared_ptr<const Weights<E>> ws = w;
+    const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
     Engine<E> eng(w, 1, prompt + decode, nullptr, exec);
+    std::unique_ptr<Engine<E>> se;
+    sparsity::ActivationMasker<E> masker(c.n_layer);
+    if (sparse) {
+      se = std::make_unique<Engine<E>>(ws, 1, prompt + decode, nullptr, exec);
+      attach_masker(*se, masker, plan);
+      if (skipping == "on") se->use_column_skipping(true);
+    }
     std::vector<int> toks(prompt);
     for (int i = 0; i < prompt; ++i) toks[i] = (i * 7919 + 13) % c.vocab;
-    std::vector<double> t_pre, t_dec;
+    // Dense and sparse alternate within each repetition, so that load changes on a shared
+    // machine hit both alike.
+    std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
     for (int r = 0; r < reps; ++r) {
-      Stopwatch sw;
-      eng.forward({toks}, 0, false);
-      t_pre.push_back(sw.seconds());
-      int next = toks.back();
-      std::vector<double> steps;
-      for (int s = 0; s < decode; ++s) {
-        Stopwatch st;
-        eng.forward({{next}}, prompt + s, false);
-        steps.push_back(st.seconds());
-        next = (next * 31 + 7) % c.vocab;
+      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab);
+      t_pre.push_back(pre);
+      t_dec.push_back(dec);
+      if (se) {
+        const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab);
+        ts_pre.push_back(spre);
+        ts_dec.push_back(sdec);
       }
-      t_dec.push_back(median(steps));
     }
     // Bytes one decode step must read: every projection, the head and the norms.
     double wbytes = static_cast<double>(w->output.bytes()) + 4.0 * c.d_model * (2 * c.n_layer + 1);
@@ -108,33 +175,110 @@ int cmd_bench(int argc, char** argv) {
         "decode / ideal = {:.3f}\n",
         mi.path, c.n_params(), storage, backend, rt.threads(), pre_tps, prompt, reps, dec_tps,
         decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
-    nlohmann::json prof;
+
+    nlohmann::json prof, mj;
+    auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
+      nlohmann::json o = nlohmann::json::object();
+      for (int i = 0; i < flops::kNumOps; ++i)
+        if (sec[i] > 0) o[flops::to_string(static_cast<flops::Op>(i))] = sec[i];
+      return o;
+    };
+    auto breakdown = [&](const std::string& what, const std::array<double, flops::kNumOps>& sec) {
+      double tot = 0;
+      for (double v : sec) tot += v;
+      std::cout << fmt::format("\n{} time by op (profiled run)\n", what);
+      for (int o = 0; o < flops::kNumOps; ++o) {
+        if (sec[o] <= 0) continue;
+        std::cout << fmt::format("  {:<14} {:>9.4f} s {:>6.1f}%\n",
+                                 flops::to_string(static_cast<flops::Op>(o)), sec[o],
+                                 100 * sec[o] / tot);
+      }
+      prof[what] = op_json(sec);
+    };
     if (profile) {
-      auto breakdown = [&](const char* what, const std::array<double, flops::kNumOps>& sec) {
-        double tot = 0;
-        for (double v : sec) tot += v;
-        std::cout << fmt::format("\n{} time by op (profiled run)\n", what);
-        for (int o = 0; o < flops::kNumOps; ++o) {
-          if (sec[o] <= 0) continue;
-          std::cout << fmt::format("  {:<14} {:>9.4f} s {:>6.1f}%\n",
-                                   flops::to_string(static_cast<flops::Op>(o)), sec[o],
-                                   100 * sec[o] / tot);
-          prof[what][flops::to_string(static_cast<flops::Op>(o))] = sec[o];
-        }
-      };
       Engine<E> pe(w, 1, prompt + decode, nullptr, exec);
       pe.set_profile(true);
       pe.forward({toks}, 0, false);
       breakdown("prefill", pe.op_seconds());
-      Engine<E> de(w, 1, prompt + decode, nullptr, exec);
-      de.forward({toks}, 0, false);
-      de.set_profile(true);
-      int next = toks.back();
-      for (int s = 0; s < decode; ++s) {
-        de.forward({{next}}, prompt + s, false);
-        next = (next * 31 + 7) % c.vocab;
+    }
+    if (profile || sparse) {
+      profiled_decode(eng, toks, decode, c.vocab, nullptr);
+      if (profile) breakdown("decode", eng.op_seconds());
+    }
+    if (sparse) {
+      flops::Ledger ledger(c.n_layer);
+      masker.reset_stats();
+      profiled_decode(*se, toks, decode, c.vocab, &ledger);
+      const std::string mname = sparsity::method_name(plan.opt.method);
+      if (profile) breakdown("decode (" + mname + ")", se->op_seconds());
+      // Realised FLOP fraction of every projection over the profiled decode (the same prompt
+      // and steps as the timed runs).
+      const auto& td = eng.op_seconds();
+      const auto& tsp = se->op_seconds();
+      double t_dense = 0, t_dense_proj = 0, t_proj_scaled = 0, fl_dense = 0, fl_real = 0,
+             proj_bytes = 0;
+      for (int o = 0; o < flops::kNumOps; ++o) {
+        const auto op = static_cast<flops::Op>(o);
+        t_dense += td[o];
+        if (!is_projection(op)) continue;
+        const auto tot = ledger.by_op(op, flops::Phase::Decode);
+        const double f = tot.flops_dense > 0 ? tot.flops_realised / tot.flops_dense : 1.0;
+        t_dense_proj += td[o];
+        t_proj_scaled += td[o] * f;
+        fl_dense += tot.flops_dense;
+        fl_real += tot.flops_realised;
+        proj_bytes += tot.bytes_dense;
       }
-      breakdown("decode", de.op_seconds());
+      // The online re-rotation of a rotated model, streamed at the dense projections' rate.
+      const double rot_bytes =
+          ledger.by_op(flops::Op::Rotation, flops::Phase::Decode).bytes_realised;
+      const double t_rot_ideal = proj_bytes > 0 ? t_dense_proj * rot_bytes / proj_bytes : 0.0;
+      const double s_real = fl_dense > 0 ? 1.0 - fl_real / fl_dense : 0.0;
+      const double ideal_proj = 1.0 / std::max(1e-9, 1.0 - s_real);
+      const double ideal_step =
+          t_dense / std::max(1e-12, t_dense - t_dense_proj + t_proj_scaled + t_rot_ideal);
+      double t_sparse = 0;
+      for (double v : tsp) t_sparse += v;
+      const double share_mask = tsp[static_cast<int>(flops::Op::MaskSelect)] / t_sparse;
+      const double share_rot = tsp[static_cast<int>(flops::Op::Rotation)] / t_sparse;
+      const double s_pre_tps = prompt / median(ts_pre);
+      const double s_dec_tps = 1.0 / median(ts_dec);
+      std::vector<double> step_ratio;
+      for (int r = 0; r < reps; ++r) step_ratio.push_back(t_dec[r] / ts_dec[r]);
+      std::cout << fmt::format(
+          "\n{} at target sparsity {:.2f} ({} model, column skipping {}), same prompt and "
+          "steps\n"
+          "prefill  {:>9.1f} tokens/s  (dense prefill: the method sparsifies decode rows only)\n"
+          "decode   {:>9.1f} tokens/s  = {:.3f} x dense (median of the per-repetition ratios "
+          "{:.3f})\n"
+          "realised sparsity of the projections (FLOP-weighted) {:.3f}\n"
+          "ideal decode speedup: {:.3f} for the projections alone (1 / (1 - s_realised)), "
+          "{:.3f} for the whole step\n"
+          "  (dense profile: projections {:.1f}% of the decode time; rest unchanged{})\n"
+          "decode time share (profiled {} run): mask selection {:.1f}%, rotation {:.1f}%\n",
+          mname, plan.opt.sparsity, plan.rotated ? "rotated" : "plain", skipping, s_pre_tps,
+          s_dec_tps, s_dec_tps / dec_tps, median(step_ratio), s_real, ideal_proj, ideal_step,
+          100 * t_dense_proj / t_dense,
+          plan.rotated ? fmt::format(", rotation +{:.1f}%", 100 * t_rot_ideal / t_dense) : "",
+          mname, 100 * share_mask, 100 * share_rot);
+      mj = {{"method", mname},
+            {"sparsity_target", plan.opt.sparsity},
+            {"calibration", ma.calib_path},
+            {"rotated", plan.rotated},
+            {"column_skipping", skipping == "on"},
+            {"prefill_tokens_per_s", s_pre_tps},
+            {"decode_tokens_per_s", s_dec_tps},
+            {"decode_speedup", s_dec_tps / dec_tps},
+            {"decode_speedup_median_of_reps", median(step_ratio)},
+            {"decode_step_seconds_reps", ts_dec},
+            {"realised_projection_sparsity", s_real},
+            {"ideal_speedup_projections", ideal_proj},
+            {"ideal_speedup_decode_step", ideal_step},
+            {"dense_projection_time_share", t_dense_proj / t_dense},
+            {"rotation_ideal_time_share", t_rot_ideal / t_dense},
+            {"mask_select_time_share", share_mask},
+            {"rotation_time_share", share_rot},
+            {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}}};
     }
     if (!json_out.empty()) {
       nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
@@ -143,13 +287,16 @@ int cmd_bench(int argc, char** argv) {
                           {"threads", rt.threads()},
                           {"prompt_tokens", prompt},
                           {"decode_tokens", decode},
+                          {"reps", reps},
                           {"prefill_tokens_per_s", pre_tps},
                           {"decode_tokens_per_s", dec_tps},
+                          {"decode_step_seconds_reps", t_dec},
                           {"copy_bandwidth_bytes_per_s", bw},
                           {"decode_weight_bytes_per_token", wbytes},
                           {"decode_ideal_tokens_per_s", ideal_tps},
                           {"decode_fraction_of_ideal", dec_tps / ideal_tps}};
       if (profile) j["profile_seconds"] = prof;
+      if (sparse) j["sparse"] = mj;
       io::write_file_atomically(json_out, j.dump(2) + "\n");
     }
     return 0;

@@ -1,5 +1,6 @@
 // sparsim eval: perplexity over sliding windows and multiple-choice tasks, recorded in a run
 // file and a JSON summary.
+#include "activation_dump.hpp"
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -8,6 +9,7 @@
 #include "eval/perplexity.hpp"
 #include "eval/tasks.hpp"
 #include "io/run_file.hpp"
+#include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
@@ -25,12 +27,12 @@ namespace sparsim::app {
 int cmd_eval(int argc, char** argv) {
   CommonOptions co;
   std::string model_arg, corpus_arg, text_field, tasks_path, storage, bos_mode, out, json_out,
-      method, progress_mode;
+      progress_mode;
   PplOptions po_;
   int score = -1;
-  bool strict = false, no_ppl = false, save_tokens = false, no_rotation = false;
-  std::string calib_path, budget_mode, masking_mode, norms_mode;
-  sparsity::MethodOptions mopt;
+  bool strict = false, no_ppl = false, save_tokens = false;
+  MethodArgs ma;
+  DumpArgs da;
   po::options_description d("sparsim eval options");
   d.add_options()(
       "model,m", po::value(&model_arg)->default_value("smollm2"),
@@ -48,26 +50,10 @@ int cmd_eval(int argc, char** argv) {
       "bos", po::value(&bos_mode)->default_value("auto"),
       "prepend BOS to each window: auto (the model's add_bos setting), yes or no")(
       "no-perplexity", po::bool_switch(&no_ppl), "skip perplexity (tasks only)")(
-      "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")(
-      "method", po::value(&method)->default_value("dense"),
-      "dense, teal (thresholds), wina (TopK on weight-informed scores) or topk-guided")(
-      "sparsity,s", po::value(&mopt.sparsity)->default_value(0.5),
-      "target activation sparsity s in [0, 1) (sparse methods)")(
-      "calibration", po::value(&calib_path), "calibration file from sparsim calibrate")(
-      "delta", po::value(&mopt.delta)->default_value(0.01), "TopK-Guided clip margin δ")(
-      "probe", po::value(&mopt.probe)->default_value(0.4),
-      "TopK-Guided sensitivity probe s̄ (a calibrated level)")(
-      "lambda", po::value(&mopt.lambda)->default_value(0.4),
-      "TopK-Guided budget redistribution strength λ")(
-      "budget", po::value(&budget_mode)->default_value("sensitivity"),
-      "TopK-Guided block budgets: sensitivity or uniform (ablation)")(
-      "masking", po::value(&masking_mode)->default_value("guided"),
-      "TopK-Guided masking: guided or topk (WINA's TopK; ablation)")(
-      "no-rotation", po::bool_switch(&no_rotation),
-      "WINA / TopK-Guided on the unrotated model (uses the plain calibration)")(
-      "wina-norms", po::value(&norms_mode)->default_value("kg"),
-      "projections scored with column norms: kg (k and gate, WINA's choice) or all")(
-      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}");
+  ma.add_options(d);
+  d.add_options()("storage", po::value(&storage)->default_value("f32"),
+                  "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")(
       "json", po::value(&json_out), "JSON summary file")(
@@ -75,29 +61,16 @@ int cmd_eval(int argc, char** argv) {
       "store the corpus token stream in the run file (/corpus/tokens)")(
       "progress", po::value(&progress_mode)->default_value("auto"),
       "progress bar on stderr: auto (when a terminal), always, never");
+  da.add_options(d);
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim eval [--model smollm2] [--corpus default] [options]", d,
              vm))
     return 0;
-  mopt.method = sparsity::parse_method(method);
-  mopt.validate();
-  require(budget_mode == "sensitivity" || budget_mode == "uniform",
-          "--budget must be sensitivity or uniform, got '{}'", budget_mode);
-  require(masking_mode == "guided" || masking_mode == "topk",
-          "--masking must be guided or topk, got '{}'", masking_mode);
-  require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
-          norms_mode);
-  mopt.sensitivity_budget = budget_mode == "sensitivity";
-  mopt.guided_masking = masking_mode == "guided";
-  mopt.rotate = !no_rotation;
-  mopt.wina_norms_all = norms_mode == "all";
-  require(!mopt.needs_calibration() || !calib_path.empty(),
-          "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
-  require(mopt.needs_calibration() || calib_path.empty(),
-          "--calibration is only used by the sparse methods (--method teal, wina, topk-guided)");
-  std::optional<sparsity::Calibration> cal;
-  if (!calib_path.empty()) cal = sparsity::read_calibration(calib_path);
+  ma.resolve();
+  da.resolve(vm, ma.sparse(), !out.empty(), ma.cal ? ma.cal->n_layer : 0);
+  const std::string& method = ma.method;
+  const std::string& calib_path = ma.calib_path;
   require(bos_mode == "auto" || bos_mode == "yes" || bos_mode == "no",
           "--bos must be auto, yes or no, got '{}'", bos_mode);
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
@@ -130,18 +103,9 @@ int cmd_eval(int argc, char** argv) {
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const double t_load = sw.seconds();
+    // (rotated plans replace w: take the config reference afterwards)
+    const sparsity::Plan plan = prepare_method(ma, mi, w, lo.storage);
     const Config& c = w->cfg;
-    sparsity::Plan plan;
-    plan.opt = mopt;
-    if (cal) {
-      cal->check_model(mi.fingerprint, c, mi.path);
-      plan = sparsity::make_plan(*cal, mopt);
-      if (plan.rotated) {
-        sw.reset();
-        w = sparsity::apply_rotation(*w, sparsity::rotation_from(*cal), lo.storage);
-        log().info("WINA rotation applied ({:.1f} s)", sw.seconds());
-      }
-    }
     const Tokenizer tok = tokenizer_for(rm.path);
     require(tok.vocab_size() <= c.vocab,
             "the tokenizer has {} tokens but the model's embedding only {}", tok.vocab_size(),
@@ -174,9 +138,11 @@ int cmd_eval(int argc, char** argv) {
     flops::Ledger ledger(c.n_layer);
     Engine<E> eng(w, no_ppl ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger, exec);
     sparsity::ActivationMasker<E> masker(c.n_layer);
-    if (mopt.method != sparsity::Method::Dense) {
-      sparsity::configure_masker(masker, plan, *w);
-      eng.set_masker(&masker);
+    attach_masker(eng, masker, plan);
+    std::unique_ptr<DumpingMasker<E>> dumper;
+    if (da.enabled()) {
+      dumper = std::make_unique<DumpingMasker<E>>(masker, da, *w);
+      eng.set_masker(dumper.get());
     }
 
     std::unique_ptr<io::RunFile> rf;
@@ -203,7 +169,7 @@ int cmd_eval(int argc, char** argv) {
     const auto tot = ledger.total();
     const std::vector<double>& token_sp = masker.token_sparsity();
     const SparsityReport report{plan, masker.all_stats(), token_sp, calib_path};
-    const bool sparse = mopt.method != sparsity::Method::Dense;
+    const bool sparse = ma.sparse();
 
     // ---- stdout table
     std::cout << fmt::format(
@@ -321,6 +287,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("tasks_seconds", t_tasks, {"s", "task scoring"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
       if (sparse) report.write(root);
+      if (dumper) dumper->write(root, plan);
       io::Group fl = root.create_group("flops");
       ledger.write(fl);
     }
