@@ -1,0 +1,398 @@
+// sparsim profile: the block sensitivity profile e_i (paper 000, Sec. 2.2, Figure 1) and the
+// sensitivity-aware block budgets s_i = clamp(s + λ(ē − e_i), 0.05, 0.95) it implies, from a
+// calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot.
+#include "common.hpp"
+#include "core/log.hpp"
+#include "core/timer.hpp"
+#include "eval/corpus.hpp"
+#include "io/png_plot.hpp"
+#include "io/run_file.hpp"
+#include "model/loader.hpp"
+#include "model_io.hpp"
+#include "records.hpp"
+#include "sparsity/calibrate.hpp"
+#include "sparsity/rotation.hpp"
+
+#include <fmt/format.h>
+
+#include <unistd.h>
+#include <cmath>
+#include <ctime>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+namespace sparsim::app {
+
+namespace {
+
+/// Bounds of block_budgets' clamp (its defaults).
+constexpr double kBudgetLo = 0.05;
+constexpr double kBudgetHi = 0.95;
+
+std::vector<double> parse_doubles(const std::string& s, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == item.size() && !item.empty(), "{}: '{}' is not a number", what, item);
+    out.push_back(v);
+  }
+  require(!out.empty(), "{}: empty list", what);
+  return out;
+}
+
+std::string join_levels(const std::vector<double>& v) {
+  std::string s;
+  for (double x : v) s += (s.empty() ? "" : ", ") + fmt::format("{:g}", x);
+  return s.empty() ? "none" : s;
+}
+
+/// What the profile was made from and what it holds.
+struct Profile {
+  std::string variant;  ///< "plain" or "rotated"
+  std::string source;   ///< "calibration file" or "computed"
+  std::string calibration_file;
+  std::string model_fingerprint, model_path, corpus_fingerprint, corpus_path;
+  bool model_checked = false;  ///< the model was loaded and its fingerprint compared / used
+  int n_layer = 0;
+  std::vector<double> probe_levels;
+  std::vector<std::vector<double>> sensitivity;  ///< [probe][layer]
+};
+
+struct BudgetRequest {
+  std::vector<double> sparsity;
+  double lambda = 0.4;
+  double probe = 0.4;
+};
+
+int probe_index(const std::vector<double>& levels, double probe) {
+  for (std::size_t i = 0; i < levels.size(); ++i)
+    if (std::fabs(levels[i] - probe) < 1e-9) return static_cast<int>(i);
+  return -1;
+}
+
+double mean_of(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m += x;
+  return v.empty() ? 0.0 : m / static_cast<double>(v.size());
+}
+
+/// Writes the run file (and the plot), then prints the table. `header` writes the groups every
+/// run file starts with.
+template <class Header>
+void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
+             const std::string& plot, Header&& header) {
+  const std::size_t P = p.probe_levels.size(), L = static_cast<std::size_t>(p.n_layer);
+  const std::size_t S = br.sparsity.size();
+  const auto k = static_cast<std::size_t>(probe_index(p.probe_levels, br.probe));
+  std::vector<double> means(P);
+  for (std::size_t i = 0; i < P; ++i) means[i] = mean_of(p.sensitivity[i]);
+  std::vector<std::vector<double>> budgets(S);
+  std::vector<double> budget_mean(S);
+  for (std::size_t j = 0; j < S; ++j) {
+    budgets[j] =
+        sparsity::block_budgets(p.sensitivity[k], br.sparsity[j], br.lambda, kBudgetLo, kBudgetHi);
+    budget_mean[j] = mean_of(budgets[j]);
+  }
+
+  // The plot is rendered and staged before the run file exists; both are published at the end.
+  std::unique_ptr<io::AtomicTextFile> png;
+  if (!plot.empty()) {
+    std::vector<io::Series> series;
+    for (std::size_t i = 0; i < P; ++i) {
+      io::Series s;
+      s.label = fmt::format("s\u0304={:g}", p.probe_levels[i]);
+      for (std::size_t l = 0; l < L; ++l) {
+        s.x.push_back(static_cast<double>(l));
+        s.y.push_back(p.sensitivity[i][l]);
+      }
+      series.push_back(std::move(s));
+    }
+    const std::string title = fmt::format("Block sensitivity ({} model)", p.variant);
+    const std::string bytes = io::render_line_plot(title, "layer", "sensitivity e_i", series);
+    png = std::make_unique<io::AtomicTextFile>(plot);
+    png->stream().write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+
+  io::RunFile rf(out);
+  io::Group root = rf.root();
+  header(root);
+  io::Group g = root.create_group("profile");
+  g.set_attr("variant", p.variant);
+  g.set_attr("source", p.source);
+  g.set_attr("calibration_file", p.calibration_file);
+  g.set_attr("model_fingerprint", p.model_fingerprint);
+  g.set_attr("model_path", p.model_path);
+  g.set_attr("model_checked", p.model_checked ? 1 : 0);
+  g.set_attr("corpus_fingerprint", p.corpus_fingerprint);
+  g.set_attr("corpus_path", p.corpus_path);
+  g.set_attr("budget_lower", kBudgetLo);
+  g.set_attr("budget_upper", kBudgetHi);
+  g.write("probe_levels", p.probe_levels,
+          {"1", "[probe] probe sparsities s̄ at which the sensitivities were measured"});
+  std::vector<double> e(P * L);
+  for (std::size_t i = 0; i < P; ++i)
+    std::copy(p.sensitivity[i].begin(), p.sensitivity[i].end(), e.begin() + i * L);
+  g.write<double>("sensitivity", e.data(), {P, L},
+                  {"1",
+                   "[probe][layer] e_i: mean relative output error of block i when only it is "
+                   "sparsified at probe level s̄"});
+  g.write("mean", means, {"1", "[probe] ē: mean of e_i over the layers"});
+  g.write("sparsity", br.sparsity, {"1", "[s] target mean sparsities s of the budgets"});
+  std::vector<double> b(S * L);
+  for (std::size_t j = 0; j < S; ++j)
+    std::copy(budgets[j].begin(), budgets[j].end(), b.begin() + j * L);
+  g.write<double>("budgets", b.data(), {S, L},
+                  {"1",
+                   "[s][layer] s_i = clamp(s + lambda (mean e - e_i), budget_lower, "
+                   "budget_upper) with e at probe level `probe`"});
+  io::Dataset bd = g.dataset("budgets");
+  bd.set_attr("lambda", br.lambda);
+  bd.set_attr("probe", br.probe);
+  g.write("budget_mean", budget_mean,
+          {"1", "[s] realised mean of the budgets (the clamp can move it away from s)"});
+  rf.commit();
+  if (png) png->commit();
+
+  // stdout: layer × probe, then the budgets at the chosen probe
+  std::cout << fmt::format("block sensitivity profile, {} model ({})\n", p.variant,
+                           p.source == "computed" ? fmt::format("computed on {}", p.corpus_path)
+                                                  : fmt::format("from {}", p.calibration_file));
+  std::cout << fmt::format("  model {} (fingerprint {}{})\n", p.model_path, p.model_fingerprint,
+                           p.model_checked ? "" : ", not checked: no --model given");
+  std::cout << fmt::format("  budgets s_i = clamp(s + λ(ē − e_i), {}, {}), λ = {:g}, s̄ = {:g}\n\n",
+                           kBudgetLo, kBudgetHi, br.lambda, br.probe);
+  std::cout << fmt::format("  {:>5}", "layer");
+  for (double v : p.probe_levels) std::cout << fmt::format(" {:>9}", fmt::format("e@{:.2f}", v));
+  std::cout << "  ";
+  for (double v : br.sparsity) std::cout << fmt::format(" {:>8}", fmt::format("s={:.2f}", v));
+  std::cout << "\n";
+  for (std::size_t l = 0; l < L; ++l) {
+    std::cout << fmt::format("  {:>5}", l);
+    for (std::size_t i = 0; i < P; ++i) std::cout << fmt::format(" {:>9.4f}", p.sensitivity[i][l]);
+    std::cout << "  ";
+    for (std::size_t j = 0; j < S; ++j) std::cout << fmt::format(" {:>8.4f}", budgets[j][l]);
+    std::cout << "\n";
+  }
+  std::cout << fmt::format("  {:>5}", "mean");
+  for (double m : means) std::cout << fmt::format(" {:>9.4f}", m);
+  std::cout << "  ";
+  for (double m : budget_mean) std::cout << fmt::format(" {:>8.4f}", m);
+  std::cout << "\n\n  wrote " << out << (plot.empty() ? "" : " and " + plot) << "\n";
+}
+
+}  // namespace
+
+int cmd_profile(int argc, char** argv) {
+  CommonOptions co;
+  std::string calib_path, model_arg, corpus_arg, text_field, out, plot, storage, probes_arg,
+      sparsity_arg, variant, norms_mode, progress_mode;
+  sparsity::CalibrateOptions opt;
+  BudgetRequest br;
+  bool strict = false;
+  po::options_description d("sparsim profile options");
+  d.add_options()("calibration", po::value(&calib_path),
+                  "calibration file (from sparsim calibrate) to take e_i from; with --model its "
+                  "fingerprint is checked")(
+      "model,m", po::value(&model_arg),
+      "model: a GGUF file, a Hugging Face directory, or the alias smollm2 (default smollm2 "
+      "when there is no --calibration)")(
+      "variant", po::value(&variant)->default_value("rotated"),
+      "plain (unrotated; TEAL) or rotated (WINA-rotated; WINA, TopK-Guided)")(
+      "sparsity,s", po::value(&sparsity_arg)->default_value("0.3,0.5,0.7"),
+      "target mean sparsities s of the budgets (comma-separated, each in [0, 1))")(
+      "lambda", po::value(&br.lambda)->default_value(0.4), "redistribution strength λ ≥ 0")(
+      "probe", po::value(&br.probe)->default_value(0.4),
+      "probe level s̄ whose sensitivities set the budgets (one of the measured levels)")(
+      "out,o", po::value(&out), "HDF5 file to write (required)")(
+      "plot", po::value(&plot), "PNG line plot of e_i over the layers, one line per probe level")(
+      "corpus,c", po::value(&corpus_arg)->default_value("default"),
+      "calibration text when computing afresh: a file, a directory, JSONL, or 'default'")(
+      "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
+      "context", po::value(&opt.context)->default_value(2048), "tokens per histogram window")(
+      "max-windows", po::value(&opt.max_windows)->default_value(8), "histogram windows")(
+      "greedy-seqs", po::value(&opt.greedy_seqs)->default_value(4),
+      "sequences feeding the greedy search and the sensitivity probe")(
+      "greedy-tokens", po::value(&opt.greedy_tokens)->default_value(128),
+      "tokens per greedy sequence")("alpha", po::value(&opt.alpha)->default_value(0.025),
+                                    "greedy base step α")(
+      "cap", po::value(&opt.cap)->default_value(0.95), "greedy search stops at P >= cap")(
+      "score-fraction", po::value(&opt.score_fraction)->default_value(0.25),
+      "greedy error over the last fraction of each sequence")(
+      "probes", po::value(&probes_arg)->default_value("0.2,0.4,0.6,0.8"),
+      "probe sparsities s̄ to measure when computing afresh (comma-separated)")(
+      "delta", po::value(&opt.delta)->default_value(0.01),
+      "TopK-Guided clip margin δ used when probing the rotated model")(
+      "wina-norms", po::value(&norms_mode)->default_value("kg"),
+      "projections scored with column norms: kg (k and gate) or all")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
+      "progress", po::value(&progress_mode)->default_value("auto"),
+      "progress bar on stderr: auto, always, never");
+  add_common_options(d, co);
+  po::variables_map vm;
+  if (!parse(argc, argv,
+             "usage: sparsim profile --out FILE.h5 (--calibration FILE [--model M] | [--model M] "
+             "[--corpus C]) [--plot FILE.png] [options]",
+             d, vm))
+    return 0;
+
+  // Every check that can fail runs before anything is loaded or written.
+  require(!out.empty(), "profile: --out FILE.h5 is required");
+  require(plot.empty() || plot != out, "--plot and --out name the same file '{}'", out);
+  require(variant == "plain" || variant == "rotated",
+          "--variant must be plain or rotated, got '{}'", variant);
+  br.sparsity = parse_doubles(sparsity_arg, "--sparsity");
+  for (double v : br.sparsity)
+    require(std::isfinite(v) && v >= 0 && v < 1, "--sparsity: {} is outside [0, 1)", v);
+  require(std::isfinite(br.lambda) && br.lambda >= 0, "--lambda {} must be ≥ 0", br.lambda);
+  require(std::isfinite(br.probe), "--probe {} is not a number", br.probe);
+  require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
+          "--progress must be auto, always or never, got '{}'", progress_mode);
+  const bool from_file = !calib_path.empty();
+  if (from_file) {
+    for (const char* o :
+         {"corpus", "text-field", "context", "max-windows", "greedy-seqs", "greedy-tokens", "alpha",
+          "cap", "score-fraction", "probes", "delta", "wina-norms"})
+      require(vm[o].defaulted(),
+              "--{} is only used when computing the profile afresh, not with --calibration", o);
+  }
+  const bool load = !from_file || !model_arg.empty();
+  if (model_arg.empty()) model_arg = "smollm2";
+
+  Profile p;
+  p.variant = variant;
+  std::optional<sparsity::Calibration> cal;
+  if (from_file) {
+    cal = sparsity::read_calibration(calib_path);
+    const auto& var = variant == "plain" ? cal->plain : cal->rotated;
+    require(var.has_value(), "calibration file {} has no {} calibration", calib_path, variant);
+    require(!var->sensitivity.empty(), "calibration file {} has no sensitivities for the {} model",
+            calib_path, variant);
+    p.source = "calibration file";
+    p.calibration_file = calib_path;
+    p.model_fingerprint = cal->model_fingerprint;
+    p.model_path = cal->model_path;
+    p.corpus_fingerprint = cal->corpus_fingerprint;
+    p.corpus_path = cal->corpus_path;
+    p.n_layer = cal->n_layer;
+    p.probe_levels = cal->probe_levels;
+    p.sensitivity = var->sensitivity;
+  } else {
+    opt.probes = parse_doubles(probes_arg, "--probes");
+    for (double v : opt.probes) require(v > 0 && v < 1, "--probes: {} is outside (0, 1)", v);
+    require(opt.context >= 2 && opt.max_windows >= 1,
+            "--context must be ≥ 2 and --max-windows ≥ 1");
+    require(opt.greedy_seqs >= 1 && opt.greedy_tokens >= 4,
+            "--greedy-seqs must be ≥ 1 and --greedy-tokens ≥ 4");
+    require(opt.alpha > 0 && opt.alpha <= 0.5, "--alpha {} is outside (0, 0.5]", opt.alpha);
+    require(opt.cap > 0 && opt.cap <= 1, "--cap {} is outside (0, 1]", opt.cap);
+    require(opt.score_fraction > 0 && opt.score_fraction <= 1,
+            "--score-fraction {} is outside (0, 1]", opt.score_fraction);
+    require(opt.delta >= 0 && opt.delta < 0.5, "--delta {} is outside [0, 0.5)", opt.delta);
+    require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
+            norms_mode);
+    opt.wina_norms_all = norms_mode == "all";
+    p.source = "computed";
+    p.probe_levels = opt.probes;
+  }
+  require(probe_index(p.probe_levels, br.probe) >= 0,
+          "--probe {} is not among the probe levels ({}){}", br.probe, join_levels(p.probe_levels),
+          from_file ? " of " + calib_path : "");
+
+  if (!load) {
+    // The calibration file alone: no model, no Kokkos. /run and /model come from the file.
+    publish(p, br, out, plot, [&](io::Group root) {
+      io::Group run = root.create_group("run");
+      std::string cmd;
+      for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
+      run.set_attr("command", cmd);
+      run.set_attr("version", SPARSIM_VERSION);
+      const std::time_t now = std::time(nullptr);
+      char buf[64];
+      std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+      run.set_attr("started_utc", std::string(buf));
+      io::Group m = root.create_group("model");
+      m.set_attr("path", cal->model_path);
+      m.set_attr("fingerprint", cal->model_fingerprint);
+      m.set_attr("n_layer", cal->n_layer);
+      m.set_attr("d_model", cal->d_model);
+      m.set_attr("d_ff", cal->d_ff);
+      m.set_attr("checked", 0);
+    });
+    return 0;
+  }
+
+  const bool show_progress =
+      progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
+  LoadOptions lo;
+  lo.storage = parse_dtype(storage);
+  lo.strict = strict;
+  const ResolvedModel rm = resolve_model(model_arg);
+  Corpus corpus;
+  if (!from_file) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
+
+  Runtime rt(co);
+  const std::string backend = resolve_backend(co.backend);
+  return with_backend(co.backend, [&](auto exec) {
+    using E = decltype(exec);
+    Stopwatch wall;
+    ModelInfo mi;
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
+    const Config& c = w->cfg;
+    p.model_checked = true;
+    p.model_fingerprint = mi.fingerprint;
+    p.model_path = mi.path;
+    p.n_layer = c.n_layer;
+    if (cal) {
+      cal->check_model(mi.fingerprint, c, mi.path);
+    } else {
+      require(opt.context <= c.context_length && opt.greedy_tokens <= c.context_length,
+              "--context / --greedy-tokens exceed the model's context of {}", c.context_length);
+      const Tokenizer tok = tokenizer_for(rm.path);
+      const std::vector<int> stream = corpus_stream(corpus, tok);
+      log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
+      p.corpus_fingerprint = corpus.fingerprint;
+      p.corpus_path = corpus.source;
+      std::unique_ptr<ProgressBar> bar;
+      std::string stage;
+      auto progress = [&](const std::string& what, int done, int total) {
+        if (what != stage) {
+          if (bar) bar->finish();
+          bar = std::make_unique<ProgressBar>(what, show_progress);
+          stage = what;
+        }
+        bar->update(done, total);
+      };
+      sparsity::CalibrationVariant v;
+      if (variant == "rotated") {
+        log().info("computing the WINA rotation");
+        const sparsity::Rotation rot = sparsity::compute_rotation(*w);
+        std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, lo.storage);
+        sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, v,
+                                       progress);
+      } else {
+        sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, v,
+                                       progress);
+      }
+      if (bar) bar->finish();
+      p.sensitivity = v.sensitivity;
+    }
+    publish(p, br, out, plot, [&](io::Group root) {
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+    });
+    log().info("profile: {:.1f} s", wall.seconds());
+    return 0;
+  });
+}
+
+}  // namespace sparsim::app
