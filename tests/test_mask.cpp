@@ -330,6 +330,103 @@ TYPED_TEST(Mask, MaskIndicesListsTheKeptEntriesInOrder) {
   }
 }
 
+/// Rows that steer the host selection (detail::select_row_serial) down each of its paths.
+/// kind: 0 random, 1 all zero (+0 and -0), 2 all equal, 3 few levels (heavy exact ties),
+/// 4 keys that share their top bits (the boundary bin overflows the candidate buffer and is
+/// refined by more passes), 5 heavy tails with exact zeros and infinities.
+std::vector<float> edge_row(int d, int kind, std::uint64_t seed) {
+  SynthRng rng(seed);
+  auto x = random_vec(d, seed);
+  for (int j = 0; j < d; ++j) {
+    switch (kind) {
+      case 1:
+        x[j] = (j % 3 == 0) ? -0.0f : 0.0f;
+        break;
+      case 2:
+        x[j] = (j % 2) ? -1.25f : 1.25f;
+        break;
+      case 3:
+        x[j] = static_cast<float>(static_cast<int>(rng.next() % 5) - 2);
+        break;
+      case 4:  // 1 + a few ulps: one top-11-bit bin, about 1.0 .. 1.0005
+        x[j] = 1.0f + static_cast<float>(rng.next() % 4096) * 1.1920929e-7f;
+        break;
+      case 5:
+        x[j] *= std::exp(3.0f * x[(j * 7 + 1) % d]);
+        if (rng.next() % 7 == 0) x[j] = 0.0f;
+        if (rng.next() % 97 == 0) x[j] = -INFINITY;
+        break;
+      default:
+        break;
+    }
+  }
+  return x;
+}
+
+// The host selection's paths, against the sorting reference, through mask_rows (masked rows
+// only), mask_indices (indices with and without the masked row) and in place: widths around the
+// vector width and the key block (kMaskChunk), several blocks, every row kind above, p from
+// k = d down to k = 1, with and without norms.
+TYPED_TEST(Mask, SelectionEdgeCasesMatchReference) {
+  using E = TypeParam;
+  MaskScratch<E> sc;
+  const int chunk = detail::kMaskChunk, cand = detail::kMaskCandidates;
+  const int widths[] = {1,           2,  3,  5,  8,         9,     15,        17,
+                        31,          33, 63, 65, chunk - 1, chunk, chunk + 1, 2 * chunk + 7,
+                        3 * cand + 5};
+  for (int d : widths) {
+    for (int kind = 0; kind < 6; ++kind) {
+      const auto x = edge_row(d, kind, 1100 + 10 * d + kind);
+      const auto xd = dvec<E>(x);
+      for (bool with_norms : {false, true}) {
+        const auto norms = with_norms ? positive_norms(d, 1200 + d) : std::vector<float>{};
+        const auto nd = dvec<E>(norms);
+        // p = 0: k = d; 1 - 1/(2d): k = 1
+        const float p_k1 = 1.0f - 0.5f / static_cast<float>(d);
+        for (float p : {0.0f, 0.25f, 0.5f, 0.9f, p_k1}) {
+          for (MaskRule rule : {MaskRule::TopK, MaskRule::Guided}) {
+            MaskParams prm;
+            prm.rule = rule;
+            prm.p = p;
+            prm.tau = 0.7f;
+            prm.delta = 0.02f;
+            const std::string what = "d=" + std::to_string(d) + " kind=" + std::to_string(kind) +
+                                     " p=" + std::to_string(p) +
+                                     " norms=" + (with_norms ? "1" : "0") +
+                                     (rule == MaskRule::Guided ? " guided" : " topk");
+            expect_rows_match<E>(x, 1, d, norms, prm, what);
+            const auto keep = ref_keep(x.data(), d, norms, prm);
+            std::vector<int> want;
+            for (int j = 0; j < d; ++j)
+              if (keep[j]) want.push_back(j);
+            if (rule == MaskRule::TopK) {
+              ASSERT_EQ(static_cast<int>(want.size()), ref_k(d, p)) << what;
+            }
+            IVec<E> idx("idx", d);
+            Vec<E> y("y", d);
+            const int nnz = mask_indices(E(), xd, nd, prm, idx, y, sc);
+            ASSERT_EQ(nnz, static_cast<int>(want.size())) << what;
+            const auto got = ihost(idx);
+            ASSERT_EQ(std::vector<int>(got.begin(), got.begin() + nnz), want) << what;
+            const auto yh = to_host(y);
+            for (int j = 0; j < d; ++j)
+              ASSERT_EQ(yh[j], keep[j] ? x[j] : 0.0f) << what << " j=" << j;
+            IVec<E> idx2("idx2", d);
+            ASSERT_EQ(mask_indices(E(), xd, nd, prm, idx2, Vec<E>(), sc), nnz) << what;
+            const auto got2 = ihost(idx2);
+            ASSERT_TRUE(std::equal(want.begin(), want.end(), got2.begin())) << what;
+            // in place: y aliases x
+            Vec<E> xy("xy", d);
+            Kokkos::deep_copy(xy, xd);
+            ASSERT_EQ(mask_indices(E(), CVec<E>(xy), nd, prm, idx2, xy, sc), nnz) << what;
+            ASSERT_EQ(to_host(xy), yh) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 // The team-per-row kernel is what device backends run; on host backends it runs here with one
 // and with several threads per team and must agree with the one-thread-per-row kernel bitwise.
 TYPED_TEST(Mask, TeamKernelMatchesRowKernelForAnyTeamSize) {

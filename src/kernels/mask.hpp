@@ -4,18 +4,23 @@
 ///
 /// Score_j = |x_j| · (norms(j) if norms is given, else 1). Scores are non-negative floats, so
 /// their bit patterns (sign bit cleared, which also makes -0 equal +0) order like the floats.
-/// The k-th largest key v is found byte by byte from the top (four passes of a 256-bin
-/// histogram, stopping early once the boundary falls on a bin edge); then every entry with a
-/// score above v is kept, and of those equal to v the lowest indices until exactly k are kept.
-/// Everything is integer counting, so the mask is the same for any thread count and backend.
+/// The k-th largest key v is found digit by digit from the top (histogram passes, stopping
+/// early once the boundary falls on a bin edge); then every entry with a score above v is kept,
+/// and of those equal to v the lowest indices until exactly k are kept. The kept set is thus
+/// defined by the keys alone (the k largest, ties to the lowest index), whatever the digits;
+/// everything is integer counting, so the mask is the same for any thread count and backend.
 ///
-/// Host backends run one thread per row with the histogram in a local array; other backends
-/// (GPUs) run one team per row with the histogram in team scratch and a team scan for the ties.
+/// Host backends run one thread per row with the histogram in a local array (select_row_serial:
+/// one counting pass over the row, one pass that writes the mask, the exact boundary found among
+/// the boundary bin's entries in between); other backends (GPUs) run one team per row with a
+/// 256-bin histogram in team scratch and a team scan for the ties.
 #include "core/compat.hpp"
 #include "core/error.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
+
+#include <cstdint>
 
 namespace sparsim {
 
@@ -75,14 +80,6 @@ KOKKOS_INLINE_FUNCTION double guided_sparsity(int below, int d, float p, float d
   return s < hi ? s : hi;
 }
 
-/// Result of the radix select: keep key >> shift > prefix >> shift, and the first `need`
-/// entries (lowest index) with key >> shift == prefix >> shift.
-struct Boundary {
-  unsigned prefix;
-  int shift;
-  int need;
-};
-
 /// One bin-walk step shared by the serial and team versions: from the histogram of the
 /// current digit among the candidates (no key above bin `top`), picks the bin holding the rem-th
 /// largest key, adds it to prefix and returns its count in `count`. Returns true when the search
@@ -104,83 +101,266 @@ KOKKOS_INLINE_FUNCTION unsigned high_mask(int shift) {
   return shift >= 24 ? 0u : (~0u << (shift + 8));
 }
 
-/// Serial version's digits: bits 30..20 (sign cleared: exponent and 3 mantissa bits), 19..10,
-/// 9..0. Once the boundary bin holds at most kMaskCandidates keys they are copied to a local
-/// buffer and the later digits only look at those.
+/// Serial version (host, one thread per row). Keys are computed kMaskChunk at a time into a
+/// local block by a branch-free loop the compiler vectorises (with the block's smallest and
+/// largest key and Guided's count of |x_j| < tau), and the scalar loops read that block.
+/// 1. Counting pass: histogram of bits 30..20 (sign cleared: exponent and 3 mantissa bits);
+///    only the bins between the row's smallest and largest key are cleared and walked.
+/// 2. Final pass: y and idx for every entry at or above the boundary bin (vectorised for y,
+///    branch-free for idx: a branch on the keep flag mispredicts about half the time), noting
+///    where the boundary bin's entries (the candidates) went.
+/// 3. The exact boundary among the candidates alone (digits about log2(#candidates) wide); the
+///    candidates below it, and the ties past the first `need`, are zeroed in y and taken out of
+///    idx (closing the gaps with a forward copy).
+/// When every entry of the boundary bin is kept, 2 is the last step. Only a boundary bin of
+/// more than kMaskCandidates entries costs more full passes (10-bit digits, as many as needed).
+inline constexpr int kMaskChunk = 512;
 inline constexpr int kMaskSerialBins = 2048;
-inline constexpr int kMaskCandidates = 1024;
+inline constexpr int kMaskSubBins = 1024;
+inline constexpr int kMaskCandidates = 2048;
 
-/// The keep count of a TopK / Guided row and, when 1 <= k < d, the radix select of the k-th
-/// largest key, one thread. Guided's count of |x_j| < tau rides on the first pass.
-struct Selection {
-  int k;
-  Boundary bd;
-};
+/// Keys of x[0, n) (scores weighted by nrm when kNorms) into kb: one branch-free loop,
+/// vectorised.
+template <bool kNorms>
+KOKKOS_INLINE_FUNCTION void block_keys(const float* x, const float* nrm, int n, unsigned* kb) {
+  for (int i = 0; i < n; ++i) {
+    const float a = kx::fabs(x[i]);
+    kb[i] = score_key(kNorms ? a * nrm[i] : a);
+  }
+}
 
-KOKKOS_INLINE_FUNCTION Selection select_serial(const float* x, const float* nrm, int d,
-                                               const MaskParams& prm) {
+/// block_keys that also returns the smallest and largest key and adds the number of
+/// |x_j| < tau to below.
+template <bool kNorms>
+KOKKOS_INLINE_FUNCTION void block_keys_stats(const float* x, const float* nrm, int n, float tau,
+                                             unsigned* kb, unsigned& lo, unsigned& hi, int& below) {
+  unsigned l = ~0u, h = 0;
+  int b = 0;
+  for (int i = 0; i < n; ++i) {
+    const float a = kx::fabs(x[i]);
+    const unsigned key = score_key(kNorms ? a * nrm[i] : a);
+    kb[i] = key;
+    l = key < l ? key : l;
+    h = key > h ? key : h;
+    b += a < tau ? 1 : 0;
+  }
+  lo = l;
+  hi = h;
+  below += b;
+}
+
+/// Keeps the whole row: y = x, idx = 0..d-1. Returns d.
+KOKKOS_INLINE_FUNCTION int keep_all_serial(const float* x, int d, float* y, int* idx) {
+  if (y && y != x)
+    for (int j = 0; j < d; ++j) y[j] = x[j];
+  if (idx)
+    for (int j = 0; j < d; ++j) idx[j] = j;
+  return d;
+}
+
+/// TopK / Guided on one row, one thread (see above). Returns the kept count k.
+template <bool kNorms>
+KOKKOS_INLINE_FUNCTION int select_row_serial(const float* x, const float* nrm, int d,
+                                             const MaskParams& prm, float* y, int* idx) {
   int hist[kMaskSerialBins];
-  unsigned cand[kMaskCandidates];
-  const bool guided = prm.rule == MaskRule::Guided;
-  unsigned prefix = 0;
-  int rem = 0, k = 0, nc = -1, last = d;
-  for (int pass = 0;; ++pass) {
-    const int shift = 20 - 10 * pass;
-    const int bins = pass == 0 ? kMaskSerialBins : kMaskSerialBins / 2;
-    const unsigned dm = static_cast<unsigned>(bins - 1);
-    const int hs = pass == 0 ? 31 : shift + 10;  // bits above this digit
-    const unsigned hp = prefix >> hs;
-    for (int b = 0; b < bins; ++b) hist[b] = 0;
-    unsigned top = 0;  // highest digit seen: the walk starts there
-    if (pass == 0) {
-      int below = 0;
-      for (int j = 0; j < d; ++j) {
-        const unsigned g = (mask_key(x, nrm, j) >> shift) & dm;
-        ++hist[g];
-        top = g > top ? g : top;
-        if (guided) below += kx::fabs(x[j]) < prm.tau ? 1 : 0;
-      }
-      k = keep_count(
-          d, guided ? guided_sparsity(below, d, prm.p, prm.delta) : static_cast<double>(prm.p));
-      if (k >= d) return Selection{d, Boundary{0u, 0, 0}};
-      rem = k;
-    } else if (nc >= 0) {  // filter the buffered candidates in place
-      int m = 0;
-      for (int i = 0; i < nc; ++i) {
-        const unsigned key = cand[i];
-        if ((key >> hs) == hp) {
-          const unsigned g = (key >> shift) & dm;
-          ++hist[g];
-          top = g > top ? g : top;
-          cand[m++] = key;
-        }
-      }
-      nc = m;
-    } else if (last <= kMaskCandidates) {  // last full scan: buffer the candidates
-      int m = 0;
-      for (int j = 0; j < d; ++j) {
-        const unsigned key = mask_key(x, nrm, j);
-        if ((key >> hs) == hp) {
-          const unsigned g = (key >> shift) & dm;
-          ++hist[g];
-          top = g > top ? g : top;
-          cand[m++] = key;
-        }
-      }
-      nc = m;
+  unsigned kb[kMaskChunk];
+  const auto nrm_at = [&](int j0) { return kNorms ? nrm + j0 : nullptr; };
+  const auto len_at = [&](int j0) { return d - j0 < kMaskChunk ? d - j0 : kMaskChunk; };
+
+  // first digit and Guided's count in one pass; only the bins between the smallest and the
+  // largest key are cleared (and walked)
+  int zlo = 0, zhi = -1, below = 0;
+  for (int j0 = 0; j0 < d; j0 += kMaskChunk) {
+    const int n = len_at(j0);
+    unsigned klo = 0, khi = 0;
+    block_keys_stats<kNorms>(x + j0, nrm_at(j0), n, prm.tau, kb, klo, khi, below);
+    const int bl = static_cast<int>(klo >> 20), bh = static_cast<int>(khi >> 20);
+    if (zhi < 0) {
+      for (int b = bl; b <= bh; ++b) hist[b] = 0;
+      zlo = bl;
+      zhi = bh;
     } else {
-      for (int j = 0; j < d; ++j) {
-        const unsigned key = mask_key(x, nrm, j);
+      for (int b = bl; b < zlo; ++b) hist[b] = 0;
+      for (int b = zhi + 1; b <= bh; ++b) hist[b] = 0;
+      zlo = bl < zlo ? bl : zlo;
+      zhi = bh > zhi ? bh : zhi;
+    }
+    int i = 0;
+    for (; i + 4 <= n; i += 4) {  // unrolled: the loop is a few instructions per entry
+      ++hist[kb[i] >> 20];
+      ++hist[kb[i + 1] >> 20];
+      ++hist[kb[i + 2] >> 20];
+      ++hist[kb[i + 3] >> 20];
+    }
+    for (; i < n; ++i) ++hist[kb[i] >> 20];
+  }
+  const int k =
+      keep_count(d, prm.rule == MaskRule::Guided ? guided_sparsity(below, d, prm.p, prm.delta)
+                                                 : static_cast<double>(prm.p));
+  if (k >= d) return keep_all_serial(x, d, y, idx);
+  unsigned prefix = 0;
+  int rem = k, count = 0, shift = 20;
+  // the bins below zlo are not cleared, but the walk stops at zlo at the latest: the bins from
+  // zlo up hold all d >= rem keys
+  bool done = walk_bins(hist, zhi, shift, prefix, rem, count);
+
+  // a boundary bin too large for the candidate buffer: refine it with full passes
+  while (!done && count > kMaskCandidates) {
+    const int hs = shift;
+    shift -= 10;
+    const unsigned hp = prefix >> hs;
+    for (int b = 0; b < kMaskSubBins; ++b) hist[b] = 0;
+    unsigned tb = 0;
+    for (int j0 = 0; j0 < d; j0 += kMaskChunk) {
+      const int n = len_at(j0);
+      block_keys<kNorms>(x + j0, nrm_at(j0), n, kb);
+      for (int i = 0; i < n; ++i) {
+        const unsigned key = kb[i];
         if ((key >> hs) == hp) {
-          const unsigned g = (key >> shift) & dm;
+          const unsigned g = (key >> shift) & (kMaskSubBins - 1);
           ++hist[g];
-          top = g > top ? g : top;
+          tb = g > tb ? g : tb;
         }
       }
     }
-    if (walk_bins(hist, static_cast<int>(top), shift, prefix, rem, last))
-      return Selection{k, {prefix, shift, rem}};
+    done = walk_bins(hist, static_cast<int>(tb), shift, prefix, rem, count);
   }
+  const unsigned pv = prefix >> shift;
+
+  if (done && rem == count) {  // every entry of the boundary bin is kept: one final pass
+    std::int64_t n = 0;
+    for (int j0 = 0; j0 < d; j0 += kMaskChunk) {
+      const int m = len_at(j0);
+      block_keys<kNorms>(x + j0, nrm_at(j0), m, kb);
+      if (y)
+        for (int i = 0; i < m; ++i) y[j0 + i] = (kb[i] >> shift) >= pv ? x[j0 + i] : 0.0f;
+      if (idx) {
+        const auto step = [&](int i) {
+          idx[n] = j0 + i;  // overwritten unless kept: no branch on the mask
+          n += 1 + ((static_cast<std::int64_t>(kb[i] >> shift) - pv) >> 63);
+        };
+        int i = 0;
+        for (; i + 4 <= m; i += 4) {
+          step(i);
+          step(i + 1);
+          step(i + 2);
+          step(i + 3);
+        }
+        for (; i < m; ++i) step(i);
+      }
+    }
+    return k;
+  }
+
+  if (count > kMaskCandidates) {  // more than kMaskCandidates equal keys: scan for the ties
+    int n = 0, ties = 0;
+    for (int j0 = 0; j0 < d; j0 += kMaskChunk) {
+      const int m = len_at(j0);
+      block_keys<kNorms>(x + j0, nrm_at(j0), m, kb);
+      for (int i = 0; i < m; ++i) {
+        const unsigned kv = kb[i] >> shift;
+        bool keep = kv > pv;
+        if (kv == pv && ties < rem) {
+          keep = true;
+          ++ties;
+        }
+        if (y) y[j0 + i] = keep ? x[j0 + i] : 0.0f;
+        if (idx) idx[n] = j0 + i;
+        n += keep ? 1 : 0;
+      }
+    }
+    return k;
+  }
+
+  // Final pass over the row: keep everything at or above the boundary bin and note the
+  // candidates (the boundary bin's entries): their slot in idx, or their index without idx.
+  int cs[kMaskCandidates + 1];
+  unsigned kc[kMaskChunk];
+  std::int64_t n = 0, nc = 0;
+  for (int j0 = 0; j0 < d; j0 += kMaskChunk) {
+    const int m = len_at(j0);
+    block_keys<kNorms>(x + j0, nrm_at(j0), m, kb);
+    if (y)
+      for (int i = 0; i < m; ++i) y[j0 + i] = (kb[i] >> shift) >= pv ? x[j0 + i] : 0.0f;
+    if (idx) {
+      // branch-free: the flags come from a vectorised loop (kb becomes keep-for-now, kc
+      // candidate), the scalar loop only adds them up
+      for (int i = 0; i < m; ++i) {
+        const unsigned g = kb[i] >> shift;
+        kc[i] = g == pv ? 1u : 0u;
+        kb[i] = g >= pv ? 1u : 0u;
+      }
+      const auto step = [&](int i) {
+        idx[n] = j0 + i;
+        cs[nc] = static_cast<int>(n);
+        n += kb[i];
+        nc += kc[i];
+      };
+      int i = 0;
+      for (; i + 4 <= m; i += 4) {
+        step(i);
+        step(i + 1);
+        step(i + 2);
+        step(i + 3);
+      }
+      for (; i < m; ++i) step(i);
+    } else {
+      for (int i = 0; i < m; ++i) {
+        cs[nc] = j0 + i;
+        nc += (kb[i] >> shift) == pv ? 1 : 0;
+      }
+    }
+  }
+  // the exact boundary among the candidates
+  unsigned ck[kMaskCandidates];
+  for (int c = 0; c < nc; ++c) {
+    const int j = idx ? idx[cs[c]] : cs[c];
+    const float a = kx::fabs(x[j]);
+    ck[c] = score_key(kNorms ? a * nrm[j] : a);
+  }
+  int wd = 4;  // digit width: about as many bins as candidates
+  while (wd < 10 && (1 << wd) < nc) ++wd;
+  while (!done) {
+    const int hs = shift;
+    shift = hs > wd ? hs - wd : 0;
+    const unsigned hp = prefix >> hs, dm = (1u << (hs - shift)) - 1;
+    for (unsigned b = 0; b <= dm; ++b) hist[b] = 0;
+    unsigned tb = 0;
+    for (int c = 0; c < nc; ++c) {
+      const unsigned key = ck[c];
+      if ((key >> hs) == hp) {
+        const unsigned g = (key >> shift) & dm;
+        ++hist[g];
+        tb = g > tb ? g : tb;
+      }
+    }
+    done = walk_bins(hist, static_cast<int>(tb), shift, prefix, rem, count);
+  }
+  // take out the candidates below the boundary (and the ties past the first rem): zero them
+  // in y and close the gaps they leave in idx
+  const unsigned bv = prefix >> shift;
+  int ties = 0, w = -1, last = -1;
+  for (int c = 0; c < nc; ++c) {
+    const unsigned kv = ck[c] >> shift;
+    if (kv > bv) continue;
+    if (kv == bv && ties < rem) {
+      ++ties;
+      continue;
+    }
+    const int s = cs[c];
+    if (y) y[idx ? idx[s] : s] = 0.0f;
+    if (idx) {
+      if (w < 0) {
+        w = s;
+      } else {
+        for (int t = last + 1; t < s; ++t) idx[w++] = idx[t];
+      }
+      last = s;
+    }
+  }
+  if (idx && w >= 0)
+    for (int t = last + 1; t < n; ++t) idx[w++] = idx[t];
+  return k;
 }
 
 /// Masks one row with one thread: y[j] = x[j] if kept else 0 (y may alias x); the kept
@@ -197,30 +377,9 @@ KOKKOS_INLINE_FUNCTION int mask_row_serial(const float* x, const float* nrm, int
     }
     return n;
   }
-  const Selection sel =
-      prm.rule == MaskRule::None ? Selection{d, Boundary{0u, 0, 0}} : select_serial(x, nrm, d, prm);
-  if (sel.k >= d) {
-    for (int j = 0; j < d; ++j) {
-      if (y) y[j] = x[j];
-      if (idx) idx[j] = j;
-    }
-    return d;
-  }
-  const Boundary bd = sel.bd;
-  const unsigned pv = bd.prefix >> bd.shift;
-  int ties = 0, n = 0;
-  for (int j = 0; j < d; ++j) {
-    const unsigned kv = mask_key(x, nrm, j) >> bd.shift;
-    bool keep = kv > pv;
-    if (kv == pv && ties < bd.need) {
-      keep = true;
-      ++ties;
-    }
-    if (y) y[j] = keep ? x[j] : 0.0f;
-    if (idx) idx[n] = j;
-    n += keep ? 1 : 0;
-  }
-  return n;
+  if (prm.rule == MaskRule::None) return keep_all_serial(x, d, y, idx);
+  return nrm ? select_row_serial<true>(x, nrm, d, prm, y, idx)
+             : select_row_serial<false>(x, nrm, d, prm, y, idx);
 }
 
 template <class E>
