@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Decode tokens/s of the activation-sparsity methods against dense, end to end.
+
+Runs `sparsim bench --method M` for M in teal, wina, topk-guided at one target sparsity, for each
+weight storage type. Every bench invocation times dense and the method in the same process,
+alternating within each repetition, with the same prompt and decode steps; `--runs` invocations
+per (storage, method). Reports medians over the invocations and writes
+docs/results/decode_methods.json and a markdown table to stdout:
+
+    storage, method, dense tok/s, method tok/s, speedup (median of the per-invocation ratios),
+    realised projection sparsity, ideal speedup (projections alone: 1/(1-s_realised); whole
+    decode step: dense profile with the projection times scaled by their realised FLOP fraction,
+    plus WINA's online rotation at the projections' rate), mask-selection and rotation shares of
+    the method's profiled decode time.
+
+Standard library only.
+
+    scripts/bench_decode_methods.py --calibration cal.h5 --runs 3
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_average():
+    try:
+        with open("/proc/loadavg") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return None
+
+
+def calibration_for(args, method):
+    if method in ("wina", "topk-guided") and args.calibration_rotated:
+        return args.calibration_rotated
+    return args.calibration
+
+
+def run_bench(args, storage, method):
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bench.json")
+        cmd = [
+            args.sparsim, "bench", "--model", args.model, "--storage", storage,
+            "--threads", str(args.threads), "--prompt", str(args.prompt), "--decode",
+            str(args.decode), "--reps", str(args.reps), "--method", method, "--sparsity",
+            str(args.sparsity), "--calibration", calibration_for(args, method), "--column-skipping",
+            args.column_skipping, "--json", out, "--log-level", "warn",
+        ] + (["--no-rotation"] if args.no_rotation and method != "teal" else [])
+        print("running:", " ".join(cmd), file=sys.stderr)
+        env = dict(os.environ)
+        env.setdefault("OMP_PROC_BIND", "false")
+        load_before = load_average()
+        subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
+        with open(out) as f:
+            j = json.load(f)
+        j["load_average_before"] = load_before
+        return cmd, j
+
+
+def summarize(runs):
+    med = statistics.median
+    s = [r["sparse"] for r in runs]
+    return {
+        "runs": len(runs),
+        "dense_decode_tokens_per_s": med(r["decode_tokens_per_s"] for r in runs),
+        "decode_tokens_per_s": med(x["decode_tokens_per_s"] for x in s),
+        "speedup": med(x["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+                       for x, r in zip(s, runs)),
+        "realised_projection_sparsity": med(x["realised_projection_sparsity"] for x in s),
+        "ideal_speedup_projections": med(x["ideal_speedup_projections"] for x in s),
+        "ideal_speedup_decode_step": med(x["ideal_speedup_decode_step"] for x in s),
+        "dense_projection_time_share": med(x["dense_projection_time_share"] for x in s),
+        "mask_select_time_share": med(x["mask_select_time_share"] for x in s),
+        "rotation_time_share": med(x["rotation_time_share"] for x in s),
+        "prefill_tokens_per_s": med(x["prefill_tokens_per_s"] for x in s),
+        "dense_prefill_tokens_per_s": med(r["prefill_tokens_per_s"] for r in runs),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--calibration", required=True, help="from sparsim calibrate --model M")
+    ap.add_argument("--calibration-rotated",
+                    help="calibration for wina and topk-guided when --calibration holds only the "
+                    "plain variant (calibrate --variants rotated)")
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--methods", default="teal,wina,topk-guided")
+    ap.add_argument("--storages", default="bf16,f32")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompt", type=int, default=512)
+    ap.add_argument("--decode", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3, help="bench invocations per storage x method")
+    ap.add_argument("--reps", type=int, default=1, help="repetitions inside each invocation")
+    ap.add_argument("--column-skipping", default="on", choices=["on", "off"])
+    ap.add_argument("--no-rotation", action="store_true",
+                    help="wina and topk-guided on the unrotated model (plain calibration)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "decode_methods.json"))
+    args = ap.parse_args()
+    if args.runs < 1 or args.reps < 1:
+        ap.error("--runs and --reps must be >= 1")
+
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    raw, table = [], []
+    storages = args.storages.split(",")
+    methods = args.methods.split(",")
+    for storage in storages:
+        per = {m: [] for m in methods}
+        # methods interleaved run by run, so that a busy spell hits all of them
+        for _ in range(args.runs):
+            for m in methods:
+                cmd, j = run_bench(args, storage, m)
+                per[m].append(j)
+                raw.append({"storage": storage, "method": m, "command": cmd, "result": j})
+        for m in methods:
+            row = {"storage": storage, "method": m}
+            row.update(summarize(per[m]))
+            table.append(row)
+
+    doc = {
+        "what": "sparsim bench --method: decode tokens/s of each method against dense, same run",
+        "started_utc": started,
+        "model": args.model,
+        "calibration": args.calibration,
+        "calibration_rotated": args.calibration_rotated,
+        "sparsity_target": args.sparsity,
+        "threads": args.threads,
+        "prompt_tokens": args.prompt,
+        "decode_tokens": args.decode,
+        "runs": args.runs,
+        "reps_per_run": args.reps,
+        "column_skipping": args.column_skipping,
+        "no_rotation": args.no_rotation,
+        "load_average_end": load_average(),
+        "table": table,
+        "raw": raw,
+    }
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, args.out)
+
+    print("| storage | method | dense tok/s | method tok/s | speedup | realised s | ideal (proj) "
+          "| ideal (step) | mask select | rotation |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['storage']} | {r['method']} | {r['dense_decode_tokens_per_s']:.1f} "
+              f"| {r['decode_tokens_per_s']:.1f} | {r['speedup']:.2f} "
+              f"| {r['realised_projection_sparsity']:.3f} | {r['ideal_speedup_projections']:.2f} "
+              f"| {r['ideal_speedup_decode_step']:.2f} | {100 * r['mask_select_time_share']:.1f}% "
+              f"| {100 * r['rotation_time_share']:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
