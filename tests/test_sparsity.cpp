@@ -174,6 +174,24 @@ TYPED_TEST(SparsityTest, WinaIsExactAndGuidedStaysInItsBand) {
     eng.set_masker(&m);
     eng.set_sparse_from(0);
     eng.forward_tail({std::vector<int>(stream.begin(), stream.begin() + 128)}, 0, 1);
+    // per-token sparsity: FLOP-weighted over every projection, unmasked ones as dense
+    double skipped = 0, all = 0;
+    for (int l = 0; l < spec.cfg.n_layer; ++l)
+      for (int i = 0; i < kNumProj; ++i) {
+        const auto& wm = w->layers[static_cast<std::size_t>(l)].proj(static_cast<Proj>(i));
+        const double p = plan.p[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)];
+        const double f = static_cast<double>(wm.rows) * wm.cols;
+        all += f;
+        if (p > 0) skipped += f * (1.0 - std::floor(wm.cols * (1.0 - p)) / wm.cols);
+      }
+    const auto& tok = m.token_sparsity();
+    ASSERT_EQ(tok.size(), 128u);
+    for (double t : tok) {
+      if (method == sparsity::Method::Wina)
+        EXPECT_NEAR(t, skipped / all, 1e-12);
+      else
+        EXPECT_NEAR(t, skipped / all, mo.delta + 0.05);
+    }
     for (int l = 0; l < spec.cfg.n_layer; ++l)
       for (int i = 0; i < kNumProj; ++i) {
         const Proj pr = static_cast<Proj>(i);

@@ -83,14 +83,19 @@ class ActivationMasker final : public ProjectionMasker<E> {
         stats_(static_cast<std::size_t>(n_layer)) {}
 
   int n_layer() const { return static_cast<int>(params_.size()); }
-  /// `weight`: what one input entry of this projection costs (its output width, so that the
-  /// per-token sparsity is FLOP-weighted across projections).
+  /// `weight`: what one input entry of this projection costs (its output width), `d_in` its
+  /// input width. With both given for every projection, the per-token sparsity is FLOP-weighted
+  /// over all projections of the model, unmasked ones counting as dense; otherwise over the
+  /// masked projections only.
   void set(int layer, Proj p, const MaskParams& prm, const CVec<E>& norms = CVec<E>(),
-           double weight = 1.0) {
+           double weight = 1.0, int d_in = 0) {
     params_.at(static_cast<std::size_t>(layer))[idx(p)] = prm;
     norms_.at(static_cast<std::size_t>(layer))[idx(p)] = norms;
     weight_.resize(params_.size() * kNumProj, 1.0);
-    weight_[static_cast<std::size_t>(layer) * kNumProj + idx(p)] = weight;
+    cost_.resize(params_.size() * kNumProj, 0.0);
+    const std::size_t i = static_cast<std::size_t>(layer) * kNumProj + idx(p);
+    weight_[i] = weight;
+    cost_[i] = weight * d_in;
   }
   const MaskParams& params(int layer, Proj p) const {
     return params_[static_cast<std::size_t>(layer)][idx(p)];
@@ -176,8 +181,16 @@ class ActivationMasker final : public ProjectionMasker<E> {
     return i < weight_.size() ? weight_[i] : 1.0;
   }
   void flush() {
+    double all = 0;
+    bool complete = !cost_.empty();
+    for (double c : cost_) {
+      all += c;
+      complete = complete && c > 0;
+    }
     for (std::size_t r = 0; r < row_total_.size(); ++r)
-      if (row_total_[r] > 0) token_sparsity_.push_back(1.0 - row_kept_[r] / row_total_[r]);
+      if (row_total_[r] > 0)
+        token_sparsity_.push_back(complete ? (row_total_[r] - row_kept_[r]) / all
+                                           : 1.0 - row_kept_[r] / row_total_[r]);
     row_kept_.clear();
     row_total_.clear();
   }
@@ -188,7 +201,7 @@ class ActivationMasker final : public ProjectionMasker<E> {
   Vec<E> buf_;
   IVec<E> kept_;
   MaskScratch<E> scratch_;
-  std::vector<double> weight_;
+  std::vector<double> weight_, cost_;
   std::vector<double> row_kept_, row_total_;
   std::vector<double> token_sparsity_;
 };

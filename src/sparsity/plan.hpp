@@ -63,7 +63,8 @@ void configure_masker(ActivationMasker<E>& m, const Plan& plan, const Weights<E>
       if (prm.rule == MaskRule::TopK || prm.rule == MaskRule::Guided)
         if (wina_uses_norms(pr, plan.opt.wina_norms_all))
           norms = column_norms(exec, w.layers[static_cast<std::size_t>(l)].proj(pr));
-      m.set(l, pr, prm, norms, w.layers[static_cast<std::size_t>(l)].proj(pr).rows);
+      const Matrix<E>& wm = w.layers[static_cast<std::size_t>(l)].proj(pr);
+      m.set(l, pr, prm, norms, wm.rows, wm.cols);
     }
 }
 
