@@ -35,8 +35,10 @@ def run_eval(args, name, corpus, extra):
     cmd = [args.sparsim, "eval", "--model", args.model, "--corpus", corpus,
            "--context", str(args.context), "--stride", str(args.stride),
            "--max-windows", str(args.max_windows), "--storage", args.storage,
-           "--progress", "never", "--out", out] + extra
-    if any(e in extra for e in ("teal", "wina", "topk-guided")):
+           "--progress", "never", "--threads", str(args.threads), "--out", out] + extra
+    if "teal" in extra:
+        cmd += ["--calibration", args.calibration_plain or args.calibration]
+    elif any(e in extra for e in ("wina", "topk-guided")):
         cmd += ["--calibration", args.calibration]
     t0 = time.time()
     print("+", " ".join(cmd), flush=True)
@@ -85,7 +87,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sparsim", default="build/bin/sparsim")
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--calibration", required=True)
+    ap.add_argument("--calibration", required=True,
+                    help="calibration file (rotated variant for WINA / TopK-Guided, and the plain "
+                         "one for TEAL unless --calibration-plain is given)")
+    ap.add_argument("--calibration-plain", help="calibration file for TEAL (plain variant)")
     ap.add_argument("--corpus", action="append", default=[],
                     help="NAME=PATH (repeatable); the first is the ablation corpus. "
                          "Default: shakespeare=default, licenses=/usr/share/common-licenses")
@@ -93,10 +98,13 @@ def main():
     ap.add_argument("--stride", type=int, default=512)
     ap.add_argument("--max-windows", type=int, default=4)
     ap.add_argument("--storage", default="f32")
+    ap.add_argument("--threads", type=int, default=2, help="OpenMP threads (results do not depend on it)")
     ap.add_argument("--targets", default="0.3,0.5,0.7")
     ap.add_argument("--outdir", required=True)
     ap.add_argument("--json", required=True)
     ap.add_argument("--page")
+    ap.add_argument("--ablation-teal", action="store_true",
+                    help="also run TEAL at every ablation target (s = 0.5 always)")
     ap.add_argument("--rerun", action="store_true", help="rerun configurations whose run file exists")
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
@@ -109,8 +117,15 @@ def main():
                         "max_windows": args.max_windows, "storage": args.storage},
            "corpora": {n: p for n, p in corpora}, "table3": {}, "ablation": {}}
     with h5py.File(args.calibration, "r") as f:
-        res["calibration_corpus"] = str(f.attrs.get("corpus_path", ""))
-        res["calibration_tokens"] = int(f.attrs.get("tokens", 0))
+        a = dict(f.attrs)
+        txt = lambda v: v.decode() if isinstance(v, bytes) else str(v)
+        res["calibration_corpus"] = txt(a.get("corpus_path", ""))
+        res["calibration_tokens"] = int(a.get("tokens", 0))
+        res["calibration_settings"] = {k: (txt(a[k]) if isinstance(a[k], (bytes, str)) else float(a[k]))
+                                       for k in ("alpha", "greedy_tokens", "greedy_score_fraction",
+                                                 "context", "windows", "command") if k in a}
+    if args.calibration_plain:
+        res["calibration_plain"] = os.path.abspath(args.calibration_plain)
     # Table 3: dense and the three methods at s = 0.5 on every corpus
     for cname, cpath in corpora:
         rows = {"dense": read_run(run_eval(args, f"{cname}_dense", cpath, []))}
@@ -122,8 +137,9 @@ def main():
     cname, cpath = corpora[0]
     for s in targets:
         rows = {}
-        rows["TEAL"] = read_run(run_eval(args, f"{cname}_teal_{s}", cpath,
-                                         ["--method", "teal", "--sparsity", str(s)]))
+        if args.ablation_teal or s == 0.5:
+            rows["TEAL"] = read_run(run_eval(args, f"{cname}_teal_{s}", cpath,
+                                             ["--method", "teal", "--sparsity", str(s)]))
         for label, extra in ABLATION:
             tag = "_".join(e.lstrip("-") for e in extra)
             rows[label] = read_run(run_eval(args, f"{cname}_{tag}_{s}", cpath,
@@ -149,7 +165,9 @@ def write_page(args, res, targets, corpora):
     L.append(f"Protocol: windows of {p['context']} tokens every {p['stride']}, the last "
              f"{p['stride']} of each scored and sparsified (the context prefix stays dense), "
              f"{p['max_windows']} windows per corpus, {p['storage']} weights. Calibration: "
-             f"`{res['calibration_corpus']}` ({res['calibration_tokens']} tokens), which is not "
+             f"`{os.path.basename(res['calibration_corpus'])}` ({res['calibration_tokens']} tokens; "
+             f"greedy step α = {res['calibration_settings'].get('alpha')}, "
+             f"{int(res['calibration_settings'].get('greedy_tokens', 0))} greedy tokens), which is not "
              "among the evaluated windows. Realised sparsity is per token, FLOP-weighted over the "
              "seven projections of every block (mean, min and max over the scored tokens).\n")
     L.append("## Target vs realised sparsity at s = 0.5 (the pattern of the paper's Table 3)\n")
@@ -181,8 +199,8 @@ def write_page(args, res, targets, corpora):
     for lab in labels:
         cells = []
         for s in targets:
-            r = res["ablation"][str(s)][lab]
-            cells.append(f"{r['perplexity']:.3f} ({pct(r['realised_mean'])})")
+            r = res["ablation"][str(s)].get(lab)
+            cells.append(f"{r['perplexity']:.3f} ({pct(r['realised_mean'])})" if r else "–")
         L.append(f"| {lab} | " + " | ".join(cells) + " |")
     L.append("")
     L.append("Each cell: perplexity (realised mean sparsity). Dense perplexity on this corpus: "
