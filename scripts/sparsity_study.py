@@ -216,12 +216,19 @@ def write_page(args, res, targets, corpora):
                  f"{a['+ both (TopK-Guided)']['block_budget_mean']:.4f} | "
                  f"{pct(a['WINA (baseline)']['rotation_flops_share'])} |")
     L.append("")
-    L.append("Reproduce:\n")
+    L.append("Reproduce (the calibration command is the one stored in the calibration file):\n")
     L.append("```")
-    L.append(f"build/bin/sparsim calibrate --model smollm2 --corpus <calibration text> --out cal.h5 \\\n"
-             "    --context 2048 --max-windows 4 --greedy-seqs 2 --greedy-tokens 128")
-    L.append(f"scripts/sparsity_study.py --calibration cal.h5 --outdir runs --max-windows {p['max_windows']} \\\n"
-             f"    --json {args.json} --page {args.page}")
+    cmds = [res["calibration_settings"].get("command", "")]
+    if args.calibration_plain:
+        with h5py.File(args.calibration_plain, "r") as f:
+            c = f.attrs.get("command", "")
+            cmds.append(c.decode() if isinstance(c, bytes) else str(c))
+    for c in cmds:
+        L.append(f"build/bin/sparsim {c}")
+    extra = f" --calibration-plain {os.path.basename(args.calibration_plain)}" if args.calibration_plain else ""
+    L.append(f"scripts/sparsity_study.py --calibration {os.path.basename(args.calibration)}{extra} \\\n"
+             f"    --outdir runs --max-windows {p['max_windows']}"
+             f"{' --ablation-teal' if args.ablation_teal else ''} --json {args.json} --page {args.page}")
     L.append("```\n")
     with open(args.page, "w") as f:
         f.write("\n".join(L))
