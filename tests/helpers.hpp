@@ -65,6 +65,21 @@ inline SynthSpec tiny_spec(std::uint64_t seed = 7) {
   return s;
 }
 
+/// Writes generated text to `path`: `words` words over a–z (1–7 letters), a sentence ending
+/// every `sentence` words. A corpus for calibration and perplexity tests.
+inline void write_word_corpus(const std::string& path, std::uint64_t seed, int words = 6000,
+                              int sentence = 11) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr) << path;
+  SynthRng r(seed);
+  for (int i = 0; i < words; ++i) {
+    const int len = 1 + static_cast<int>(r.next() % 7);
+    for (int k = 0; k < len; ++k) std::fputc('a' + static_cast<int>(r.next() % 26), f);
+    std::fputs(i % sentence == sentence - 1 ? ".\n" : " ", f);
+  }
+  std::fclose(f);
+}
+
 /// Result of running a command line through the shell.
 struct RunResult {
   int exit_code = -1;

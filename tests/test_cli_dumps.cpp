@@ -19,14 +19,7 @@ class CliDumps : public ::testing::Test {
     dir_ = new TempDir();
     model_ = make_model(*dir_, "m.gguf", tiny_spec(31));
     corpus_ = dir_->file("corpus.txt");
-    std::ofstream f(corpus_);
-    SynthRng r(5);
-    for (int i = 0; i < 6000; ++i) {
-      const int len = 1 + static_cast<int>(r.next() % 7);
-      for (int k = 0; k < len; ++k) f << static_cast<char>('a' + r.next() % 26);
-      f << (i % 11 == 10 ? ".\n" : " ");
-    }
-    f.close();
+    write_word_corpus(corpus_, 5, 6000, 11);
     calib_ = dir_->file("cal.h5");
     const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
                                 corpus_ + " --out " + calib_ +

@@ -20,14 +20,7 @@ class CliSparsity : public ::testing::Test {
     other_ = make_model(*dir_, "other.gguf", tiny_spec(22));
     // generated text: words over a small alphabet, enough tokens for a few windows
     corpus_ = dir_->file("corpus.txt");
-    std::ofstream f(corpus_);
-    SynthRng r(3);
-    for (int i = 0; i < 6000; ++i) {
-      const int len = 1 + static_cast<int>(r.next() % 7);
-      for (int k = 0; k < len; ++k) f << static_cast<char>('a' + r.next() % 26);
-      f << (i % 13 == 12 ? ".\n" : " ");
-    }
-    f.close();
+    write_word_corpus(corpus_, 3, 6000, 13);
     calib_ = dir_->file("cal.h5");
     const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
                                 corpus_ + " --out " + calib_ +
