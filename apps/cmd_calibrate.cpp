@@ -1,11 +1,13 @@
 // sparsim calibrate: activation statistics, greedy per-projection allocation tables, block
 // sensitivities and the WINA rotation, written to a calibration file that eval reads.
+#include "calibrate_options.hpp"
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
+#include "records.hpp"
 #include "sparsity/calibrate.hpp"
 #include "sparsity/rotation.hpp"
 
@@ -18,24 +20,6 @@
 namespace sparsim::app {
 
 namespace {
-std::vector<double> parse_double_list(const std::string& s, const std::string& what) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    require(used == item.size() && !item.empty(), "{}: '{}' is not a number", what, item);
-    out.push_back(v);
-  }
-  require(!out.empty(), "{}: empty list", what);
-  return out;
-}
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   std::stringstream ss(s);
@@ -47,9 +31,7 @@ std::vector<std::string> split_commas(const std::string& s) {
 
 int cmd_calibrate(int argc, char** argv) {
   CommonOptions co;
-  std::string model_arg, corpus_arg, text_field, out, storage, probes_arg, variants, norms_mode,
-      progress_mode;
-  sparsity::CalibrateOptions opt;
+  std::string model_arg, corpus_arg, text_field, out, storage, variants, progress_mode;
   bool strict = false;
   po::options_description d("sparsim calibrate options");
   d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
@@ -58,48 +40,22 @@ int cmd_calibrate(int argc, char** argv) {
       "calibration text: a file, a directory, JSONL (see --text-field), or 'default'")(
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
       "out,o", po::value(&out), "calibration file to write (HDF5; required)")(
-      "context", po::value(&opt.context)->default_value(2048), "tokens per histogram window")(
-      "max-windows", po::value(&opt.max_windows)->default_value(8),
-      "histogram windows (consecutive, from the start of the corpus)")(
-      "greedy-seqs", po::value(&opt.greedy_seqs)->default_value(4),
-      "sequences feeding the greedy search and the sensitivity probe")(
-      "greedy-tokens", po::value(&opt.greedy_tokens)->default_value(128),
-      "tokens per greedy sequence")("alpha", po::value(&opt.alpha)->default_value(0.025),
-                                    "greedy base step α")(
-      "cap", po::value(&opt.cap)->default_value(0.95), "greedy search stops at P >= cap")(
-      "score-fraction", po::value(&opt.score_fraction)->default_value(0.25),
-      "greedy error over the last fraction of each sequence")(
-      "probes", po::value(&probes_arg)->default_value("0.2,0.4,0.6,0.8"),
-      "sensitivity probe sparsities s̄ (comma-separated)")(
-      "delta", po::value(&opt.delta)->default_value(0.01),
-      "TopK-Guided clip margin δ used when probing the rotated model")(
       "variants", po::value(&variants)->default_value("plain,rotated"),
       "what to calibrate: plain (TEAL), rotated (WINA, TopK-Guided), or both")(
-      "wina-norms", po::value(&norms_mode)->default_value("kg"),
-      "projections scored with column norms: kg (k and gate) or all")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "progress", po::value(&progress_mode)->default_value("auto"),
       "progress bar on stderr: auto, always, never");
+  CalibrateCli cc;
+  cc.add(d);
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim calibrate --out FILE [--model M] [--corpus C] [options]",
              d, vm))
     return 0;
   require(!out.empty(), "calibrate: --out FILE is required");
-  opt.probes = parse_double_list(probes_arg, "--probes");
-  for (double v : opt.probes) require(v > 0 && v < 1, "--probes: {} is outside (0, 1)", v);
-  require(opt.context >= 2 && opt.max_windows >= 1, "--context must be ≥ 2 and --max-windows ≥ 1");
-  require(opt.greedy_seqs >= 1 && opt.greedy_tokens >= 4,
-          "--greedy-seqs must be ≥ 1 and --greedy-tokens ≥ 4");
-  require(opt.alpha > 0 && opt.alpha <= 0.5, "--alpha {} is outside (0, 0.5]", opt.alpha);
-  require(opt.cap > 0 && opt.cap <= 1, "--cap {} is outside (0, 1]", opt.cap);
-  require(opt.score_fraction > 0 && opt.score_fraction <= 1,
-          "--score-fraction {} is outside (0, 1]", opt.score_fraction);
-  require(opt.delta >= 0 && opt.delta < 0.5, "--delta {} is outside [0, 0.5)", opt.delta);
-  require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
-          norms_mode);
-  opt.wina_norms_all = norms_mode == "all";
+  cc.finish();
+  const sparsity::CalibrateOptions& opt = cc.opt;
   bool do_plain = false, do_rot = false;
   for (const auto& v : split_commas(variants)) {
     if (v == "plain")
@@ -152,7 +108,7 @@ int cmd_calibrate(int argc, char** argv) {
     cal.greedy_score_fraction = opt.score_fraction;
     cal.histogram_range_values = static_cast<std::int64_t>(opt.range_values);
     cal.probe_levels = opt.probes;
-    for (int i = 0; i < argc; ++i) cal.command += (i ? " " : "") + std::string(argv[i]);
+    cal.command = command_line(argc, argv);
 
     std::unique_ptr<ProgressBar> bar;
     std::string stage;

@@ -1,6 +1,7 @@
 // sparsim profile: the block sensitivity profile e_i (paper 000, Sec. 2.2, Figure 1) and the
 // sensitivity-aware block budgets s_i = clamp(s + λ(ē − e_i), 0.05, 0.95) it implies, from a
 // calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot.
+#include "calibrate_options.hpp"
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -17,11 +18,9 @@
 
 #include <unistd.h>
 #include <cmath>
-#include <ctime>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <sstream>
 
 namespace sparsim::app {
 
@@ -30,25 +29,6 @@ namespace {
 /// Bounds of block_budgets' clamp (its defaults).
 constexpr double kBudgetLo = 0.05;
 constexpr double kBudgetHi = 0.95;
-
-std::vector<double> parse_doubles(const std::string& s, const std::string& what) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    std::size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    require(used == item.size() && !item.empty(), "{}: '{}' is not a number", what, item);
-    out.push_back(v);
-  }
-  require(!out.empty(), "{}: empty list", what);
-  return out;
-}
 
 std::string join_levels(const std::vector<double>& v) {
   std::string s;
@@ -194,9 +174,10 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
 
 int cmd_profile(int argc, char** argv) {
   CommonOptions co;
-  std::string calib_path, model_arg, corpus_arg, text_field, out, plot, storage, probes_arg,
-      sparsity_arg, variant, norms_mode, progress_mode;
-  sparsity::CalibrateOptions opt;
+  std::string calib_path, model_arg, corpus_arg, text_field, out, plot, storage, sparsity_arg,
+      variant, progress_mode;
+  CalibrateCli cc;
+  sparsity::CalibrateOptions& opt = cc.opt;
   BudgetRequest br;
   bool strict = false;
   po::options_description d("sparsim profile options");
@@ -218,26 +199,11 @@ int cmd_profile(int argc, char** argv) {
       "corpus,c", po::value(&corpus_arg)->default_value("default"),
       "calibration text when computing afresh: a file, a directory, JSONL, or 'default'")(
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
-      "context", po::value(&opt.context)->default_value(2048), "tokens per histogram window")(
-      "max-windows", po::value(&opt.max_windows)->default_value(8), "histogram windows")(
-      "greedy-seqs", po::value(&opt.greedy_seqs)->default_value(4),
-      "sequences feeding the greedy search and the sensitivity probe")(
-      "greedy-tokens", po::value(&opt.greedy_tokens)->default_value(128),
-      "tokens per greedy sequence")("alpha", po::value(&opt.alpha)->default_value(0.025),
-                                    "greedy base step α")(
-      "cap", po::value(&opt.cap)->default_value(0.95), "greedy search stops at P >= cap")(
-      "score-fraction", po::value(&opt.score_fraction)->default_value(0.25),
-      "greedy error over the last fraction of each sequence")(
-      "probes", po::value(&probes_arg)->default_value("0.2,0.4,0.6,0.8"),
-      "probe sparsities s̄ to measure when computing afresh (comma-separated)")(
-      "delta", po::value(&opt.delta)->default_value(0.01),
-      "TopK-Guided clip margin δ used when probing the rotated model")(
-      "wina-norms", po::value(&norms_mode)->default_value("kg"),
-      "projections scored with column norms: kg (k and gate) or all")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "progress", po::value(&progress_mode)->default_value("auto"),
       "progress bar on stderr: auto, always, never");
+  cc.add(d);
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv,
@@ -251,7 +217,7 @@ int cmd_profile(int argc, char** argv) {
   require(plot.empty() || plot != out, "--plot and --out name the same file '{}'", out);
   require(variant == "plain" || variant == "rotated",
           "--variant must be plain or rotated, got '{}'", variant);
-  br.sparsity = parse_doubles(sparsity_arg, "--sparsity");
+  br.sparsity = parse_double_list(sparsity_arg, "--sparsity");
   for (double v : br.sparsity)
     require(std::isfinite(v) && v >= 0 && v < 1, "--sparsity: {} is outside [0, 1)", v);
   require(std::isfinite(br.lambda) && br.lambda >= 0, "--lambda {} must be ≥ 0", br.lambda);
@@ -288,20 +254,7 @@ int cmd_profile(int argc, char** argv) {
     p.probe_levels = cal->probe_levels;
     p.sensitivity = var->sensitivity;
   } else {
-    opt.probes = parse_doubles(probes_arg, "--probes");
-    for (double v : opt.probes) require(v > 0 && v < 1, "--probes: {} is outside (0, 1)", v);
-    require(opt.context >= 2 && opt.max_windows >= 1,
-            "--context must be ≥ 2 and --max-windows ≥ 1");
-    require(opt.greedy_seqs >= 1 && opt.greedy_tokens >= 4,
-            "--greedy-seqs must be ≥ 1 and --greedy-tokens ≥ 4");
-    require(opt.alpha > 0 && opt.alpha <= 0.5, "--alpha {} is outside (0, 0.5]", opt.alpha);
-    require(opt.cap > 0 && opt.cap <= 1, "--cap {} is outside (0, 1]", opt.cap);
-    require(opt.score_fraction > 0 && opt.score_fraction <= 1,
-            "--score-fraction {} is outside (0, 1]", opt.score_fraction);
-    require(opt.delta >= 0 && opt.delta < 0.5, "--delta {} is outside [0, 0.5)", opt.delta);
-    require(norms_mode == "kg" || norms_mode == "all", "--wina-norms must be kg or all, got '{}'",
-            norms_mode);
-    opt.wina_norms_all = norms_mode == "all";
+    cc.finish();
     p.source = "computed";
     p.probe_levels = opt.probes;
   }
@@ -312,15 +265,7 @@ int cmd_profile(int argc, char** argv) {
   if (!load) {
     // The calibration file alone: no model, no Kokkos. /run and /model come from the file.
     publish(p, br, out, plot, [&](io::Group root) {
-      io::Group run = root.create_group("run");
-      std::string cmd;
-      for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
-      run.set_attr("command", cmd);
-      run.set_attr("version", SPARSIM_VERSION);
-      const std::time_t now = std::time(nullptr);
-      char buf[64];
-      std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-      run.set_attr("started_utc", std::string(buf));
+      write_run_group(root, argc, argv);
       io::Group m = root.create_group("model");
       m.set_attr("path", cal->model_path);
       m.set_attr("fingerprint", cal->model_fingerprint);

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include <iostream>
+#include <sstream>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -111,6 +112,25 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& what) {
       fail("{}: '{}' is not an integer", what, tok);
     }
     i = j + 1;
+  }
+  require(!out.empty(), "{}: empty list", what);
+  return out;
+}
+
+std::vector<double> parse_double_list(const std::string& s, const std::string& what) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    require(used == item.size() && !item.empty(), "{}: '{}' is not a number", what, item);
+    out.push_back(v);
   }
   require(!out.empty(), "{}: empty list", what);
   return out;

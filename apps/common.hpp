@@ -42,6 +42,8 @@ class Runtime {
 
 /// Parses "1,2,3" into token ids.
 std::vector<int> parse_int_list(const std::string& s, const std::string& what);
+/// "0.2,0.4" → {0.2, 0.4}; `what` names the option in the error for a non-number or an empty list.
+std::vector<double> parse_double_list(const std::string& s, const std::string& what);
 
 /// Name of the backend actually selected ("serial", "openmp", "cuda").
 std::string resolve_backend(const std::string& requested);

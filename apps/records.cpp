@@ -6,17 +6,25 @@
 
 namespace sparsim::app {
 
-void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
-                      int threads, const ModelInfo& mi, const Config& cfg, DType storage) {
-  io::Group run = root.create_group("run");
+std::string command_line(int argc, char** argv) {
   std::string cmd;
   for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + std::string(argv[i]);
-  run.set_attr("command", cmd);
+  return cmd;
+}
+
+void write_run_group(io::Group root, int argc, char** argv) {
+  io::Group run = root.create_group("run");
+  run.set_attr("command", command_line(argc, argv));
   run.set_attr("version", SPARSIM_VERSION);
   const std::time_t now = std::time(nullptr);
   char buf[64];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   run.set_attr("started_utc", std::string(buf));
+}
+
+void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
+                      int threads, const ModelInfo& mi, const Config& cfg, DType storage) {
+  write_run_group(root, argc, argv);
 
   io::Group be = root.create_group("backend");
   be.set_attr("name", backend);

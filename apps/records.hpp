@@ -8,6 +8,12 @@
 
 namespace sparsim::app {
 
+/// The command line as one string (arguments joined by spaces).
+std::string command_line(int argc, char** argv);
+
+/// Writes /run: command line, version, start time (UTC).
+void write_run_group(io::Group root, int argc, char** argv);
+
 /// Writes /run (command line, version, time), /backend (name, threads, Kokkos version) and
 /// /model (path, fingerprint, hyper-parameters, storage type).
 void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
