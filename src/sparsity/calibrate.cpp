@@ -101,19 +101,7 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
   eng.set_observer({});
   exec.fence();
 
-  // Column norms (WINA scores) for the rotated variant.
-  if (masking == ProbeMasking::Guided) {
-    for (int i = 0; i < kNumProj; ++i) {
-      const Proj p = static_cast<Proj>(i);
-      auto& cn = out.col_norms[static_cast<std::size_t>(i)];
-      cn.clear();
-      for (int l = 0; l < L; ++l) {
-        Vec<E> v = column_norms(exec, w->layers[static_cast<std::size_t>(l)].proj(p));
-        auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-        cn.insert(cn.end(), hv.data(), hv.data() + hv.extent(0));
-      }
-    }
-  }
+  for (auto& cn : out.col_norms) cn.clear();
 
   ActivationMasker<E> masker(L);
   eng.set_masker(&masker);
@@ -157,8 +145,13 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
     for (int i = 0; i < kNumProj; ++i) {
       const Proj pr = static_cast<Proj>(i);
       f[static_cast<std::size_t>(i)] = static_cast<double>(lw.proj(pr).rows) * lw.proj(pr).cols;
-      if (masking == ProbeMasking::Guided && wina_uses_norms(pr, opt.wina_norms_all))
-        nv[static_cast<std::size_t>(i)] = column_norms(exec, lw.proj(pr));
+      if (masking != ProbeMasking::Guided) continue;
+      // WINA column norms: stored for every projection, used as scores where WINA uses them
+      const Vec<E> v = column_norms(exec, lw.proj(pr));
+      auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+      auto& cn = out.col_norms[static_cast<std::size_t>(i)];
+      cn.insert(cn.end(), hv.data(), hv.data() + hv.extent(0));
+      if (wina_uses_norms(pr, opt.wina_norms_all)) nv[static_cast<std::size_t>(i)] = v;
     }
     clear_layer(l);
     const std::vector<float> y = run_masked(l);  // dense: no projection of l is masked
