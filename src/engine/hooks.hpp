@@ -9,14 +9,20 @@
 namespace sparsim {
 
 /// Rows of one forward call that are sparsified: row r (= s·T + t) is sparse when its flag is
-/// 1. `count` is the number of flagged rows (0: the call is dense).
+/// 1. `count` is the number of flagged rows (0: the call is dense). The flags live on the
+/// device (for kernels) and on the host (for statistics).
 template <class E>
 struct SparseRows {
   IVec<E> flags;
+  typename IVec<E>::HostMirror host_flags;
   int count = 0;
 };
 
 /// Decides what input each projection reads. Implementations own their output buffers.
+///
+/// Masking runs asynchronously: the kept counts of a call stay in device memory until the
+/// engine has finished the call's kernels and calls end_call(), once per forward call. Each
+/// masked projection gets a ticket; kept(ticket) is valid after end_call().
 template <class E>
 class ProjectionMasker {
  public:
@@ -29,15 +35,22 @@ class ProjectionMasker {
   virtual bool active(int layer, Proj p) const = 0;
 
   /// The input projection `p` of `layer` reads instead of x[n][d]: rows flagged in `rows`
-  /// masked, the others copied. Returns the sum over flagged rows of kept entries.
+  /// masked, the others copied. `ticket` identifies the call for kept().
   virtual CMat<E> apply(const E& exec, int layer, Proj p, const CMat<E>& x,
-                        const SparseRows<E>& rows, long long& kept) = 0;
+                        const SparseRows<E>& rows, int& ticket) = 0;
 
   /// Decode fast path: kept indices (ascending) of the masked single row x[1][d] of projection
-  /// `p`, for the column-skipping GEMV. Returns their number; fills `idx` and `xm` (the masked
-  /// row, or nothing when xm is empty).
-  virtual int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
-                      const Vec<E>& xm) = 0;
+  /// `p` into `idx`, and the masked row into `xm` (nothing when xm is empty). Returns a
+  /// one-element view holding the number of kept indices (device memory on devices: nothing is
+  /// read back).
+  virtual IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
+                          const Vec<E>& xm, int& ticket) = 0;
+
+  /// After the kernels of the call have finished: the statistics of the call are complete.
+  virtual void end_call(const E& exec) { (void)exec; }
+
+  /// Σ over the flagged rows of a ticket's projection call of the kept entries.
+  virtual long long kept(int ticket) const = 0;
 };
 
 /// Called with the dense activation at `site` of `layer` ([n][d] rows of the current call).
