@@ -11,6 +11,7 @@
 #include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
 #include "model/loader.hpp"
+#include "sparsity/masker.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -296,7 +297,8 @@ TYPED_TEST(DeviceKernelTest, TeamSparseGemvMatchesReference) {
     Kokkos::deep_copy(idx, hi);
     Kokkos::deep_copy(count, static_cast<int>(kept.size()));
     Vec<E> y("y", out);
-    detail::sparse_gemv_teams(E(), CVec<E>(x.data(), in), idx, count, wt, y);
+    SparseGemvWork<E> work;
+    sparse_gemv_split<false>(E(), CVec<E>(x.data(), in), idx, count, 0.0f, wt, y, work);
     std::vector<double> want(out, 0.0);
     for (int i : kept)
       for (int o = 0; o < out; ++o) want[o] += xv[i] * stored<bf16_t>(wv[i * out + o]);
@@ -307,6 +309,100 @@ TYPED_TEST(DeviceKernelTest, TeamSparseGemvMatchesReference) {
       scale = std::max(scale, std::fabs(want[o]));
     }
     EXPECT_LT(err, keep ? 2e-6 * scale : 1e-30) << "kept " << kept.size();
+  }
+}
+
+// Threshold mode of the split sparse GEMV: the kept rows are |x_i| >= tau, found by the kernel,
+// and their number lands in count(0); f32 (4 outputs per lane) and bf16 (8), odd widths (the
+// scalar path) too.
+TYPED_TEST(DeviceKernelTest, ThresholdSparseGemvMatchesReference) {
+  using E = TypeParam;
+  for (const auto& shape : {std::array<int, 2>{300, 131}, std::array<int, 2>{5000, 256},
+                            std::array<int, 2>{64, 1024}}) {
+    const int in = shape[0], out = shape[1];
+    const auto wv = random_vec(static_cast<std::size_t>(in) * out, 81, 0.2f);
+    const auto xv = random_vec(in, 82);
+    auto x = to_device<E>(xv, 1, in);
+    for (float tau : {0.0f, 0.7f, 1.5f, 100.0f}) {
+      IVec<E> count("count", 1);
+      SparseGemvWork<E> work;
+      std::vector<double> want(out, 0.0);
+      int kept = 0;
+      for (int i = 0; i < in; ++i) {
+        if (std::fabs(xv[i]) < tau) continue;
+        ++kept;
+        for (int o = 0; o < out; ++o) want[o] += xv[i] * stored<bf16_t>(wv[i * out + o]);
+      }
+      auto wt = weights_as<E, bf16_t>(wv, in, out);
+      Vec<E> y("y", out);
+      for (int rep = 0; rep < 2; ++rep) {  // again: the counters were reset
+        sparse_gemv_split<true>(E(), CVec<E>(x.data(), in), IVec<E>(), count, tau, wt, y, work);
+        const auto got = to_host(y);
+        double err = 0, scale = 1e-30;
+        for (int o = 0; o < out; ++o) {
+          err = std::max(err, std::fabs(got[o] - want[o]));
+          scale = std::max(scale, std::fabs(want[o]));
+        }
+        EXPECT_LT(err, kept ? 3e-6 * scale : 1e-30) << in << "x" << out << " tau " << tau;
+        auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), count);
+        EXPECT_EQ(hc(0), kept) << in << "x" << out << " tau " << tau;
+      }
+    }
+  }
+}
+
+// Column-skipping decode on the device path (TEAL's threshold through the fused GEMV, TopK
+// through selection + list GEMV) gives the masked dense decode's logits and the same kept
+// counts.
+TYPED_TEST(DeviceKernelTest, DeviceColumnSkippingMatchesMaskedDense) {
+  using E = TypeParam;
+  TempDir dir;
+  const SynthSpec spec = tiny_spec(12);
+  const std::string path = make_model(dir, "m.gguf", spec);
+  for (DType st : {DType::F32, DType::BF16}) {
+    LoadOptions lo;
+    lo.storage = st;
+    auto w = load_model<E>(path, lo);
+    for (const MaskRule rule : {MaskRule::Threshold, MaskRule::TopK}) {
+      sparsity::ActivationMasker<E> ma(spec.cfg.n_layer), mb(spec.cfg.n_layer);
+      for (auto* m : {&ma, &mb})
+        for (int l = 0; l < spec.cfg.n_layer; ++l)
+          for (int i = 0; i < kNumProj; ++i) {
+            MaskParams prm;
+            prm.rule = rule;
+            prm.p = 0.4f + 0.05f * i;
+            prm.tau = 0.3f + 0.1f * i;
+            m->set(l, static_cast<Proj>(i), prm);
+          }
+      // both on the device path (same attention kernels, so the same inputs reach the masks);
+      // b decodes masked projections with the column-skipping kernels
+      Engine<E> a(w, 1, 64), b(w, 1, 64);
+      a.set_device_path(true);
+      b.set_device_path(true);
+      b.use_column_skipping(true);
+      a.set_masker(&ma);
+      b.set_masker(&mb);
+      std::vector<int> prompt;
+      for (int t = 0; t < 10; ++t) prompt.push_back(3 + (t * 53) % (spec.cfg.vocab - 3));
+      a.forward({prompt}, 0, false);
+      b.forward({prompt}, 0, false);
+      for (int step = 0; step < 4; ++step) {
+        const int tok = 5 + 17 * step;
+        const auto la = to_host(a.forward({{tok}}, 10 + step, false));
+        const auto lb = to_host(b.forward({{tok}}, 10 + step, false));
+        double err = 0, scale = 0;
+        for (std::size_t i = 0; i < la.size(); ++i) {
+          err = std::max(err, static_cast<double>(std::fabs(la[i] - lb[i])));
+          scale = std::max(scale, static_cast<double>(std::fabs(la[i])));
+        }
+        EXPECT_LT(err / scale, 1e-5)
+            << to_string(st) << " rule " << static_cast<int>(rule) << " step " << step;
+      }
+      for (int l = 0; l < spec.cfg.n_layer; ++l)
+        for (int i = 0; i < kNumProj; ++i)
+          EXPECT_EQ(ma.stats(l, static_cast<Proj>(i)).kept, mb.stats(l, static_cast<Proj>(i)).kept)
+              << "layer " << l << " proj " << i;
+    }
   }
 }
 

@@ -188,12 +188,22 @@ void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops
   }
   int ticket = -1;
   if (!wt_.empty() && x.extent(0) == 1) {
-    const IVec<E> nnz = masker_->indices(exec_, layer, p, x, idx_, Vec<E>(), ticket);
-    mark(flops::Op::MaskSelect);
     const Matrix<E>& t = wt_[static_cast<std::size_t>(layer)][static_cast<std::size_t>(p)];
     const CVec<E> xr(x.data(), w.cols);
     const Vec<E> yr(y.data(), w.rows);
-    with_view(t, [&](const auto& v) { sparse_gemv(exec_, xr, idx_, nnz, v, yr); });
+    float tau = 0;
+    IVec<E> nnz;
+    if (device_path_ && masker_->threshold_slot(layer, p, w.cols, tau, nnz, ticket)) {
+      // a plain threshold: the GEMV keeps |x_j| >= tau itself, no selection kernel
+      mark(flops::Op::MaskSelect);
+      with_view(t, [&](const auto& v) {
+        sparse_gemv_split<true>(exec_, xr, IVec<E>(), nnz, tau, v, yr, sparse_ws_);
+      });
+    } else {
+      nnz = masker_->indices(exec_, layer, p, x, idx_, Vec<E>(), ticket);
+      mark(flops::Op::MaskSelect);
+      with_view(t, [&](const auto& v) { sparse_gemv(exec_, xr, idx_, nnz, v, yr, sparse_ws_); });
+    }
     mark(op_of(p));
     if (ledger_)
       pending_.push_back({op_of(p), layer, ph, static_cast<double>(w.rows),
@@ -277,6 +287,11 @@ void Engine<E>::use_column_skipping(bool on) {
     wt_.push_back(std::move(m));
   }
   idx_ = IVec<E>("sparsim::engine::kept_idx", widest);
+  int widest_out = 0;
+  for (const auto& lw : w_->layers)
+    for (int i = 0; i < kNumProj; ++i)
+      widest_out = std::max(widest_out, lw.proj(static_cast<Proj>(i)).rows);
+  sparse_ws_.ensure(widest, widest_out);
   exec_.fence();
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/attention.hpp"
 #include "kernels/attention_device.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/sparse_gemv.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
 
@@ -129,6 +130,7 @@ class Engine {
   typename IVec<E>::HostMirror sparse_flags_host_;
   SparseRows<E> sparse_;
   attn::DecodeWorkspace<E> attn_ws_;
+  SparseGemvWork<E> sparse_ws_;
   bool fused_ = true;
   bool device_path_ = false;  ///< device kernels on a host backend (tests)
   bool graph_ = false;

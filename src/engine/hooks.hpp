@@ -46,6 +46,15 @@ class ProjectionMasker {
   virtual IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
                           const Vec<E>& xm, int& ticket) = 0;
 
+  /// Decode fast path for a plain threshold rule (keep |x_j| >= tau, no score weights): when
+  /// projection `p` of `layer` (input width d) has one, returns true with tau and a one-element
+  /// slot (in the execution space's memory) for the kept count, which the caller's kernel
+  /// fills; the count is logged like indices()'. No selection kernel is needed then.
+  virtual bool threshold_slot(int layer, Proj p, int d, float& tau, IVec<E>& count, int& ticket) {
+    (void)layer, (void)p, (void)d, (void)tau, (void)count, (void)ticket;
+    return false;
+  }
+
   /// After the kernels of the call have finished: the statistics of the call are complete.
   virtual void end_call(const E& exec) { (void)exec; }
 

@@ -30,6 +30,16 @@ namespace sparsim {
 
 namespace attn {
 
+/// Reads a value another team wrote before a fence: on GPUs through L2 (ld.global.cg, not
+/// cached in the reading SM's L1), elsewhere through a volatile read.
+KOKKOS_INLINE_FUNCTION float load_shared(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *static_cast<const volatile float*>(p);
+#endif
+}
+
 /// Cached positions per split of the decode kernel.
 inline constexpr int kChunk = 64;
 
@@ -147,10 +157,19 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
             const int h = kvh * group + g;
             const std::size_t part = (static_cast<std::size_t>(s) * n_head + h) * ns + sp;
             Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
-              float a = 0.0f;
+              // four independent sums keep four value loads in flight
+              float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
               const float* vr = vp + kv_base + static_cast<std::size_t>(p0) * kvd + e;
-              for (int i = 0; i < len; ++i) a += sg[i] * vr[static_cast<std::size_t>(i) * kvd];
-              po[part * hd + e] = a;
+              const std::size_t st = static_cast<std::size_t>(kvd);
+              int i = 0;
+              for (; i + 4 <= len; i += 4) {
+                a0 += sg[i] * vr[i * st];
+                a1 += sg[i + 1] * vr[(i + 1) * st];
+                a2 += sg[i + 2] * vr[(i + 2) * st];
+                a3 += sg[i + 3] * vr[(i + 3) * st];
+              }
+              for (; i < len; ++i) a0 += sg[i] * vr[i * st];
+              po[part * hd + e] = (a0 + a1) + (a2 + a3);
             });
             Kokkos::single(Kokkos::PerTeam(team), [&]() {
               pml[part * 2] = m;
@@ -174,16 +193,19 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
           for (int g = 0; g < group; ++g) {
             const int h = kvh * group + g;
             const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
-            const volatile float* vml = pml + part0 * 2;
-            const volatile float* vo = po + part0 * hd;
+            const float* vml = pml + part0 * 2;
+            const float* vo = po + part0 * hd;
             Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
               float mx = -3.0e38f;
-              for (int k = 0; k < active; ++k) mx = vml[2 * k] > mx ? vml[2 * k] : mx;
+              for (int k = 0; k < active; ++k) {
+                const float m = attn::load_shared(vml + 2 * k);
+                mx = m > mx ? m : mx;
+              }
               float lsum = 0.0f, acc = 0.0f;
               for (int k = 0; k < active; ++k) {
-                const float f = kx::exp(vml[2 * k] - mx);
-                lsum += vml[2 * k + 1] * f;
-                acc += vo[static_cast<std::size_t>(k) * hd + e] * f;
+                const float f = kx::exp(attn::load_shared(vml + 2 * k) - mx);
+                lsum += attn::load_shared(vml + 2 * k + 1) * f;
+                acc += attn::load_shared(vo + static_cast<std::size_t>(k) * hd + e) * f;
               }
               op[static_cast<std::size_t>(s) * qd + h * hd + e] = acc / lsum;
             });

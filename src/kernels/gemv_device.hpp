@@ -172,27 +172,35 @@ struct Input {
 
 /// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
 /// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm).
+/// Chunks a lane loads before it multiplies: several 16-byte loads in flight per lane.
+inline constexpr int kUnroll = 2;
+
+/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
+/// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm). The lane takes its
+/// chunks kUnroll at a time (loads first, then the multiply-adds), then the rest one by one.
 template <int R, int NT, bool kWide, class T>
 KOKKOS_INLINE_FUNCTION void lane_dots(int lane, const T* const* w, int in, const Input& inp, int t0,
                                       int nt, const float* inv, FArr<R * NT>& acc) {
   constexpr int V = kWide ? kVec<T> : 1;
   const int chunks = in / V;
-  for (int c = lane; c < chunks; c += kLanes) {
+  const auto load = [&](int c, float(&wv)[R][V], float(&gv)[V]) {
     const int j = c * V;
-    float wv[R][V];
     for (int r = 0; r < R; ++r) {
       if constexpr (kWide)
         load_w<T>(w[r] + j, wv[r]);
       else
         wv[r][0] = to_f32(w[r][j]);
     }
-    float gv[V] = {};
+    for (int i = 0; i < V; ++i) gv[i] = 1.0f;
     if (inp.g) {
       if constexpr (kWide)
         load_x<V>(inp.g + j, gv);
       else
         gv[0] = inp.g[j];
     }
+  };
+  const auto madd = [&](int c, const float(&wv)[R][V], const float(&gv)[V]) {
+    const int j = c * V;
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
       float xv[V];
@@ -209,6 +217,17 @@ KOKKOS_INLINE_FUNCTION void lane_dots(int lane, const T* const* w, int in, const
         acc.v[r * NT + t] += s;
       }
     }
+  };
+  int c = lane;
+  for (; c + (kUnroll - 1) * kLanes < chunks; c += kUnroll * kLanes) {
+    float wv[kUnroll][R][V], gv[kUnroll][V];
+    for (int u = 0; u < kUnroll; ++u) load(c + u * kLanes, wv[u], gv[u]);
+    for (int u = 0; u < kUnroll; ++u) madd(c + u * kLanes, wv[u], gv[u]);
+  }
+  for (; c < chunks; c += kLanes) {
+    float wv[R][V], gv[V];
+    load(c, wv, gv);
+    madd(c, wv, gv);
   }
   // the tail past the last whole chunk, one element per lane
   for (int j = chunks * V + lane; j < in; j += kLanes) {
@@ -373,6 +392,7 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
   const T* kp = wk.data();
   const T* vp = wv.data();
   const int qpairs = qd / 2, kpairs = kvd / 2, units = qpairs + kpairs + kvd / 2;
+  const bool adjacent = tg.adjacent;  // the row lambda captures only what it needs
   gemv::run_units<2, E, T>(
       "sparsim::kernels::gemv_qkv_rope", exec, units, in, n, inp, wide,
       KOKKOS_LAMBDA(int u, const T** r) {
@@ -380,8 +400,8 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
           const bool isq = u < qpairs;
           const int i = isq ? u : u - qpairs;
           const int h = i / half, j = i % half;
-          const int r0 = h * hd + (tg.adjacent ? 2 * j : j);
-          const int r1 = h * hd + (tg.adjacent ? 2 * j + 1 : j + half);
+          const int r0 = h * hd + (adjacent ? 2 * j : j);
+          const int r1 = h * hd + (adjacent ? 2 * j + 1 : j + half);
           const T* base = isq ? qp : kp;
           r[0] = base + static_cast<std::size_t>(r0) * in;
           r[1] = base + static_cast<std::size_t>(r1) * in;

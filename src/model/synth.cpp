@@ -168,8 +168,15 @@ void write_synth_gguf(const SynthSpec& spec, const std::string& path) {
   for (const SynthTensor& t : synth_tensors(c)) {
     std::vector<float> v = synth_values(spec.seed, t);
     const GGMLType tt = t.matrix ? spec.type : GGMLType::F32;
-    std::vector<std::uint8_t> bytes(gguf::row_bytes(tt, t.cols) * t.rows);
-    gguf::quantize(tt, v.data(), bytes.data(), v.size());
+    const std::size_t rb = gguf::row_bytes(tt, t.cols);
+    std::vector<std::uint8_t> bytes(rb * t.rows);
+    // rows are independent blocks: converted in parallel, the same bytes
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (int r = 0; r < t.rows; ++r)
+      gguf::quantize(tt, v.data() + static_cast<std::size_t>(r) * t.cols, bytes.data() + r * rb,
+                     static_cast<std::size_t>(t.cols));
     std::vector<std::uint64_t> ne = {static_cast<std::uint64_t>(t.cols)};
     if (t.matrix) ne.push_back(static_cast<std::uint64_t>(t.rows));
     w.add_tensor(t.name, ne, tt, std::move(bytes));

@@ -147,6 +147,15 @@ class ActivationMasker final : public ProjectionMasker<E> {
     return count;
   }
 
+  bool threshold_slot(int layer, Proj p, int d, float& tau, IVec<E>& count, int& ticket) override {
+    const MaskParams& prm = params(layer, p);
+    if (prm.rule != MaskRule::Threshold || norms(layer, p).extent(0) != 0) return false;
+    tau = prm.tau;
+    count = slots(1);
+    ticket = record(layer, p, d, 1, SparseRows<E>());
+    return true;
+  }
+
   void end_call(const E& exec) override {
     if (calls_.empty()) return;
     if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
