@@ -127,9 +127,10 @@ class ActivationMasker final : public ProjectionMasker<E> {
       if (!hf(r)) continue;
       kept_sum += hk(r);
       st.add(hk(r), d);
-      if (static_cast<std::size_t>(r) < row_kept_.size()) {
-        row_kept_[static_cast<std::size_t>(r)] += wt(layer, p) * hk(r);
-        row_total_[static_cast<std::size_t>(r)] += wt(layer, p) * d;
+      const std::size_t ro = static_cast<std::size_t>(rows.origin ? rows.origin[r] : r);
+      if (ro < row_kept_.size()) {
+        row_kept_[ro] += wt(layer, p) * hk(r);
+        row_total_[ro] += wt(layer, p) * d;
       }
     }
     return CMat<E>(y);
