@@ -321,8 +321,9 @@ def page(args, res, figs):
              f"- model `{s['model']}` (SmolLM2-135M-Instruct, Q4_1 dequantized to f32), "
              f"{s['threads']} threads;",
              f"- perplexity: corpus `{s['corpus']}`, {s['windows']} windows of {s['context']} "
-             f"tokens (stride {s['stride']}, BOS), the last {s['score']} positions of each "
-             "scored; the gate runs over the whole window from its warm-up on;",
+             f"tokens (stride {s['stride']}; BOS as the model says: none for SmolLM2), the last "
+             f"{s['score']} positions of each scored; the gate runs over the whole window from "
+             "its warm-up on;",
              f"- multiple choice: {s['task_items']} generated next-line items (seed "
              f"{s['task_seed']}; four lines of a play, the true next line against three lines "
              "from elsewhere in the corpus), acc and acc_norm as in the lm-evaluation-harness;",
@@ -330,7 +331,13 @@ def page(args, res, figs):
              f"{s['retrieval_depths']}, {s['retrieval_samples']} prompt(s) per cell, greedy, "
              "exact match;",
              f"- Token Filtering defaults unless a column says otherwise: {s['token_filter_defaults']}.",
-             ""]
+             "",
+             "Commands: `scripts/token_filter_study.py --outdir DIR --json "
+             "docs/results/token_filter_smollm2.json --page docs/token-filter-results.md` (the "
+             "`sparsim eval` command line of every run is printed by the script and stored in "
+             "each run file's `/run` group).", ""]
+    if args.note:
+        lines += [args.note, ""]
     if res["missing"]:
         lines += ["**Not finished** (not in the tables below): " + ", ".join(res["missing"]), ""]
     def row(n, label):
@@ -366,6 +373,27 @@ def page(args, res, figs):
                   "window; Spearman rank correlation per layer): " +
                   ", ".join(f"layer {l}: {c:+.2f}" for l, c in res["figure2_spearman"].items()),
                   ""]
+    if args.bench:
+        lines += ["## Cost: attention-stage and step time against dense (`sparsim bench`)", "",
+                  "Each file is one `sparsim bench --method token-filter --batch B` run (command "
+                  "in the file's settings below): every repetition decodes the same B prompts "
+                  "with dense and with the gate, profiled (a fence after every kernel); ratios "
+                  "are medians of the per-repetition ratios.", "",
+                  "| file | r | realised | batch | prompt + decode | reps | attention stage / "
+                  "dense | with gate work | step / dense | implied by attention alone | "
+                  "similarity test share of layer time | load before / after |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for b in args.bench:
+            with open(b) as fh:
+                j = json.load(fh)
+            lines.append(
+                f"| `{os.path.basename(b)}` | {j['token_filter']['target']} | "
+                f"{j['token_filter']['realised']:.3f} | {j['batch']} | {j['prompt_tokens']} + "
+                f"{j['decode_tokens']} | {j['reps']} | {j['attention_stage_ratio']:.3f} | "
+                f"{j['attention_stage_with_gate_ratio']:.3f} | {j['step_ratio']:.3f} | "
+                f"{j['step_ratio_implied']:.3f} | {100 * j['gate_similarity_share_of_layers']:.2f}% | "
+                f"{j['load_average_before']:.1f} / {j['load_average_after']:.1f} |")
+        lines.append("")
     lines += ["## Where the small model disagrees with the paper", ""]
     lines += res.get("discussion", ["(written after the runs)"])
     lines.append("")
@@ -435,6 +463,9 @@ def main():
     ap.add_argument("--parts", default="ppl,tasks,passkey",
                     help="which parts to run: ppl, tasks, passkey (comma separated)")
     ap.add_argument("--collect-only", action="store_true")
+    ap.add_argument("--note", default="", help="a paragraph for the top of the page")
+    ap.add_argument("--bench", nargs="*", default=[],
+                    help="JSON files of sparsim bench --method token-filter runs to tabulate")
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
     parts = set(args.parts.split(","))
