@@ -3,12 +3,14 @@
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
+#include "flops/ledger.hpp"
 #include "io/run_file.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <stdlib.h>
 #include <algorithm>
 #include <iostream>
 
@@ -102,6 +104,162 @@ void profiled_decode(Engine<E>& eng, const std::vector<int>& toks, int decode, i
   eng.set_ledger(nullptr);
 }
 
+double load_average() {
+  double l[1] = {0};
+  return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
+}
+
+/// Token Filtering (optionally with an activation method) against dense, decoding `batch`
+/// sequences: every repetition decodes the same prompts with both engines, profiled (fences
+/// after each kernel), and compares the attention stage (Q projection, attention, O
+/// projection) and the whole step.
+template <class E>
+int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan& plan,
+                       std::shared_ptr<const Weights<E>> w, std::shared_ptr<const Weights<E>> ws,
+                       const ModelInfo& mi, int prompt, int decode, int reps, int batch,
+                       bool skipping, const std::string& storage, const std::string& backend,
+                       int threads, double bw, const std::string& json_out) {
+  const Config& c = w->cfg;
+  const int ctx = prompt + decode;
+  Engine<E> dense(w, batch, ctx, nullptr, exec), meth(ws, batch, ctx, nullptr, exec);
+  sparsity::ActivationMasker<E> masker(c.n_layer);
+  attach_masker(meth, masker, plan);
+  if (ma.sparse() && skipping && batch == 1) meth.use_column_skipping(true);
+  auto tfg = make_token_filter(ma, meth, ctx);
+  std::vector<std::vector<int>> prompts(static_cast<std::size_t>(batch));
+  for (int s = 0; s < batch; ++s)
+    for (int i = 0; i < prompt; ++i) prompts[s].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
+  struct Run {
+    double prefill = 0, step = 0;
+    std::array<double, flops::kNumOps> ops{};
+  };
+  auto run = [&](Engine<E>& e, flops::Ledger* ledger) {
+    Run out;
+    Stopwatch sw;
+    e.forward(prompts, 0, false);
+    out.prefill = sw.seconds();
+    e.clear_op_seconds();
+    e.set_profile(true);
+    e.set_ledger(ledger);
+    std::vector<int> next(static_cast<std::size_t>(batch));
+    for (int s = 0; s < batch; ++s) next[s] = prompts[s].back();
+    std::vector<double> steps;
+    for (int t = 0; t < decode; ++t) {
+      std::vector<std::vector<int>> tok;
+      for (int s = 0; s < batch; ++s) tok.push_back({next[s]});
+      Stopwatch st;
+      e.forward(tok, prompt + t, false);
+      steps.push_back(st.seconds());
+      for (int s = 0; s < batch; ++s) next[s] = (next[s] * 31 + 7 + s) % c.vocab;
+    }
+    e.set_profile(false);
+    e.set_ledger(nullptr);
+    out.step = median(steps);
+    out.ops = e.op_seconds();
+    return out;
+  };
+  auto at = [](const Run& r, flops::Op o) { return r.ops[static_cast<int>(o)]; };
+  auto attn_stage = [&](const Run& r) {
+    return at(r, flops::Op::QProj) + at(r, flops::Op::AttnScore) + at(r, flops::Op::OProj);
+  };
+  auto gate_cost = [&](const Run& r) {
+    return at(r, flops::Op::GateSimilarity) + at(r, flops::Op::GatherScatter);
+  };
+  auto layer_time = [&](const Run& r) {
+    double t = 0;
+    for (int o = 0; o < flops::kNumOps; ++o) {
+      const auto op = static_cast<flops::Op>(o);
+      if (op != flops::Op::Embedding && op != flops::Op::LMHead) t += r.ops[o];
+    }
+    return t;
+  };
+  const double load_before = load_average();
+  flops::Ledger ledger(c.n_layer);
+  std::vector<double> r_att, r_att_gate, r_step, d_step, m_step, gate_share, d_att_share, realised;
+  nlohmann::json per_rep = nlohmann::json::array();
+  for (int r = 0; r < reps; ++r) {
+    const Run d = run(dense, nullptr);
+    tfg->reset_stats();
+    if (r + 1 == reps) ledger.reset();
+    const Run m = run(meth, r + 1 == reps ? &ledger : nullptr);
+    r_att.push_back(attn_stage(m) / attn_stage(d));
+    r_att_gate.push_back((attn_stage(m) + gate_cost(m)) / attn_stage(d));
+    r_step.push_back(m.step / d.step);
+    d_step.push_back(d.step);
+    m_step.push_back(m.step);
+    gate_share.push_back(at(m, flops::Op::GateSimilarity) / layer_time(m));
+    double total = 0;
+    for (double x : d.ops) total += x;
+    d_att_share.push_back(attn_stage(d) / total);
+    realised.push_back(tfg->realised());
+    per_rep.push_back({{"dense_step_seconds", d.step},
+                       {"method_step_seconds", m.step},
+                       {"dense_attention_stage_seconds", attn_stage(d)},
+                       {"method_attention_stage_seconds", attn_stage(m)},
+                       {"method_gate_seconds", gate_cost(m)},
+                       {"realised", tfg->realised()}});
+  }
+  const double load_after = load_average();
+  const double att = median(r_att), step = median(r_step), share = median(d_att_share);
+  // If only the attention stage changed, the step would take 1 − share·(1 − att) of dense.
+  const double implied = 1.0 - share * (1.0 - att);
+  std::cout << fmt::format(
+      "model {} ({} storage), backend {}, {} threads; load {:.2f} before, {:.2f} after\n"
+      "{} at r = {:.2f} ({} gated layers, {}), {} sequences, prompt {} + {} decode steps, "
+      "median of {} profiled repetitions\n"
+      "realised model-wide skip ratio          {:.4f}\n"
+      "attention stage (q_proj + attention + o_proj) time vs dense   {:.3f}  (falls {:.1f}%)\n"
+      "  with the gate's own work (similarity, gather/scatter)       {:.3f}\n"
+      "decode step time vs dense                                     {:.3f}  (falls {:.1f}%)\n"
+      "  implied by the attention stage alone ({:.1f}% of the dense step)  {:.3f}\n"
+      "similarity test share of the layers' time                     {:.2f}%\n"
+      "dense step {:.2f} ms, method step {:.2f} ms\n",
+      mi.path, storage, backend, threads, load_before, load_after, ma.method, ma.tf.ratio,
+      tfg->layers().size(), gating::to_string(ma.tf.layers), batch, prompt, decode, reps,
+      median(realised), att, 100 * (1 - att), median(r_att_gate), step, 100 * (1 - step),
+      100 * share, implied, 100 * median(gate_share), 1e3 * median(d_step), 1e3 * median(m_step));
+  if (!json_out.empty()) {
+    nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+                        {"storage", storage},
+                        {"backend", backend},
+                        {"threads", threads},
+                        {"load_average_before", load_before},
+                        {"load_average_after", load_after},
+                        {"copy_bandwidth_bytes_per_s", bw},
+                        {"method", ma.method},
+                        {"batch", batch},
+                        {"prompt_tokens", prompt},
+                        {"decode_tokens", decode},
+                        {"reps", reps},
+                        {"profiled", true},
+                        {"token_filter", token_filter_json(*tfg)},
+                        {"attention_stage_ratio", att},
+                        {"attention_stage_ratio_reps", r_att},
+                        {"attention_stage_with_gate_ratio", median(r_att_gate)},
+                        {"step_ratio", step},
+                        {"step_ratio_reps", r_step},
+                        {"step_ratio_implied", implied},
+                        {"dense_attention_stage_share", share},
+                        {"gate_similarity_share_of_layers", median(gate_share)},
+                        {"dense_step_seconds", median(d_step)},
+                        {"method_step_seconds", median(m_step)},
+                        {"realised_reps", realised},
+                        {"per_rep", per_rep}};
+    nlohmann::json fl = nlohmann::json::object();
+    for (int o = 0; o < flops::kNumOps; ++o) {
+      const auto t = ledger.by_op(static_cast<flops::Op>(o), flops::Phase::Decode);
+      if (t.launches > 0)
+        fl[flops::to_string(static_cast<flops::Op>(o))] = {{"flops_dense", t.flops_dense},
+                                                           {"flops_realised", t.flops_realised},
+                                                           {"bytes_dense", t.bytes_dense},
+                                                           {"bytes_realised", t.bytes_realised}};
+    }
+    j["decode_ledger_last_rep"] = fl;
+    io::write_file_atomically(json_out, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -119,7 +277,8 @@ int cmd_bench(int argc, char** argv) {
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
       "batch", po::value(&batch)->default_value(1),
-      "sequences decoded together (each prefilled with the prompt); tokens/s count all of them")(
+      "sequences decoded together (each prefilled with the prompt); tokens/s count all of "
+      "them; dense and token-filter benchmarks (activation-sparsity methods decode one)")(
       "decode-path", po::value(&decode_path)->default_value("fused"),
       "devices: fused (five kernels per block for single-token steps) or ops (one kernel per "
       "op); host backends always run op by op")(
@@ -141,7 +300,9 @@ int cmd_bench(int argc, char** argv) {
   require(batch >= 1 && batch <= 64, "--batch must be in 1 … 64, got {}", batch);
   require(decode_path == "fused" || decode_path == "ops",
           "--decode-path must be fused or ops, got '{}'", decode_path);
-  ma.resolve();
+  ma.resolve(&vm);
+  require(batch == 1 || ma.token_filter || !ma.sparse(),
+          "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
@@ -165,6 +326,9 @@ int cmd_bench(int argc, char** argv) {
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
+    if (ma.token_filter)
+      return bench_token_filter(exec, ma, plan, w, ws, mi, prompt, decode, reps, batch,
+                                skipping == "on", storage, backend, rt.threads(), bw, json_out);
     Engine<E> eng(w, batch, prompt + decode, nullptr, exec);
     eng.set_fused_decode(decode_path == "fused");
     eng.set_graph(graph);

@@ -170,13 +170,16 @@ class ActivationMasker final : public ProjectionMasker<E> {
       ProjStats& st = stats_[static_cast<std::size_t>(c.layer)][idx(c.proj)];
       long long sum = 0;
       for (int r = 0; r < c.n; ++r) {
-        if (!c.all_rows && !call_flags_[static_cast<std::size_t>(r)]) continue;
+        if (!c.all_rows && !c.flags[static_cast<std::size_t>(r)]) continue;
         const int k = log_host_(c.off + static_cast<std::size_t>(r));
         sum += k;
         st.add(k, c.d);
-        if (static_cast<std::size_t>(r) < row_kept_.size()) {
-          row_kept_[static_cast<std::size_t>(r)] += wt(c.layer, c.proj) * k;
-          row_total_[static_cast<std::size_t>(r)] += wt(c.layer, c.proj) * c.d;
+        // per-token statistics go to the call row this row stands for (gathered rows)
+        const std::size_t ro =
+            c.origin.empty() ? static_cast<std::size_t>(r) : static_cast<std::size_t>(c.origin[r]);
+        if (ro < row_kept_.size()) {
+          row_kept_[ro] += wt(c.layer, c.proj) * k;
+          row_total_[ro] += wt(c.layer, c.proj) * c.d;
         }
       }
       c.kept = sum;
@@ -216,6 +219,8 @@ class ActivationMasker final : public ProjectionMasker<E> {
     bool all_rows = false;  ///< every row counts (the decode path), else the call's flags
     bool done = false;
     long long kept = 0;
+    std::vector<int> flags;   ///< the call's sparse-row flags (when not all_rows)
+    std::vector<int> origin;  ///< the call row each row stands for (empty: itself)
   };
 
   /// The next n slots of the kept log (grown only between calls, see begin_call).
@@ -242,10 +247,11 @@ class ActivationMasker final : public ProjectionMasker<E> {
     c.off = used_;
     c.all_rows = rows.flags.extent(0) == 0;
     if (!c.all_rows) {
-      call_flags_.resize(static_cast<std::size_t>(n));
+      c.flags.resize(static_cast<std::size_t>(n));
       for (int r = 0; r < n; ++r)
-        call_flags_[static_cast<std::size_t>(r)] =
+        c.flags[static_cast<std::size_t>(r)] =
             rows.host_flags.extent(0) > static_cast<std::size_t>(r) ? rows.host_flags(r) : 1;
+      if (rows.origin) c.origin.assign(rows.origin, rows.origin + n);
     }
     used_ += static_cast<std::size_t>(n);
     calls_.push_back(c);
@@ -280,7 +286,6 @@ class ActivationMasker final : public ProjectionMasker<E> {
   typename IVec<E>::HostMirror log_host_;
   std::size_t used_ = 0;
   std::vector<Call> calls_;
-  std::vector<int> call_flags_;  ///< the current call's sparse-row flags
   MaskScratch<E> scratch_;
   std::vector<double> weight_, cost_;
   std::vector<double> row_kept_, row_total_;
