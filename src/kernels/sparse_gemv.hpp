@@ -204,7 +204,8 @@ void sparse_gemv_split_impl(const E& exec, const CVec<E>& x, const IVec<E>& idx,
         IScratch list(team.team_scratch(0), list_len + 2);
         int* rows = list.data();
         int n = 0;  // kept rows of this team's slice
-        if constexpr (kThreshold) {
+        // (a plain `if`: nvcc's device lambdas must not first-capture inside `if constexpr`)
+        if (kThreshold) {
           const int i0 = sl * slice_in;
           const int len = in - i0 < slice_in ? (in - i0 > 0 ? in - i0 : 0) : slice_in;
           Kokkos::parallel_scan(Kokkos::TeamThreadRange(team, len),
