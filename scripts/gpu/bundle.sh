@@ -17,7 +17,7 @@ done
 cp /usr/bin/h5dump "$D/bin/"
 strip "$D/bin"/*
 cp -r "$here/data/golden" "$D/data/"
-cp "$here/scripts/gpu/check.sh" "$D/check.sh"
+cp "$here/scripts/gpu/check.sh" "$here/scripts/gpu/collect.py" "$D/"
 # every library ldd resolves for the binaries, except glibc, the CUDA driver/toolkit and the
 # C++ runtime (the latter kept in lib/fallback, used only when the machine's is too old)
 for b in "$D/bin"/*; do ldd "$b"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |

@@ -252,55 +252,7 @@ fi
   --benchmark_min_time=0.05 --benchmark_color=false --benchmark_filter='BM_MaskSelect|BM_MaskRows'
 
 # ------------------------------------------------------------------ results.json
-python3 - "$W" "$OUT/results.json" "$GPU_NAME" "$(now)" >>"$SUM" 2>&1 <<'EOF'
-import glob, json, os, sys
-w, out, gpu, secs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-res = {"gpu": gpu, "check_seconds": int(secs), "bench": {}, "tests": {}}
-# test totals per group from the GoogleTest output
-import re
-group = None
-for line in open(os.path.join(os.path.dirname(out), "tests.log"), errors="replace"):
-    m = re.match(r"=== \[\d+s\] tests: (.*) \(timeout", line)
-    if m:
-        group = m.group(1)
-        res["tests"][group] = {"passed": 0, "failed": [], "ran": 0}
-        continue
-    if group is None:
-        continue
-    g = res["tests"][group]
-    m = re.match(r"\[==========\] (\d+) tests? from .* ran", line)
-    if m:
-        g["ran"] = int(m.group(1))
-    m = re.match(r"\[  PASSED  \] (\d+) test", line)
-    if m:
-        g["passed"] = int(m.group(1))
-    m = re.match(r"\[  FAILED  \] ([\w/.]+)", line)
-    if m and m.group(1) not in g["failed"]:
-        g["failed"].append(m.group(1))
-    m = re.match(r"--- tests: .*: rc=(\d+)", line)
-    if m:
-        g["rc"] = int(m.group(1))
-try:
-    res["agreement"] = json.load(open(f"{w}/agree.json"))
-except Exception as e:
-    res["agreement"] = {"error": str(e)}
-for p in sorted(glob.glob(f"{w}/bench_*.json")):
-    try:
-        res["bench"][os.path.basename(p)[6:-5]] = json.load(open(p))
-    except Exception as e:
-        res["bench"][os.path.basename(p)] = {"error": str(e)}
-json.dump(res, open(out, "w"), indent=1)
-for k, j in res["bench"].items():
-    try:
-        line = (f"    {k}: prefill {j['prefill_tokens_per_s']:.0f} tok/s, decode "
-                f"{j['decode_tokens_per_s']:.1f} tok/s, bw {j['copy_bandwidth_bytes_per_s']/1e9:.0f} "
-                f"GB/s, decode/ideal {j['decode_fraction_of_ideal']:.3f}")
-        s = j.get("sparse")
-        if s:
-            line += f"; {s['method']} {s['decode_speedup']:.3f}x (ideal step {s['ideal_speedup_decode_step']:.3f})"
-        print(line)
-    except Exception as e:
-        print(f"    {k}: {e}")
-EOF
+python3 "$G/collect.py" "$OUT" --work "$W" --gpu "$GPU_NAME" --seconds "$(now)" \
+  --commit "${SPARSIM_COMMIT:-unknown}" >>"$SUM" 2>&1
 note "done in $(now)s; files: $(cd "$OUT" && ls | tr '\n' ' ')"
 exit 0
