@@ -19,8 +19,9 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
           "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,
           c.context_length);
   for (int l = 0; l < c.n_layer; ++l) {
-    kcache_.emplace_back("sparsim::kcache", max_seqs, max_ctx, c.kv_dim());
-    vcache_.emplace_back("sparsim::vcache", max_seqs, max_ctx, c.kv_dim());
+    kcache_.emplace_back("sparsim::kcache", max_seqs, max_ctx, c.k_dim(l));
+    vcache_.emplace_back("sparsim::vcache", max_seqs, max_ctx, c.v_dim(l));
+    rope_map_.push_back(make_rope_map<E>(c.rope_units(l)));
   }
   // RoPE angles in double precision on the host, then rounded once to fp32.
   const int half = c.head_dim / 2;
@@ -48,10 +49,10 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     };
     x_ = alloc("sparsim::x", n, c.d_model);
     xn_ = alloc("sparsim::xn", n, c.d_model);
-    q_ = alloc("sparsim::q", n, c.q_dim());
-    k_ = alloc("sparsim::k", n, c.kv_dim());
-    v_ = alloc("sparsim::v", n, c.kv_dim());
-    att_ = alloc("sparsim::att", n, c.q_dim());
+    q_ = alloc("sparsim::q", n, c.max_q_dim());
+    k_ = alloc("sparsim::k", n, c.max_k_dim());
+    v_ = alloc("sparsim::v", n, c.max_v_dim());
+    att_ = alloc("sparsim::att", n, c.max_att_dim());
     tmp_ = alloc("sparsim::tmp", n, c.d_model);
     rx_ = alloc("sparsim::rx", n, c.d_model);
     sparse_flags_ = IVec<E>("sparsim::sparse_rows", n);
@@ -84,6 +85,11 @@ namespace {
 template <class E>
 Mat<E> rows(const Mat<E>& buf, int n) {
   return Mat<E>(buf.data(), n, buf.extent(1));
+}
+// The first n·cols elements of a capacity buffer as n rows of `cols` (a layer's own width).
+template <class E>
+Mat<E> rows(const Mat<E>& buf, int n, int cols) {
+  return Mat<E>(buf.data(), n, cols);
 }
 
 flops::Op op_of(Proj p) {
@@ -231,9 +237,10 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   const LayerWeights<E>& lw = w_->layers[l];
   const int n = n_seq * T;
   IVec<E> pos(pos_.data(), n);
-  Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
-         att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n),
-         rx = rows(rx_, n);
+  Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n, c.q_dim(l)), k = rows(k_, n, c.k_dim(l)),
+         v = rows(v_, n, c.v_dim(l)), att = rows(att_, n, c.att_dim(l)), tmp = rows(tmp_, n),
+         gate = rows(gate_, n), up = rows(up_, n), rx = rows(rx_, n);
+  const int dqk = c.qk_head_dim(l), dv = c.v_head_dim(l);
   const bool rot = w_->rotated();
   // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
   auto residual = [&](const Matrix<E>* r) {
@@ -260,12 +267,12 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   proj(xn, Proj::Q, l, q, ph);
   proj(xn, Proj::K, l, k, ph);
   proj(xn, Proj::V, l, v, ph);
-  rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
-       c.rope_layout == RopeLayout::Adjacent);
+  rope_units(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), rope_map_[l], dqk);
   mark(flops::Op::RoPE);
   kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
+  // the softmax scale is the full model's 1/√head_dim whatever the layer's widths
   attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
-            c.head_dim);
+            dqk, dv, 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
   mark(flops::Op::AttnScore);
   observe(l, Site::O, att);
   proj(att, Proj::O, l, tmp, ph);
@@ -285,16 +292,17 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     double att_pairs = 0;  // scores and value mixing over all visible positions
     for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
     att_pairs *= n_seq;
-    const double hd = c.head_dim, nh = c.n_head;
+    const double nh = c.n_head;
     ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
-    const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
-    ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
-                 8.0 * n * (c.q_dim() + c.kv_dim()));
-    const double sf = 2.0 * att_pairs * nh * hd;
-    const double kvb = 4.0 * att_pairs * c.kv_dim();
-    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
+    // RoPE: 6 FLOPs per rotated pair (3 per channel), at this layer's q/k widths
+    const double qk_ch = static_cast<double>(c.q_dim(l)) + c.k_dim(l);
+    const double rf = 6.0 * n * qk_ch / 2;
+    ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * qk_ch, 8.0 * n * qk_ch);
+    const double sf = 2.0 * att_pairs * nh * dqk, vf = 2.0 * att_pairs * nh * dv;
+    const double kb = 4.0 * att_pairs * c.k_dim(l), vb = 4.0 * att_pairs * c.v_dim(l);
+    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kb, kb);
     ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
-    ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
+    ledger_->add(flops::Op::AttnValue, l, ph, vf, vf, vb, vb);
     const double sw = 6.0 * n * c.d_ff;
     ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
     ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);

@@ -14,6 +14,7 @@
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/pointwise.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
 
@@ -94,8 +95,9 @@ class Engine {
   int max_seqs_, max_ctx_;
   flops::Ledger* ledger_;
   E exec_;
-  std::vector<Cache<E>> kcache_, vcache_;  // per layer: [seq][pos][kv_dim]
-  Mat<E> cos_, sin_;                       // [max_ctx][head_dim/2]
+  std::vector<Cache<E>> kcache_, vcache_;  // per layer: [seq][pos][k_dim(l)], [..][v_dim(l)]
+  std::vector<RopeMap<E>> rope_map_;       // per layer: RoPE units of the (reduced) heads
+  Mat<E> cos_, sin_;                       // [max_ctx][head_dim/2], by frequency index
   int cap_rows_ = 0, cap_out_ = 0;
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   IVec<E> tok_, pos_, last_rows_, sparse_flags_;
