@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <limits>
 
 namespace sparsim::app {
 
@@ -103,7 +104,7 @@ struct AttentionTimes {
 /// One profiled prefill of `batch` sequences of `prompt` tokens and `decode` steps of one token
 /// per sequence; records the attention-module seconds of the prefill and the median per step.
 template <class E>
-void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
+void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab, bool prefill,
                    AttentionTimes& out) {
   std::vector<std::vector<int>> toks(static_cast<std::size_t>(batch));
   for (int b = 0; b < batch; ++b)
@@ -118,10 +119,13 @@ void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
     snap = now;
   };
   double a = 0, t = 0;
-  eng.forward(toks, 0, false);
-  delta(a, t);
-  out.prefill.push_back(a);
-  out.prefill_total.push_back(t);
+  if (prefill) {
+    eng.forward(toks, 0, false);
+    delta(a, t);
+    out.prefill.push_back(a);
+    out.prefill_total.push_back(t);
+  }  // else the decode steps read a cache of `prompt` positions that were never written:
+     // the same work, meaningless values (timing only)
   std::vector<double> steps, totals;
   std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
   for (int b = 0; b < batch; ++b) next[b] = {toks[b].back()};
@@ -145,7 +149,7 @@ int cmd_bench(int argc, char** argv) {
   CommonOptions co;
   std::string model, storage, json_out, skipping = "on", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false;
+  bool profile = false, decode_only = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -162,7 +166,11 @@ int cmd_bench(int argc, char** argv) {
                  "attention) of --model against this model in the same run, repetitions "
                  "interleaved, e.g. a pruned model against the dense one it came from; replaces "
                  "the throughput runs")("batch", po::value(&batch)->default_value(1),
-                                        "sequences per forward pass with --baseline");
+                                        "sequences per forward pass with --baseline")(
+      "decode-only", po::bool_switch(&decode_only),
+      "with --baseline: time only the decode steps, at positions --prompt onwards, over a cache "
+      "that was never filled (the same work as after a prefill; for long prompts at large "
+      "batches, whose prefill would dominate the run)");
   ma.add_options(d);
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
@@ -202,19 +210,25 @@ int cmd_bench(int argc, char** argv) {
       AttentionTimes ta, tb;
       for (int r = 0; r < reps; ++r) {  // alternate which model goes first
         if (r % 2 == 0) {
-          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, ta);
-          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, tb);
+          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
         } else {
-          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, tb);
-          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, ta);
+          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
         }
       }
       std::vector<double> rp, rd, rpt, rdt;
       for (int r = 0; r < reps; ++r) {
-        rp.push_back(ta.prefill[r] / tb.prefill[r]);
+        if (!decode_only) {
+          rp.push_back(ta.prefill[r] / tb.prefill[r]);
+          rpt.push_back(ta.prefill_total[r] / tb.prefill_total[r]);
+        }
         rd.push_back(ta.decode[r] / tb.decode[r]);
-        rpt.push_back(ta.prefill_total[r] / tb.prefill_total[r]);
         rdt.push_back(ta.decode_total[r] / tb.decode_total[r]);
+      }
+      if (decode_only) {  // reported as NaN / null
+        for (auto* v : {&rp, &rpt, &ta.prefill, &tb.prefill})
+          v->push_back(std::numeric_limits<double>::quiet_NaN());
       }
       std::cout << fmt::format(
           "attention module of {}\n  against {}, batch {}, prompt {}, {} decode steps, median of "
@@ -242,6 +256,7 @@ int cmd_bench(int argc, char** argv) {
              {{"model", ta.prefill_total}, {"baseline", tb.prefill_total}}},
             {"forward_decode_step_seconds",
              {{"model", ta.decode_total}, {"baseline", tb.decode_total}}},
+            {"decode_only", decode_only},
             {"attention_prefill_ratio", median(rp)},
             {"attention_decode_ratio", median(rd)},
             {"forward_prefill_ratio", median(rpt)},

@@ -189,8 +189,11 @@ int cmd_calibrate(int argc, char** argv) {
 
     std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,
                              mi.fingerprint);
-    std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
-                             cal.tokens, cal.windows, cal.context);
+    if (do_plain || do_rot)
+      std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
+                               cal.tokens, cal.windows, cal.context);
+    else
+      std::cout << fmt::format("  corpus {} ({} tokens)\n", corpus.source, stream.size());
     for (const auto* v : {&cal.plain, &cal.rotated}) {
       if (!v->has_value()) continue;
       std::cout << fmt::format("\n  {} model: greedy rows per block, sensitivity e_i at s̄\n",

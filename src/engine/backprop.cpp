@@ -324,7 +324,7 @@ void Backprop<E, T>::backward() {
   State& s = *s_;
   require(s.have_forward, "backprop: backward() needs a forward() first");
   require(!s.gated, "backprop: backward() after a forward() with a probe is not supported");
-  const int n = s.n, L = c.n_layer, D = c.d_model, F = c.d_ff, H = c.n_head;
+  const int n = s.n, L = c.n_layer, H = c.n_head;
   using M = MatT<E, T>;
   using CM = CMatT<E, T>;
   const T eps = static_cast<T>(c.rms_eps);
@@ -369,8 +369,6 @@ void Backprop<E, T>::backward() {
     rmsnorm_backward<E, T>(exec_, CM(a.x), CVec<E>(lw.attn_norm), eps, CM(s.dh), s.dX, true);
   }
   exec_.fence();
-  (void)D;
-  (void)F;
 }
 
 template <class E, class T>

@@ -10,6 +10,11 @@
 ///
 /// Prefill runs many tokens of several sequences at once (GEMM); decode runs one token per
 /// sequence (GEMV). Both write the same cache and produce the same logits.
+///
+/// A pruned model (RAP, KVPruner; Config::attn) has narrower heads per layer: q/k heads
+/// qk_head_dim(l) wide, v heads v_head_dim(l) wide, a per-layer KV cache of those widths, RoPE
+/// by rotation units at each kept pair's original frequency (Config::rope_units), and the full
+/// model's softmax scale 1/√head_dim.
 #include "engine/hooks.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
