@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -232,7 +233,8 @@ int cmd_compare(int argc, char** argv) {
       for (int i = 0; i < tail; ++i) h_target(i) = i + 1 < tail ? s[C - tail + i + 1] : -1;
       Kokkos::deep_copy(target, h_target);
       const std::vector<int> head(s.begin(), s.begin() + prefix), rest(s.begin() + prefix, s.end());
-      for (auto& [key, g] : groups) {
+      for (auto& kv : groups) {
+        Group& g = kv.second;
         Engine<E>& eng = *g.eng;
         prefix_ledger.reset();
         if (prefix > 0) {

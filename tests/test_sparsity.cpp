@@ -13,6 +13,7 @@
 #include <cfloat>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 namespace sparsim::test {
 namespace {

@@ -24,6 +24,7 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <utility>
@@ -196,11 +197,18 @@ class GreedyBlock {
       y = al(r, c.d_model);
     }
     void copy_from(const E& ex, const State& o2) {
-      for (auto [dst, src] : {std::pair<Mat<E>*, const Mat<E>*>{&q, &o2.q}, {&k, &o2.k},
-                              {&v, &o2.v}, {&att, &o2.att}, {&o, &o2.o}, {&h, &o2.h},
-                              {&xn2, &o2.xn2}, {&g, &o2.g}, {&u, &o2.u}, {&a, &o2.a},
-                              {&hn, &o2.hn}, {&y, &o2.y}})
-        Kokkos::deep_copy(ex, *dst, *src);
+      Kokkos::deep_copy(ex, q, o2.q);
+      Kokkos::deep_copy(ex, k, o2.k);
+      Kokkos::deep_copy(ex, v, o2.v);
+      Kokkos::deep_copy(ex, att, o2.att);
+      Kokkos::deep_copy(ex, o, o2.o);
+      Kokkos::deep_copy(ex, h, o2.h);
+      Kokkos::deep_copy(ex, xn2, o2.xn2);
+      Kokkos::deep_copy(ex, g, o2.g);
+      Kokkos::deep_copy(ex, u, o2.u);
+      Kokkos::deep_copy(ex, a, o2.a);
+      Kokkos::deep_copy(ex, hn, o2.hn);
+      Kokkos::deep_copy(ex, y, o2.y);
     }
   };
 
