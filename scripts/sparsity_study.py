@@ -14,17 +14,18 @@ outputs alone.
   scripts/sparsity_study.py --outdir runs/study \\
       --json docs/results/sparsity_smollm2.json --page docs/sparsity-results.md
 
-Needs numpy (the scripts venv made by scripts/setup.sh has it).
+Needs numpy and h5py for the summary (the scripts venv made by scripts/setup.sh has them);
+--run-only runs the commands with the standard library alone, --jobs runs independent commands
+side by side (each with --threads).
 """
 import argparse
+import concurrent.futures
 import json
 import math
 import os
 import subprocess
 import sys
 import time
-
-import numpy as np
 
 GRID = [0.2, 0.4, 0.6, 0.8]  # s̄ and λ (Appendix E)
 TARGETS = [0.3, 0.5, 0.7]
@@ -160,6 +161,7 @@ def eval_configs(chosen, cal_cap):
 # summaries
 
 def ppl_entry(e):
+    import numpy as np
     w = np.array(e["window_nll"]) / np.array(e["window_tokens"])
     d = {"perplexity": e["perplexity"], "ci95": e["perplexity_spread"]["ci95"],
          "se_nll": e["perplexity_spread"]["se"], "windows": len(w),
@@ -180,6 +182,7 @@ def ppl_entry(e):
 
 
 def paired(a, b):
+    import numpy as np
     """Mean and standard error over windows of the per-token NLL difference a − b."""
     x = np.array(a["window_nll"]) / np.array(a["window_tokens"])
     y = np.array(b["window_nll"]) / np.array(b["window_tokens"])
@@ -226,6 +229,7 @@ def greedy_grid_facts(cal, variant="rotated"):
 
 
 def rounding_facts(entry):
+    import numpy as np
     """How far each block's greedy row P lands from its budget (nearest-row lookup)."""
     b = np.array(entry["block_budget"])
     p = np.array(entry["table_P"])
@@ -234,6 +238,7 @@ def rounding_facts(entry):
 
 
 def sensitivity_facts(cal, probe, s, lam):
+    import numpy as np
     sets = cal["variants"]["rotated"]["sensitivity"]
     k = cal["probe_levels"].index(probe)
     out = {}
@@ -272,21 +277,37 @@ def main():
     ap.add_argument("--stride", type=int, default=512)
     ap.add_argument("--eval-windows", type=int, default=16)
     ap.add_argument("--select-windows", type=int, default=8)
+    ap.add_argument("--grid", default=",".join(f"{x:g}" for x in GRID),
+                    help="s̄ and λ values of the selection grid (the paper's: 0.2,0.4,0.6,0.8)")
+    ap.add_argument("--targets", default=",".join(f"{x:g}" for x in TARGETS))
+    ap.add_argument("--jobs", type=int, default=1, help="independent commands run side by side")
+    ap.add_argument("--run-only", action="store_true", help="run the commands, write no summary")
+    ap.add_argument("--model-name", help="the model's name on the page (default: --model)")
     ap.add_argument("--outdir", required=True)
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--json")
     ap.add_argument("--page")
     a = ap.parse_args()
+    GRID[:] = [float(x) for x in a.grid.split(",")]
+    TARGETS[:] = [float(x) for x in a.targets.split(",")]
+    if 0.5 not in TARGETS:
+        ap.error("--targets must include 0.5 (Table 3 and the variants are at s = 0.5)")
     corpora = [c.split("=", 1) for c in a.corpus] or [
         ["shakespeare", "default"], ["licenses", "/usr/share/common-licenses"]]
     st = Study(a)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, a.jobs))
 
-    cal = st.calibrate("cal", ["--wina-norms", "kg,all"])
-    cal_cap = st.calibrate("cal_cap", ["--variants", "rotated", "--greedy-step-cap", "0.1"])
+    def together(*calls):
+        futs = [pool.submit(f, *args) for f, *args in calls]
+        return [f.result() for f in futs]
 
+    cal, cal_cap = together(
+        (st.calibrate, "cal", ["--wina-norms", "kg,all"]),
+        (st.calibrate, "cal_cap", ["--variants", "rotated", "--greedy-step-cap", "0.1"]))
+
+    sels = together(*[(st.compare, f"select_{tag(s)}", a.selection_corpus, a.select_windows,
+                       selection_configs(s), cal) for s in TARGETS])
     chosen, selection = {}, {}
-    for s in TARGETS:
-        sel = st.compare(f"select_{tag(s)}", a.selection_corpus, a.select_windows,
-                         selection_configs(s), cal)
+    for s, sel in zip(TARGETS, sels):
         chosen[str(s)] = choose(sel, s)
         res = by_name(sel)
         selection[str(s)] = {
@@ -295,20 +316,23 @@ def main():
                          for sb in GRID] for m in ("guided", "topk")}}
 
     main_cfg, variants = eval_configs(chosen, cal_cap)
-    results = {}
-    for cname, cpath in corpora:
-        r = st.compare(f"eval_{cname}", cpath, a.eval_windows, main_cfg, cal)
-        results[cname] = by_name(r)
     base = {n: o for n, o in main_cfg}
-    var = by_name(st.compare(f"variants_{corpora[0][0]}", corpora[0][1], a.eval_windows,
-                             [("wina_05", base["wina_05"]), ("tkg_05", base["tkg_05"])] + variants,
-                             cal))
+    outs = together(*[(st.compare, f"eval_{cname}", cpath, a.eval_windows, main_cfg, cal)
+                      for cname, cpath in corpora],
+                    (st.compare, f"variants_{corpora[0][0]}", corpora[0][1], a.eval_windows,
+                     [("wina_05", base["wina_05"]), ("tkg_05", base["tkg_05"])] + variants, cal))
+    results = {cname: by_name(r) for (cname, _), r in zip(corpora, outs)}
+    var = by_name(outs[-1])
+    if a.run_only:
+        return 0
 
+    if not a.json:
+        ap.error("--json is required unless --run-only")
     calinfo = read_calibration(cal)
     capinfo = read_calibration(cal_cap)
     g5 = chosen["0.5"]["guided"]
     summary = {
-        "model": a.model, "storage": a.storage, "threads": a.threads,
+        "model": a.model_name or a.model, "storage": a.storage, "threads": a.threads,
         "protocol": {"context": a.context, "stride": a.stride, "eval_windows": a.eval_windows,
                      "select_windows": a.select_windows,
                      "scored_per_window": a.stride},
@@ -354,6 +378,7 @@ def ppl_ci(e):
 
 
 def write_page(a, S):
+    import numpy as np
     R, P = S["results"], S["protocol"]
     corp = list(R)
     cal = S["calibration"]
