@@ -578,6 +578,10 @@ int cmd_bench(int argc, char** argv) {
       for (double v : tsp) t_sparse += v;
       const double share_mask = tsp[static_cast<int>(flops::Op::MaskSelect)] / t_sparse;
       const double share_rot = tsp[static_cast<int>(flops::Op::Rotation)] / t_sparse;
+      // what one decode step reads and computes, dense against the method (rotation included)
+      const flops::Ledger::Totals step = ledger.total(flops::Phase::Decode);
+      const flops::Ledger::Totals rot_t = ledger.by_op(flops::Op::Rotation, flops::Phase::Decode);
+      const double nsteps = std::max(1, decode - std::min(1, decode - 1));
       const double s_pre_tps = prompt / median(ts_pre);
       const double s_dec_tps = 1.0 / median(ts_dec);
       std::vector<double> step_ratio;
@@ -598,6 +602,17 @@ int cmd_bench(int argc, char** argv) {
           100 * t_dense_proj / t_dense,
           plan.rotated ? fmt::format(", rotation +{:.1f}%", 100 * t_rot_ideal / t_dense) : "",
           mname, 100 * share_mask, 100 * share_rot);
+      std::cout << fmt::format(
+          "per decode step: {:.1f} MB read of {:.1f} MB dense ({:.3f} x), {:.1f} MFLOP of {:.1f} "
+          "({:.3f} x){}\n",
+          step.bytes_realised / nsteps / 1e6, step.bytes_dense / nsteps / 1e6,
+          step.bytes_realised / step.bytes_dense, step.flops_realised / nsteps / 1e6,
+          step.flops_dense / nsteps / 1e6, step.flops_realised / step.flops_dense,
+          plan.rotated ? fmt::format("; the online re-rotation ({}) adds {:.1f} MB and {:.1f} MFLOP",
+                                     to_string(plan.opt.rotation_storage),
+                                     rot_t.bytes_realised / nsteps / 1e6,
+                                     rot_t.flops_realised / nsteps / 1e6)
+                       : "");
       mj = {{"method", mname},
             {"sparsity_target", plan.opt.sparsity},
             {"calibration", ma.calib_path},
@@ -615,6 +630,14 @@ int cmd_bench(int argc, char** argv) {
             {"rotation_ideal_time_share", t_rot_ideal / t_dense},
             {"mask_select_time_share", share_mask},
             {"rotation_time_share", share_rot},
+            {"rotation_storage", to_string(plan.opt.rotation_storage)},
+            {"per_step",
+             {{"bytes_dense", step.bytes_dense / nsteps},
+              {"bytes_realised", step.bytes_realised / nsteps},
+              {"bytes_rotation", rot_t.bytes_realised / nsteps},
+              {"flops_dense", step.flops_dense / nsteps},
+              {"flops_realised", step.flops_realised / nsteps},
+              {"flops_rotation", rot_t.flops_realised / nsteps}}},
             {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}}};
     }
     if (!json_out.empty()) {

@@ -21,19 +21,9 @@
 
 namespace sparsim::app {
 
-namespace {
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(item);
-  return out;
-}
-}  // namespace
-
 int cmd_calibrate(int argc, char** argv) {
   CommonOptions co;
-  std::string model_arg, corpus_arg, text_field, out, storage, variants, progress_mode;
+  std::string model_arg, corpus_arg, text_field, out, storage, variants, progress_mode_arg;
   bool strict = false, fisher = false;
   int fisher_seqs = 32, fisher_tokens = 1024;
   po::options_description d("sparsim calibrate options");
@@ -55,8 +45,9 @@ int cmd_calibrate(int argc, char** argv) {
       "tokens per --fisher sequence")("storage", po::value(&storage)->default_value("f32"),
                                       "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
-      "progress", po::value(&progress_mode)->default_value("auto"),
-      "progress bar on stderr: auto, always, never");
+      "progress", po::value(&progress_mode_arg)->default_value("auto"),
+      "progress on stderr, per stage with its ETA: auto (a bar on a terminal, else a line per "
+      "tenth of each stage), always (bar), lines, never");
   CalibrateCli cc;
   cc.add(d);
   add_common_options(d, co);
@@ -69,7 +60,7 @@ int cmd_calibrate(int argc, char** argv) {
   const sparsity::CalibrateOptions& opt = cc.opt;
   bool do_plain = false, do_rot = false;
   if (fisher && vm["variants"].defaulted()) variants = "none";
-  for (const auto& v : split_commas(variants)) {
+  for (const auto& v : split_list(variants)) {
     if (v == "plain")
       do_plain = true;
     else if (v == "rotated")
@@ -81,10 +72,7 @@ int cmd_calibrate(int argc, char** argv) {
           "calibrate: nothing to do (--variants none without --fisher)");
   require(!fisher || (fisher_seqs >= 1 && fisher_tokens >= 2),
           "--fisher-seqs must be >= 1 and --fisher-tokens >= 2");
-  require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
-          "--progress must be auto, always or never, got '{}'", progress_mode);
-  const bool show_progress =
-      progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
+  const ProgressBar::Mode pmode = progress_mode(progress_mode_arg, ProgressBar::Mode::Lines);
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
@@ -127,36 +115,29 @@ int cmd_calibrate(int argc, char** argv) {
     cal.alpha = opt.alpha;
     cal.greedy_cap = opt.cap;
     cal.greedy_tokens = static_cast<std::int64_t>(opt.greedy_seqs) * opt.greedy_tokens;
+    cal.greedy_seqs = opt.greedy_seqs;
+    cal.greedy_seq_tokens = opt.greedy_tokens;
+    cal.greedy_step_cap = opt.step_cap;
     cal.greedy_score_fraction = opt.score_fraction;
     cal.histogram_range_values = static_cast<std::int64_t>(opt.range_values);
     cal.probe_levels = opt.probes;
     cal.command = command_line(argc, argv);
 
-    std::unique_ptr<ProgressBar> bar;
-    std::string stage;
-    auto progress = [&](const std::string& what, int done, int total) {
-      if (what != stage) {
-        if (bar) bar->finish();
-        bar = std::make_unique<ProgressBar>(what, show_progress);
-        stage = what;
-      }
-      bar->update(done, total);
-    };
+    CalibrationProgress prog(pmode);
     if (do_plain) {
       log().info("calibrating the plain model (TEAL)");
       cal.plain.emplace();
       sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, *cal.plain,
-                                     progress);
-      if (bar) bar->finish();
-      bar.reset();
-      stage.clear();
+                                     prog.callback("plain"), &cal.timings, "plain");
+      prog.finish();
     }
     if (do_rot) {
       log().info("computing the WINA rotation");
-      Stopwatch sw;
+      StageClock sc;
       const sparsity::Rotation rot = sparsity::compute_rotation(*w);
       std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, lo.storage);
-      log().info("rotation: {:.1f} s", sw.seconds());
+      cal.timings.push_back({"rotation", sc.wall(), sc.cpu()});
+      log().info("rotation: {:.1f} s", sc.wall());
       cal.rotated.emplace();
       for (const auto& q : rot.q_attn)
         cal.rotated->q_attn.insert(cal.rotated->q_attn.end(), q.begin(), q.end());
@@ -164,9 +145,8 @@ int cmd_calibrate(int argc, char** argv) {
         cal.rotated->q_mlp.insert(cal.rotated->q_mlp.end(), q.begin(), q.end());
       log().info("calibrating the rotated model (WINA, TopK-Guided)");
       sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, *cal.rotated,
-                                     progress);
-      if (bar) bar->finish();
-      bar.reset();
+                                     prog.callback("rotated"), &cal.timings, "rotated");
+      prog.finish();
     }
     if (fisher) {
       const std::size_t need = static_cast<std::size_t>(fisher_seqs) * fisher_tokens;
@@ -180,31 +160,42 @@ int cmd_calibrate(int argc, char** argv) {
       }
       log().info("Fisher scores: backward passes over {} sequences of {} tokens", fisher_seqs,
                  fisher_tokens);
+      StageClock sc;
+      const auto cb = prog.callback("");
       cal.fisher = pruning::fisher_scores<E>(
-          w, seqs, [&](int done, int total) { progress("fisher", done, total); });
-      if (bar) bar->finish();
-      bar.reset();
+          w, seqs, [&](int done, int total) { cb("fisher", done, total); });
+      prog.finish();
+      cal.timings.push_back({"fisher", sc.wall(), sc.cpu()});
     }
     sparsity::write_calibration(out, cal);
 
     std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,
                              mi.fingerprint);
-    if (do_plain || do_rot)
+    if (do_plain || do_rot) {
       std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
                                cal.tokens, cal.windows, cal.context);
-    else
+      std::cout << fmt::format(
+          "  greedy: {} sequences of {} tokens, α = {:g}{}, scored on the last {:g} of each\n",
+          cal.greedy_seqs, cal.greedy_seq_tokens, cal.alpha,
+          cal.greedy_step_cap > 0 ? fmt::format(", steps capped at {:g}", cal.greedy_step_cap) : "",
+          cal.greedy_score_fraction);
+    } else {
       std::cout << fmt::format("  corpus {} ({} tokens)\n", corpus.source, stream.size());
+    }
     for (const auto* v : {&cal.plain, &cal.rotated}) {
-      if (!v->has_value()) continue;
-      std::cout << fmt::format("\n  {} model: greedy rows per block, sensitivity e_i at s̄\n",
-                               v == &cal.plain ? "plain" : "rotated");
+      if (!v->has_value() || (*v)->sensitivity.empty()) continue;
+      const sparsity::Sensitivity& set = (*v)->sensitivity.front();
+      std::cout << fmt::format(
+          "\n  {} model: greedy rows per block, sensitivity e_i at s̄ ({}; {} sets in the "
+          "file)\n",
+          v == &cal.plain ? "plain" : "rotated", set.describe(), (*v)->sensitivity.size());
       std::cout << fmt::format("  {:>5} {:>6}", "layer", "rows");
       for (double p : opt.probes) std::cout << fmt::format(" {:>9}", fmt::format("e@{:.2f}", p));
       std::cout << "\n";
       for (int l = 0; l < c.n_layer; ++l) {
         std::cout << fmt::format("  {:>5} {:>6}", l, (*v)->greedy[l].rows.size());
         for (std::size_t k = 0; k < opt.probes.size(); ++k)
-          std::cout << fmt::format(" {:>9.4f}", (*v)->sensitivity[k][l]);
+          std::cout << fmt::format(" {:>9.4f}", set.e[k][l]);
         std::cout << "\n";
       }
     }
@@ -232,7 +223,12 @@ int cmd_calibrate(int argc, char** argv) {
                                  sig[static_cast<std::size_t>(l)], fk, fv);
       }
     }
-    std::cout << fmt::format("\n  wall seconds {:.1f}\n", wall.seconds());
+    std::cout << fmt::format("\n  {:<28} {:>10} {:>10}\n", "stage", "wall s", "CPU s");
+    for (const auto& t : cal.timings)
+      std::cout << fmt::format("  {:<28} {:>10.1f} {:>10.1f}\n", t.stage, t.wall_seconds,
+                               t.cpu_seconds);
+    std::cout << fmt::format("\n  wall seconds {:.1f}, CPU seconds {:.1f}, {} threads\n",
+                             wall.seconds(), process_cpu_seconds(), rt.threads());
     return 0;
   });
 }

@@ -15,6 +15,7 @@
 #include "model_io.hpp"
 #include "pruning/kv_prune.hpp"
 #include "records.hpp"
+#include "run_summary.hpp"
 #include "sparsity/plan.hpp"
 #include "sparsity_report.hpp"
 
@@ -258,7 +259,6 @@ int cmd_eval(int argc, char** argv) {
       }
     }
     const double wall_s = wall.seconds();
-    const auto tot = ledger.total();
     const std::vector<double>& token_sp = masker.token_sparsity();
     const SparsityReport report{plan, masker.all_stats(), token_sp, calib_path};
     const bool sparse = ma.sparse();
@@ -290,6 +290,10 @@ int cmd_eval(int argc, char** argv) {
       std::cout << fmt::format(
           "  {:<22} {:>14.4f}\n", "top-1 accuracy",
           static_cast<double>(ppl.argmax_hits) / std::max<std::uint64_t>(1, ppl.tokens_scored));
+      const PplSpread sp = ppl_spread(ppl);
+      if (sp.windows > 1)
+        std::cout << fmt::format("  {:<22} {:>14}\n", "perplexity 95% CI",
+                                 fmt::format("{:.3f} … {:.3f}", sp.ci95[0], sp.ci95[1]));
     }
     if (sparse) std::cout << report.table() << "\n";
     if (tfg) {
@@ -304,10 +308,7 @@ int cmd_eval(int argc, char** argv) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc_norm", tr.acc_norm);
       std::cout << fmt::format("  {:<22} {:>14}\n", "task items", tr.items);
     }
-    std::cout << fmt::format("  {:<22} {:>14.3f}\n", "GFLOP (dense)", tot.flops_dense / 1e9);
-    if (sparse)
-      std::cout << fmt::format("  {:<22} {:>14.3f}\n", "GFLOP (realised)",
-                               tot.flops_realised / 1e9);
+    std::cout << cost_table(ledger, sparse);
     std::cout << fmt::format("  {:<22} {:>14.3f}\n", "wall seconds", wall_s);
     std::cout << fmt::format("  {:<22} {:>14}\n", "backend / threads",
                              fmt::format("{} / {}", backend, rt.threads()));
@@ -319,11 +320,20 @@ int cmd_eval(int argc, char** argv) {
     j["threads"] = rt.threads();
     j["backend"] = backend;
     j["wall_seconds"] = wall_s;
-    j["flops"] = {{"dense", tot.flops_dense}, {"realised", tot.flops_realised}};
+    {
+      const nlohmann::json cost = cost_json(ledger);
+      j["flops"] = cost["flops"];
+      j["bytes"] = cost["bytes"];
+    }
     if (sparse) j["sparsity"] = report.json();
     if (c.pruned()) j["pruned"] = pruning::prune_report(c).json();
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
+      const PplSpread sp = ppl_spread(ppl);
+      j["perplexity_spread"] = {{"mean_nll_per_window", sp.mean_nll},
+                                {"se", sp.se},
+                                {"ci95", {sp.ci95[0], sp.ci95[1]}},
+                                {"what", "exp(mean ± 1.96 se) of the windows' per-token NLL"}};
       j["tokens_scored"] = ppl.tokens_scored;
       j["windows"] = ppl.window_nll.size();
       j["corpus"] = {{"source", corpus.source},

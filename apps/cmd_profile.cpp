@@ -46,7 +46,22 @@ struct Profile {
   int n_layer = 0;
   std::vector<double> probe_levels;
   std::vector<std::vector<double>> sensitivity;  ///< [probe][layer]
+  std::string set;  ///< how the sensitivities were probed (Sensitivity::describe)
 };
+
+/// The sensitivity set of `var` probed with `rule` over positions ≥ from (column norms on k and
+/// gate preferred); throws naming what the variant holds.
+const sparsity::Sensitivity& pick_set(const sparsity::CalibrationVariant& var,
+                                      sparsity::ProbeRule rule, int from, const std::string& src) {
+  const sparsity::Sensitivity* best = nullptr;
+  for (const auto& s : var.sensitivity)
+    if (s.rule == rule && s.from == from && (!best || (best->norms_all && !s.norms_all))) best = &s;
+  if (best) return *best;
+  std::string have;
+  for (const auto& s : var.sensitivity) have += "\n    " + s.describe();
+  fail("{} holds no sensitivities probed with {} masking over positions ≥ {}; it holds:{}", src,
+       sparsity::probe_rule_name(rule), from, have.empty() ? std::string(" none") : have);
+}
 
 struct BudgetRequest {
   std::vector<double> sparsity;
@@ -115,6 +130,7 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
   g.set_attr("model_checked", p.model_checked ? 1 : 0);
   g.set_attr("corpus_fingerprint", p.corpus_fingerprint);
   g.set_attr("corpus_path", p.corpus_path);
+  g.set_attr("sensitivity_set", p.set);
   g.set_attr("budget_lower", kBudgetLo);
   g.set_attr("budget_upper", kBudgetHi);
   g.write("probe_levels", p.probe_levels,
@@ -149,6 +165,7 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
                                                   : fmt::format("from {}", p.calibration_file));
   std::cout << fmt::format("  model {} (fingerprint {}{})\n", p.model_path, p.model_fingerprint,
                            p.model_checked ? "" : ", not checked: no --model given");
+  std::cout << fmt::format("  sensitivities probed with {}\n", p.set);
   std::cout << fmt::format("  budgets s_i = clamp(s + λ(ē − e_i), {}, {}), λ = {:g}, s̄ = {:g}\n\n",
                            kBudgetLo, kBudgetHi, br.lambda, br.probe);
   std::cout << fmt::format("  {:>5}", "layer");
@@ -175,7 +192,8 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
 int cmd_profile(int argc, char** argv) {
   CommonOptions co;
   std::string calib_path, model_arg, corpus_arg, text_field, out, plot, storage, sparsity_arg,
-      variant, progress_mode;
+      variant, progress_arg, masking_arg;
+  int positions_from = 0;
   CalibrateCli cc;
   sparsity::CalibrateOptions& opt = cc.opt;
   BudgetRequest br;
@@ -201,8 +219,15 @@ int cmd_profile(int argc, char** argv) {
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
-      "progress", po::value(&progress_mode)->default_value("auto"),
-      "progress bar on stderr: auto, always, never");
+      "masking", po::value(&masking_arg)->default_value("auto"),
+      "which sensitivities: those probed with threshold, topk or guided masking (auto: "
+      "threshold for the plain model, guided for the rotated one)")(
+      "positions-from", po::value(&positions_from)->default_value(0),
+      "which sensitivities: those over the positions ≥ this of each sequence (0: all; see "
+      "calibrate --sensitivity-from)")(
+      "progress", po::value(&progress_arg)->default_value("auto"),
+      "progress on stderr, per stage with its ETA: auto (a bar on a terminal, else a line per "
+      "tenth of each stage), always (bar), lines, never");
   cc.add(d);
   add_common_options(d, co);
   po::variables_map vm;
@@ -222,13 +247,17 @@ int cmd_profile(int argc, char** argv) {
     require(std::isfinite(v) && v >= 0 && v < 1, "--sparsity: {} is outside [0, 1)", v);
   require(std::isfinite(br.lambda) && br.lambda >= 0, "--lambda {} must be ≥ 0", br.lambda);
   require(std::isfinite(br.probe), "--probe {} is not a number", br.probe);
-  require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
-          "--progress must be auto, always or never, got '{}'", progress_mode);
+  const ProgressBar::Mode pmode = progress_mode(progress_arg, ProgressBar::Mode::Lines);
+  const sparsity::ProbeRule rule =
+      masking_arg == "auto"
+          ? (variant == "plain" ? sparsity::ProbeRule::Threshold : sparsity::ProbeRule::Guided)
+          : sparsity::parse_probe_rule(masking_arg);
+  require(positions_from >= 0, "--positions-from {} is negative", positions_from);
   const bool from_file = !calib_path.empty();
   if (from_file) {
-    for (const char* o :
-         {"corpus", "text-field", "context", "max-windows", "greedy-seqs", "greedy-tokens", "alpha",
-          "cap", "score-fraction", "probes", "delta", "wina-norms"})
+    std::vector<std::string> afresh = {"corpus", "text-field"};
+    afresh.insert(afresh.end(), CalibrateCli::names().begin(), CalibrateCli::names().end());
+    for (const std::string& o : afresh)
       require(vm[o].defaulted(),
               "--{} is only used when computing the profile afresh, not with --calibration", o);
   }
@@ -244,6 +273,8 @@ int cmd_profile(int argc, char** argv) {
     require(var.has_value(), "calibration file {} has no {} calibration", calib_path, variant);
     require(!var->sensitivity.empty(), "calibration file {} has no sensitivities for the {} model",
             calib_path, variant);
+    const sparsity::Sensitivity& set =
+        pick_set(*var, rule, positions_from, "calibration file " + calib_path);
     p.source = "calibration file";
     p.calibration_file = calib_path;
     p.model_fingerprint = cal->model_fingerprint;
@@ -252,11 +283,18 @@ int cmd_profile(int argc, char** argv) {
     p.corpus_path = cal->corpus_path;
     p.n_layer = cal->n_layer;
     p.probe_levels = cal->probe_levels;
-    p.sensitivity = var->sensitivity;
+    p.sensitivity = set.e;
+    p.set = set.describe();
   } else {
     cc.finish();
     p.source = "computed";
     p.probe_levels = opt.probes;
+    // compute only the set that is shown
+    opt.probe_rules = {rule};
+    opt.sensitivity_from = {positions_from};
+    require(positions_from < opt.greedy_tokens,
+            "--positions-from {} is outside the greedy sequences of {} tokens", positions_from,
+            opt.greedy_tokens);
   }
   require(probe_index(p.probe_levels, br.probe) >= 0,
           "--probe {} is not among the probe levels ({}){}", br.probe, join_levels(p.probe_levels),
@@ -277,8 +315,6 @@ int cmd_profile(int argc, char** argv) {
     return 0;
   }
 
-  const bool show_progress =
-      progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
@@ -308,29 +344,22 @@ int cmd_profile(int argc, char** argv) {
       log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
       p.corpus_fingerprint = corpus.fingerprint;
       p.corpus_path = corpus.source;
-      std::unique_ptr<ProgressBar> bar;
-      std::string stage;
-      auto progress = [&](const std::string& what, int done, int total) {
-        if (what != stage) {
-          if (bar) bar->finish();
-          bar = std::make_unique<ProgressBar>(what, show_progress);
-          stage = what;
-        }
-        bar->update(done, total);
-      };
+      CalibrationProgress prog(pmode);
       sparsity::CalibrationVariant v;
       if (variant == "rotated") {
         log().info("computing the WINA rotation");
         const sparsity::Rotation rot = sparsity::compute_rotation(*w);
         std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, lo.storage);
         sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, v,
-                                       progress);
+                                       prog.callback(variant));
       } else {
         sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, v,
-                                       progress);
+                                       prog.callback(variant));
       }
-      if (bar) bar->finish();
-      p.sensitivity = v.sensitivity;
+      prog.finish();
+      const sparsity::Sensitivity& set = pick_set(v, rule, positions_from, "the computed profile");
+      p.sensitivity = set.e;
+      p.set = set.describe();
     }
     publish(p, br, out, plot, [&](io::Group root) {
       write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);

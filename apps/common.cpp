@@ -154,20 +154,48 @@ ResolvedModel resolve_model(const std::string& spec) {
   fail("unknown model '{}': not a file and not a known alias (known: smollm2)", spec);
 }
 
+std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
 namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 }  // namespace
 
-ProgressBar::ProgressBar(std::string label, bool enabled)
-    : label_(std::move(label)), enabled_(enabled), t0_(now_s()) {}
+ProgressBar::ProgressBar(std::string label, Mode mode)
+    : label_(std::move(label)), mode_(mode), t0_(now_s()), last_line_(t0_) {}
+
+ProgressBar::Mode progress_mode(const std::string& arg, ProgressBar::Mode otherwise) {
+  if (arg == "never") return ProgressBar::Mode::Off;
+  if (arg == "always") return ProgressBar::Mode::Bar;
+  if (arg == "lines") return ProgressBar::Mode::Lines;
+  require(arg == "auto", "--progress must be auto, always, lines or never, got '{}'", arg);
+  return ::isatty(STDERR_FILENO) ? ProgressBar::Mode::Bar : otherwise;
+}
 
 void ProgressBar::update(int done, int total) {
-  if (!enabled_ || total <= 0) return;
-  const double el = now_s() - t0_;
+  if (mode_ == Mode::Off || total <= 0) return;
+  const double now = now_s(), el = now - t0_;
   const double frac = static_cast<double>(done) / total;
   const double eta = done > 0 ? el / done * (total - done) : 0.0;
+  if (mode_ == Mode::Lines) {
+    const int tenth = static_cast<int>(frac * 10);
+    if (tenth == last_tenth_ && now - last_line_ < 60 && done != total) return;
+    if (done == total && last_tenth_ == 10) return;
+    last_tenth_ = done == total ? 10 : tenth;
+    last_line_ = now;
+    std::fprintf(stderr, "%s: %d/%d (%.0f%%), %.1f s elapsed, ETA %.1f s\n", label_.c_str(), done,
+                 total, 100 * frac, el, eta);
+    std::fflush(stderr);
+    return;
+  }
   const int width = 30, fill = static_cast<int>(frac * width);
   std::fprintf(stderr, "\r%s [%s%s] %d/%d  %.1f s elapsed, ETA %.1f s ", label_.c_str(),
                std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done, total,
@@ -177,7 +205,7 @@ void ProgressBar::update(int done, int total) {
 }
 
 void ProgressBar::finish() {
-  if (drawn_) std::fprintf(stderr, "\n");
+  if (drawn_ && mode_ == Mode::Bar) std::fprintf(stderr, "\n");
   drawn_ = false;
 }
 

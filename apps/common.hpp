@@ -45,6 +45,9 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& what);
 /// "0.2,0.4" → {0.2, 0.4}; `what` names the option in the error for a non-number or an empty list.
 std::vector<double> parse_double_list(const std::string& s, const std::string& what);
 
+/// "a,b,c" → {"a", "b", "c"} (empty items dropped).
+std::vector<std::string> split_list(const std::string& s);
+
 /// Name of the backend actually selected ("serial", "openmp", "cuda").
 std::string resolve_backend(const std::string& requested);
 
@@ -74,18 +77,27 @@ struct ResolvedModel {
 };
 ResolvedModel resolve_model(const std::string& spec);
 
-/// A progress bar with rate and ETA on stderr (only when stderr is a terminal or forced).
+/// Progress with elapsed time and ETA on stderr: a bar redrawn in place (terminals), or one
+/// line per tenth of the work and at least every minute (logs: redirected output, batch jobs).
 class ProgressBar {
  public:
-  ProgressBar(std::string label, bool enabled);
+  enum class Mode { Off, Bar, Lines };
+  ProgressBar(std::string label, bool enabled) : ProgressBar(std::move(label), enabled ? Mode::Bar : Mode::Off) {}
+  ProgressBar(std::string label, Mode mode);
   void update(int done, int total);
   void finish();
 
  private:
   std::string label_;
-  bool enabled_;
+  Mode mode_;
   double t0_;
   bool drawn_ = false;
+  int last_tenth_ = -1;
+  double last_line_ = 0;
 };
+
+/// The progress mode of --progress `arg` (auto, always, never, lines; anything else throws):
+/// auto is a bar on a terminal and `otherwise` elsewhere.
+ProgressBar::Mode progress_mode(const std::string& arg, ProgressBar::Mode otherwise);
 
 }  // namespace sparsim::app

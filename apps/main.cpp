@@ -17,6 +17,7 @@ int cmd_generate(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
 int cmd_profile(int argc, char** argv);
 int cmd_prune(int argc, char** argv);
+int cmd_compare(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -30,6 +31,8 @@ struct Command {
 const Command kCommands[] = {
     {"eval", sparsim::app::cmd_eval,
      "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
+    {"compare", sparsim::app::cmd_compare,
+     "perplexity of several sparsity configurations on the same windows, dense context shared"},
     {"calibrate", sparsim::app::cmd_calibrate,
      "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
     {"profile", sparsim::app::cmd_profile,

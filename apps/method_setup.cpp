@@ -24,7 +24,15 @@ void MethodArgs::add_options(po::options_description& d) {
       "no-rotation", po::bool_switch(&no_rotation),
       "WINA / TopK-Guided on the unrotated model (uses the plain calibration)")(
       "wina-norms", po::value(&norms_mode)->default_value("kg"),
-      "projections scored with column norms: kg (k and gate, WINA's choice) or all")(
+      "projections scored with column norms: kg (k and gate, WINA's code) or all (WINA's "
+      "paper)")("greedy-lookup", po::value(&lookup_mode)->default_value("nearest"),
+                "greedy-table row of each block budget: nearest (the paper) or interpolate "
+                "(between the two rows around it, so the block's P equals its budget)")(
+      "sensitivity-from", po::value(&mopt.sensitivity_from)->default_value(0),
+      "TopK-Guided: the calibrated sensitivities over positions ≥ this of each sequence (0: "
+      "all; calibrate --sensitivity-from lists those available)")(
+      "rotation-storage", po::value(&rotation_storage)->default_value("f32"),
+      "WINA / TopK-Guided: storage of the online re-rotation matrices, f32 or bf16")(
       "tf-ratio", po::value(&tf.ratio)->default_value(0.2),
       "Token Filtering: model-wide fraction r in [0, 1) of (token, layer) attention blocks to "
       "skip")("tf-criterion", po::value(&tf_criterion)->default_value("kv"),
@@ -102,6 +110,11 @@ void MethodArgs::resolve(const po::variables_map* vm) {
   mopt.guided_masking = masking_mode == "guided";
   mopt.rotate = !no_rotation;
   mopt.wina_norms_all = norms_mode == "all";
+  mopt.lookup = sparsity::parse_lookup(lookup_mode);
+  require(rotation_storage == "f32" || rotation_storage == "bf16",
+          "--rotation-storage must be f32 or bf16, got '{}'", rotation_storage);
+  mopt.rotation_storage = rotation_storage == "bf16" ? DType::BF16 : DType::F32;
+  mopt.validate();
   require(!mopt.needs_calibration() || !calib_path.empty(),
           "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
   require(mopt.needs_calibration() || calib_path.empty(),

@@ -24,7 +24,7 @@ namespace sparsim::app {
 /// tuning options.
 struct MethodArgs {
   std::string method = "dense";
-  std::string calib_path, budget_mode, masking_mode, norms_mode;
+  std::string calib_path, budget_mode, masking_mode, norms_mode, lookup_mode, rotation_storage;
   bool no_rotation = false;
   sparsity::MethodOptions mopt;
   std::optional<sparsity::Calibration> cal;  ///< read by resolve()
@@ -99,7 +99,8 @@ sparsity::Plan prepare_method(const MethodArgs& a, const ModelInfo& mi,
     plan = sparsity::make_plan(*a.cal, a.mopt);
     if (plan.rotated) {
       Stopwatch sw;
-      w = sparsity::apply_rotation(*w, sparsity::rotation_from(*a.cal), storage);
+      w = sparsity::apply_rotation(*w, sparsity::rotation_from(*a.cal), storage,
+                                   a.mopt.rotation_storage);
       log().info("WINA rotation applied ({:.1f} s)", sw.seconds());
     }
   }

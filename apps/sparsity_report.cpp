@@ -59,13 +59,24 @@ nlohmann::json SparsityReport::json() const {
   j["block_budget_mean"] = plan.mean_budget();
   j["rotated"] = plan.rotated;
   j["calibration"] = calibration;
+  j["greedy_lookup"] = sparsity::lookup_name(plan.opt.lookup);
+  if (plan.rotated) j["rotation_storage"] = to_string(plan.opt.rotation_storage);
+  if (plan.opt.method != sparsity::Method::Teal)
+    j["wina_norms"] = plan.opt.wina_norms_all ? "all" : "kg";
   if (plan.opt.method == sparsity::Method::TopkGuided) {
     j["delta"] = plan.opt.delta;
     j["probe"] = plan.opt.probe;
     j["lambda"] = plan.opt.lambda;
     j["budget"] = plan.opt.sensitivity_budget ? "sensitivity" : "uniform";
     j["masking"] = plan.opt.guided_masking ? "guided" : "topk";
+    if (plan.sensitivity) j["sensitivity_set"] = plan.sensitivity->describe();
   }
+  // per block: the budget, the P of the greedy-table point used, and its targets p_i
+  j["block_budget"] = plan.budget;
+  j["table_P"] = plan.table_P;
+  nlohmann::json tg = nlohmann::json::array();
+  for (const auto& row : plan.p) tg.push_back(std::vector<double>(row.begin(), row.end()));
+  j["block_targets"] = tg;
   nlohmann::json per;
   for (int i = 0; i < kNumProj; ++i) {
     const ProjSummary s = proj_summary(*this, i);
@@ -90,6 +101,10 @@ void SparsityReport::write(io::Group root) const {
   g.set_attr("budget", std::string(plan.opt.sensitivity_budget ? "sensitivity" : "uniform"));
   g.set_attr("masking", std::string(plan.opt.guided_masking ? "guided" : "topk"));
   g.set_attr("wina_norms", std::string(plan.opt.wina_norms_all ? "all" : "kg"));
+  g.set_attr("greedy_lookup", std::string(sparsity::lookup_name(plan.opt.lookup)));
+  g.set_attr("rotation_storage", std::string(to_string(plan.opt.rotation_storage)));
+  g.set_attr("sensitivity_set",
+             plan.sensitivity ? plan.sensitivity->describe() : std::string("none"));
   const Summary t = summarize(token_sparsity);
   g.set_attr("realised_mean", t.mean);
   g.set_attr("realised_min", t.min);

@@ -43,7 +43,18 @@ def calibration_for(args, method):
     return args.calibration
 
 
-def run_bench(args, storage, method):
+def split_method(spec):
+    """"topk-guided" or "LABEL=METHOD OPTIONS…" (e.g. "tkg-rot16=topk-guided --rotation-storage
+    bf16") -> (label, method, extra options)."""
+    if "=" in spec:
+        label, rest = spec.split("=", 1)
+        parts = rest.split()
+        return label, parts[0], parts[1:]
+    return spec, spec, []
+
+
+def run_bench(args, storage, spec):
+    label, method, extra = split_method(spec)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "bench.json")
         cmd = [
@@ -52,7 +63,7 @@ def run_bench(args, storage, method):
             str(args.decode), "--reps", str(args.reps), "--method", method, "--sparsity",
             str(args.sparsity), "--calibration", calibration_for(args, method), "--column-skipping",
             args.column_skipping, "--json", out, "--log-level", "warn",
-        ] + (["--no-rotation"] if args.no_rotation and method != "teal" else [])
+        ] + (["--no-rotation"] if args.no_rotation and method != "teal" else []) + extra
         print("running:", " ".join(cmd), file=sys.stderr)
         env = dict(os.environ)
         env.setdefault("OMP_PROC_BIND", "false")
@@ -79,6 +90,12 @@ def summarize(runs):
         "dense_projection_time_share": med(x["dense_projection_time_share"] for x in s),
         "mask_select_time_share": med(x["mask_select_time_share"] for x in s),
         "rotation_time_share": med(x["rotation_time_share"] for x in s),
+        "step_bytes_over_dense": med(x["per_step"]["bytes_realised"] / x["per_step"]["bytes_dense"]
+                                     for x in s),
+        "step_rotation_bytes_over_dense": med(x["per_step"]["bytes_rotation"] /
+                                              x["per_step"]["bytes_dense"] for x in s),
+        "dense_decode_fraction_of_ideal": med(r["decode_fraction_of_ideal"] for r in runs),
+        "load_average_before": [r.get("load_average_before") for r in runs],
         "prefill_tokens_per_s": med(x["prefill_tokens_per_s"] for x in s),
         "dense_prefill_tokens_per_s": med(r["prefill_tokens_per_s"] for r in runs),
     }
@@ -93,7 +110,9 @@ def main():
                     help="calibration for wina and topk-guided when --calibration holds only the "
                     "plain variant (calibrate --variants rotated)")
     ap.add_argument("--sparsity", type=float, default=0.5)
-    ap.add_argument("--methods", default="teal,wina,topk-guided")
+    ap.add_argument("--methods", default="teal,wina,topk-guided",
+                    help="comma-separated: a method, or LABEL=METHOD OPTIONS (e.g. "
+                    "'tkg-rot16=topk-guided --rotation-storage bf16')")
     ap.add_argument("--storages", default="bf16,f32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=512)
@@ -111,7 +130,7 @@ def main():
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     raw, table = [], []
     storages = args.storages.split(",")
-    methods = args.methods.split(",")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for storage in storages:
         per = {m: [] for m in methods}
         # methods interleaved run by run, so that a busy spell hits all of them
@@ -119,9 +138,10 @@ def main():
             for m in methods:
                 cmd, j = run_bench(args, storage, m)
                 per[m].append(j)
-                raw.append({"storage": storage, "method": m, "command": cmd, "result": j})
+                raw.append({"storage": storage, "method": split_method(m)[0], "command": cmd,
+                            "result": j})
         for m in methods:
-            row = {"storage": storage, "method": m}
+            row = {"storage": storage, "method": split_method(m)[0], "spec": m}
             row.update(summarize(per[m]))
             table.append(row)
 
@@ -151,13 +171,14 @@ def main():
     os.replace(tmp, args.out)
 
     print("| storage | method | dense tok/s | method tok/s | speedup | realised s | ideal (proj) "
-          "| ideal (step) | mask select | rotation |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| ideal (step) | bytes / dense | mask select | rotation |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in table:
         print(f"| {r['storage']} | {r['method']} | {r['dense_decode_tokens_per_s']:.1f} "
               f"| {r['decode_tokens_per_s']:.1f} | {r['speedup']:.2f} "
               f"| {r['realised_projection_sparsity']:.3f} | {r['ideal_speedup_projections']:.2f} "
-              f"| {r['ideal_speedup_decode_step']:.2f} | {100 * r['mask_select_time_share']:.1f}% "
+              f"| {r['ideal_speedup_decode_step']:.2f} | {r['step_bytes_over_dense']:.3f} "
+              f"| {100 * r['mask_select_time_share']:.1f}% "
               f"| {100 * r['rotation_time_share']:.1f}% |")
 
 

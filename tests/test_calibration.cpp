@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <random>
 #include <string>
 #include <vector>
@@ -284,6 +285,58 @@ TEST(CalibGreedy, RunsToCapClipsAndSkipsAbsentMatrices) {
   EXPECT_NE(error_of([] { (void)GreedyTable{}.nearest(0.5); }).find("empty"), std::string::npos);
 }
 
+// The paper's step α·F/f_i makes a small matrix all-or-nothing (GQA's k and v: f_k = F/32 on
+// SmolLM2, a step of 0.8 at α = 0.025); a step cap lets it move in small steps. The evaluator
+// form sees which matrix changed and every commit.
+TEST(CalibGreedy, StepCapAndEvaluatorCallbacks) {
+  const std::vector<double> f = {1, 31};  // F = 32: steps 0.8 and 0.0258 at α = 0.025
+  const std::vector<double> w = {0.2, 1};
+  std::vector<std::size_t> changed, committed;
+  sparsim::sparsity::GreedyEvaluator ev;
+  ev.error = [&](const std::vector<double>& p, std::size_t i) {
+    changed.push_back(i);
+    return w[0] * p[0] * p[0] + w[1] * p[1] * p[1];
+  };
+  ev.commit = [&](std::size_t i, const std::vector<double>&) { committed.push_back(i); };
+  const GreedyTable paper = greedy_allocate(f, 0.025, 0.95, 0.0, ev);
+  std::set<double> pk;
+  for (const auto& r : paper.rows) pk.insert(r[1]);
+  EXPECT_EQ(pk, (std::set<double>{0.0, 0.8, 1.0}));  // all-or-nothing
+  EXPECT_EQ(committed.size(), paper.rows.size() - 1);
+  // every step tries each matrix that can still move, one at a time
+  EXPECT_GT(changed.size(), committed.size());
+  EXPECT_LE(changed.size(), 2 * committed.size());
+  for (std::size_t i : changed) EXPECT_LT(i, 2u);
+  const GreedyTable capped = greedy_allocate(f, 0.025, 0.95, 0.1, ev);
+  std::set<double> pc;
+  for (const auto& r : capped.rows) pc.insert(std::round(r[1] * 1e9) / 1e9);
+  EXPECT_EQ(pc.size(), 11u);  // 0, 0.1, …, 1.0
+  EXPECT_DOUBLE_EQ(sparsim::sparsity::greedy_step(0.025, 32, 1, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(sparsim::sparsity::greedy_step(0.025, 32, 31, 0.1), 0.025 * 32 / 31);
+  EXPECT_NE(error_of([&] { greedy_allocate(f, 0.025, 0.95, 1.5, ev); }).find("step_cap"),
+            std::string::npos);
+}
+
+// interpolate: the point on the segment between the rows around P, whose P is exact.
+TEST(CalibGreedy, InterpolateBetweenRows) {
+  GreedyTable t;
+  t.n = 2;
+  t.rows = {{0.0, 0.0, 0.0}, {0.2, 0.0, 0.4}, {0.5, 0.6, 0.4}, {0.5, 0.6, 0.4}, {0.8, 0.6, 1.0}};
+  const auto a = t.interpolate(0.1);
+  EXPECT_DOUBLE_EQ(a[0], 0.1);
+  EXPECT_DOUBLE_EQ(a[1], 0.0);
+  EXPECT_DOUBLE_EQ(a[2], 0.2);
+  const auto b = t.interpolate(0.35);
+  EXPECT_DOUBLE_EQ(b[0], 0.35);
+  EXPECT_DOUBLE_EQ(b[1], 0.3);
+  EXPECT_DOUBLE_EQ(b[2], 0.4);
+  EXPECT_EQ(t.interpolate(0.5), (std::vector<double>{0.5, 0.6, 0.4}));
+  EXPECT_EQ(t.interpolate(-1), t.rows.front());
+  EXPECT_EQ(t.interpolate(2), t.rows.back());
+  EXPECT_EQ(t.nearest(0.35), t.rows[1]);  // the rounding interpolation avoids
+  EXPECT_NE(error_of([&] { (void)t.interpolate(std::nan("")); }).find("NaN"), std::string::npos);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Budgets
 
@@ -343,7 +396,14 @@ CalibrationVariant make_variant(const Calibration& c, std::uint64_t seed, bool r
       for (std::size_t i = 0; i < p.size(); ++i) e += double(i + 1 + l) * p[i] * p[i];
       return e;
     }));
-  v.sensitivity = {{0.1, 0.2}, {0.3, 0.4}};
+  sparsim::sparsity::Sensitivity a, b;
+  a.rule = rotated ? sparsim::sparsity::ProbeRule::Guided : sparsim::sparsity::ProbeRule::Threshold;
+  a.delta = rotated ? 0.01 : 0.0;
+  a.e = {{0.1, 0.2}, {0.3, 0.4}};
+  b = a;
+  b.from = 4;
+  b.e = {{0.05, 0.25}, {0.35, 0.45}};
+  v.sensitivity = {a, b};
   if (rotated) {
     const auto L = static_cast<std::size_t>(c.n_layer), D = static_cast<std::size_t>(c.d_model);
     v.q_attn.resize((L + 1) * D * D);
@@ -376,6 +436,10 @@ Calibration make_calibration() {
   c.windows = 4;
   c.alpha = 0.1;
   c.greedy_tokens = 1024;
+  c.greedy_seqs = 4;
+  c.greedy_seq_tokens = 256;
+  c.greedy_step_cap = 0.1;
+  c.timings = {{"histograms (plain)", 1.5, 2.75}, {"rotation", 0.25, 0.5}};
   c.histogram_range_values = 500;
   c.probe_levels = {0.2, 0.4};
   c.command = "sparsim calibrate --model models/tiny.gguf";
@@ -405,7 +469,14 @@ void expect_same_variant(const CalibrationVariant& a, const CalibrationVariant& 
     EXPECT_EQ(a.greedy[l].n, b.greedy[l].n);
     EXPECT_EQ(a.greedy[l].rows, b.greedy[l].rows);
   }
-  EXPECT_EQ(a.sensitivity, b.sensitivity);
+  ASSERT_EQ(a.sensitivity.size(), b.sensitivity.size());
+  for (std::size_t i = 0; i < a.sensitivity.size(); ++i) {
+    EXPECT_EQ(a.sensitivity[i].rule, b.sensitivity[i].rule);
+    EXPECT_EQ(a.sensitivity[i].delta, b.sensitivity[i].delta);
+    EXPECT_EQ(a.sensitivity[i].norms_all, b.sensitivity[i].norms_all);
+    EXPECT_EQ(a.sensitivity[i].from, b.sensitivity[i].from);
+    EXPECT_EQ(a.sensitivity[i].e, b.sensitivity[i].e);
+  }
   EXPECT_EQ(a.q_attn, b.q_attn);
   EXPECT_EQ(a.q_mlp, b.q_mlp);
   EXPECT_EQ(a.col_norms, b.col_norms);
@@ -434,6 +505,13 @@ TEST(CalibFile, RoundTrip) {
   EXPECT_EQ(r.alpha, c.alpha);
   EXPECT_EQ(r.greedy_cap, c.greedy_cap);
   EXPECT_EQ(r.greedy_tokens, c.greedy_tokens);
+  EXPECT_EQ(r.greedy_seqs, c.greedy_seqs);
+  EXPECT_EQ(r.greedy_seq_tokens, c.greedy_seq_tokens);
+  EXPECT_EQ(r.greedy_step_cap, c.greedy_step_cap);
+  ASSERT_EQ(r.timings.size(), 2u);
+  EXPECT_EQ(r.timings[0].stage, "histograms (plain)");
+  EXPECT_EQ(r.timings[0].wall_seconds, 1.5);
+  EXPECT_EQ(r.timings[1].cpu_seconds, 0.5);
   EXPECT_EQ(r.greedy_score_fraction, c.greedy_score_fraction);
   EXPECT_EQ(r.histogram_range_values, c.histogram_range_values);
   EXPECT_EQ(r.probe_levels, c.probe_levels);
@@ -441,6 +519,16 @@ TEST(CalibFile, RoundTrip) {
   ASSERT_TRUE(r.plain && r.rotated);
   expect_same_variant(*c.plain, *r.plain);
   expect_same_variant(*c.rotated, *r.rotated);
+  // the probing settings select a set; nothing else matches
+  using sparsim::sparsity::ProbeRule;
+  const auto* g4 = r.rotated->find_sensitivity(ProbeRule::Guided, 0.01, false, 4);
+  ASSERT_NE(g4, nullptr);
+  EXPECT_EQ(g4->e[0][0], 0.05);
+  EXPECT_EQ(r.rotated->find_sensitivity(ProbeRule::Guided, 0.02, false, 0), nullptr);
+  EXPECT_EQ(r.rotated->find_sensitivity(ProbeRule::Guided, 0.01, true, 0), nullptr);
+  EXPECT_EQ(r.rotated->find_sensitivity(ProbeRule::TopK, 0.01, false, 0), nullptr);
+  EXPECT_NE(r.plain->find_sensitivity(ProbeRule::Threshold, 0.3, true, 0), nullptr);
+  EXPECT_EQ(g4->describe(), "guided δ = 0.01, norms on k,gate, positions ≥ 4");
   EXPECT_TRUE(r.plain->q_attn.empty());
   EXPECT_TRUE(r.plain->col_norms[0].empty());
   EXPECT_EQ(histogram_slot(Site::Down), 3);
@@ -479,8 +567,14 @@ TEST(CalibFile, InvalidContentsAreRefusedAndLeaveNothing) {
   c.rotated->q_mlp.pop_back();
   expect_refused(c, "q_mlp");
   c = make_calibration();
-  c.plain->sensitivity[1][0] = std::nan("");
+  c.plain->sensitivity[0].e[1][0] = std::nan("");
   expect_refused(c, "sensitivity");
+  c = make_calibration();
+  c.rotated->sensitivity[1].from = 0;
+  expect_refused(c, "the same settings");
+  c = make_calibration();
+  c.greedy_seqs = 3;
+  expect_refused(c, "greedy sequences");
   c = make_calibration();
   c.probe_levels.pop_back();
   expect_refused(c, "probe levels");
@@ -539,8 +633,8 @@ TEST(CalibFile, CorruptFilesNameTheFileAndTheProblem) {
   }
   has(error_after_edit(path, [](sparsim::io::Group& r) { r.set_attr("format", "sparsim-run"); }),
       "format 'sparsim-run'");
-  has(error_after_edit(path, [](sparsim::io::Group& r) { r.set_attr("version", 2); }),
-      "layout version 2 is not supported");
+  has(error_after_edit(path, [](sparsim::io::Group& r) { r.set_attr("version", 1); }),
+      "layout version 1 is not supported (this sparsim reads version 2; make the file again");
   has(error_after_edit(path,
                        [](sparsim::io::Group& r) { drop_link(r, "plain/histograms/o_in/lo"); }),
       "/plain/histograms/o_in/lo");
@@ -557,12 +651,17 @@ TEST(CalibFile, CorruptFilesNameTheFileAndTheProblem) {
       "'/rotated/rotation/q_mlp' has shape [2][8][7], expected [2][8][8]");
   has(error_after_edit(path,
                        [](sparsim::io::Group& r) {
-                         drop_link(r, "plain/sensitivity");
-                         r.write<double>("plain/sensitivity",
+                         drop_link(r, "plain/sensitivity/1/e");
+                         r.write<double>("plain/sensitivity/1/e",
                                          std::vector<double>{0.1, std::nan(""), 0.3, 0.4}.data(),
                                          {2, 2});
                        }),
-      "'/plain/sensitivity' holds a non-finite value");
+      "'/plain/sensitivity/1/e' holds a non-finite value");
+  has(error_after_edit(path,
+                       [](sparsim::io::Group& r) {
+                         r.open_group("rotated/sensitivity/0").set_attr("rule", "magic");
+                       }),
+      "probe masking 'magic'");
   has(error_after_edit(
           path,
           [](sparsim::io::Group& r) {

@@ -61,8 +61,12 @@ TEST_F(CliProfile, FromFileAndAfreshAgreeExactly) {
     EXPECT_EQ(da, db);
     EXPECT_EQ(ea, eb) << variant;
     const auto& var = variant == "plain" ? cal.plain : cal.rotated;
+    const auto* set = var->find_sensitivity(variant == "plain" ? sparsity::ProbeRule::Threshold
+                                                               : sparsity::ProbeRule::Guided,
+                                            0.01, false, 0);
+    ASSERT_NE(set, nullptr);
     std::vector<double> ef;
-    for (const auto& row : var->sensitivity) ef.insert(ef.end(), row.begin(), row.end());
+    for (const auto& row : set->e) ef.insert(ef.end(), row.begin(), row.end());
     EXPECT_EQ(ea, ef) << variant;
     EXPECT_EQ(read(a, "probe_levels"), (std::vector<double>{0.2, 0.4, 0.6, 0.8}));
     io::H5File h = io::H5File::open_read(b);
@@ -89,7 +93,8 @@ TEST_F(CliProfile, BudgetsAreBlockBudgetsAndThePlotIsAPng) {
   EXPECT_NE(r.output.find("s=0.90"), std::string::npos) << r.output;
 
   const sparsity::Calibration cal = sparsity::read_calibration(calib_);
-  const std::vector<double>& e = cal.rotated->sensitivity[2];
+  const auto& rs = *cal.rotated->find_sensitivity(sparsity::ProbeRule::Guided, 0.01, false, 0);
+  const std::vector<double>& e = rs.e[2];
   std::vector<hsize_t> dims;
   const std::vector<double> b = read(out, "budgets", &dims), bm = read(out, "budget_mean");
   ASSERT_EQ(dims, (std::vector<hsize_t>{3, 2}));
@@ -104,7 +109,7 @@ TEST_F(CliProfile, BudgetsAreBlockBudgetsAndThePlotIsAPng) {
   const std::vector<double> m = read(out, "mean");
   ASSERT_EQ(m.size(), 4u);
   for (std::size_t k = 0; k < 4; ++k)
-    EXPECT_DOUBLE_EQ(m[k], (cal.rotated->sensitivity[k][0] + cal.rotated->sensitivity[k][1]) / 2);
+    EXPECT_DOUBLE_EQ(m[k], (rs.e[k][0] + rs.e[k][1]) / 2);
   io::H5File h = io::H5File::open_read(out);
   const io::Group g = h.root().open_group("profile");
   EXPECT_EQ(g.get_attr<std::int64_t>("model_checked"), 0);

@@ -172,6 +172,18 @@ TYPED_TEST(RotationTest, SixteenBitRotatedModelStaysClose) {
     EXPECT_LT(rel_err(ref, run_logits<E>(rw, toks, 2)), t == DType::BF16 ? 0.05 : 0.01)
         << to_string(t);
   }
+  // bf16 re-rotation matrices (optional): half their bytes, a small further error
+  std::shared_ptr<const Weights<E>> f32 = apply_rotation(*w, r, DType::BF16);
+  std::shared_ptr<const Weights<E>> b16 = apply_rotation(*w, r, DType::BF16, DType::BF16);
+  EXPECT_EQ(b16->rot_attn_mlp[0].dtype, DType::BF16);
+  EXPECT_EQ(b16->rot_mlp_next[0].dtype, DType::BF16);
+  EXPECT_EQ(2 * b16->rot_attn_mlp[0].bytes(), f32->rot_attn_mlp[0].bytes());
+  const double e32 = rel_err(ref, run_logits<E>(f32, toks, 2));
+  const double e16 = rel_err(ref, run_logits<E>(b16, toks, 2));
+  EXPECT_LT(e16, 0.05);
+  EXPECT_GT(e16, 0.0);
+  std::printf("[ rotation ] %s bf16 weights: fp32 re-rotation %.3g, bf16 re-rotation %.3g\n",
+              E::name(), e32, e16);
 }
 
 TYPED_TEST(RotationTest, BasesAreOrthogonal) {

@@ -148,6 +148,12 @@ void Ledger::merge(const Ledger& other) {
   for (std::size_t i = 0; i < other.cells_.size(); ++i) cells_[i] += other.cells_[i];
 }
 
+void Ledger::merge(const Ledger& other, Op except) {
+  if (other.slots_ > slots_) grow(other.slots_ - 2);
+  for (std::size_t i = 0; i < other.cells_.size(); ++i)
+    if (i % kNumOps != static_cast<std::size_t>(except)) cells_[i] += other.cells_[i];
+}
+
 void Ledger::write(io::Group& g) const {
   const std::size_t L = static_cast<std::size_t>(slots_);
   const std::vector<hsize_t> dims = {static_cast<hsize_t>(kNumPhases),

@@ -104,6 +104,8 @@ class Ledger {
 
   /// Adds every entry of `other` to this ledger (extending the layer range as needed).
   void merge(const Ledger& other);
+  /// The same, leaving out the entries of op `except`.
+  void merge(const Ledger& other, Op except);
 
   /// Writes the tables into `g` (the run writer passes /flops); see docs/run-file-schema.md:
   /// datasets flops_dense, flops_realised, bytes_dense, bytes_realised (float64) and launches

@@ -32,11 +32,44 @@ const std::vector<double>& GreedyTable::nearest(double P) const {
   return rows[best];
 }
 
+std::vector<double> GreedyTable::interpolate(double P) const {
+  require(!rows.empty(), "GreedyTable::interpolate: the table is empty");
+  require(!std::isnan(P), "GreedyTable::interpolate: P is NaN");
+  if (P <= rows.front()[0]) return rows.front();
+  if (P >= rows.back()[0]) return rows.back();
+  std::size_t b = 1;
+  while (b + 1 < rows.size() && rows[b][0] < P) ++b;
+  const std::vector<double>& lo = rows[b - 1];
+  const std::vector<double>& hi = rows[b];
+  const double w = hi[0] - lo[0];
+  if (!(w > 0.0)) return hi;
+  const double t = (P - lo[0]) / w;
+  std::vector<double> out(lo.size());
+  for (std::size_t j = 0; j < lo.size(); ++j) out[j] = lo[j] + t * (hi[j] - lo[j]);
+  out[0] = P;
+  return out;
+}
+
+double greedy_step(double alpha, double F, double f_i, double step_cap) {
+  const double s = alpha * F / f_i;
+  return step_cap > 0.0 ? std::min(s, step_cap) : s;
+}
+
 GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
                             const BlockErrorFn& block_error) {
+  require(static_cast<bool>(block_error), "greedy_allocate: no block error function");
+  GreedyEvaluator ev;
+  ev.error = [&](const std::vector<double>& p, std::size_t) { return block_error(p); };
+  return greedy_allocate(f, alpha, cap, 0.0, ev);
+}
+
+GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap, double step_cap,
+                            const GreedyEvaluator& eval) {
   const std::size_t n = f.size();
   require(n > 0, "greedy_allocate: no matrices");
-  require(static_cast<bool>(block_error), "greedy_allocate: no block error function");
+  require(static_cast<bool>(eval.error), "greedy_allocate: no block error function");
+  require(std::isfinite(step_cap) && step_cap >= 0.0 && step_cap <= 1.0,
+          "greedy_allocate: step_cap = {} must be in [0, 1] (0: no cap)", step_cap);
   double F = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
     require(std::isfinite(f[i]) && f[i] >= 0.0,
@@ -51,7 +84,7 @@ GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double c
   double max_steps = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
     if (f[i] <= 0.0) continue;
-    step[i] = alpha * F / f[i];
+    step[i] = greedy_step(alpha, F, f[i], step_cap);
     max_steps += std::ceil(1.0 / step[i]);
   }
   require(max_steps <= 1e7, "greedy_allocate: alpha = {} would take up to {} steps", alpha,
@@ -73,7 +106,7 @@ GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double c
       if (f[i] <= 0.0 || p[i] >= 1.0) continue;
       const double saved = p[i];
       p[i] = p_after(i, k[i] + 1);
-      const double e = block_error(p);
+      const double e = eval.error(p, i);
       p[i] = saved;
       require(!std::isnan(e),
               "greedy_allocate: block error is NaN when raising matrix {} at step {}", i,
@@ -86,6 +119,7 @@ GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double c
     if (best == n) break;
     ++k[best];
     p[best] = p_after(best, k[best]);
+    if (eval.commit) eval.commit(best, p);
     double weighted = 0.0;
     for (std::size_t i = 0; i < n; ++i) weighted += p[i] * f[i];
     P = weighted / F;
@@ -125,6 +159,46 @@ int histogram_slot(Site s) {
   for (int i = 0; i < kNumHistogramSites; ++i)
     if (kHistogramSites[static_cast<std::size_t>(i)] == s) return i;
   fail("site '{}' has no calibration histogram", site_name(s));
+}
+
+const char* probe_rule_name(ProbeRule r) {
+  switch (r) {
+    case ProbeRule::Threshold:
+      return "threshold";
+    case ProbeRule::TopK:
+      return "topk";
+    case ProbeRule::Guided:
+      break;
+  }
+  return "guided";
+}
+
+ProbeRule parse_probe_rule(const std::string& s) {
+  if (s == "threshold") return ProbeRule::Threshold;
+  if (s == "topk") return ProbeRule::TopK;
+  if (s == "guided") return ProbeRule::Guided;
+  fail("probe masking '{}' is not one of threshold, topk, guided", s);
+}
+
+bool Sensitivity::matches(ProbeRule r, double d, bool all, int first) const {
+  if (r != rule || first != from) return false;
+  if (rule == ProbeRule::Threshold) return true;
+  if (all != norms_all) return false;
+  return rule != ProbeRule::Guided || std::fabs(d - delta) < 1e-9;
+}
+
+std::string Sensitivity::describe() const {
+  std::string s = probe_rule_name(rule);
+  if (rule == ProbeRule::Guided) s += fmt::format(" δ = {:g}", delta);
+  if (rule != ProbeRule::Threshold) s += norms_all ? ", norms on all" : ", norms on k,gate";
+  return s + fmt::format(", positions ≥ {}", from);
+}
+
+const Sensitivity* CalibrationVariant::find_sensitivity(ProbeRule r, double delta, bool norms_all,
+                                                        int from) const {
+  for (const Sensitivity& s : sensitivity)
+    if (s.matches(r, delta, norms_all, from)) return &s;
+  return nullptr;
 }
 
 int Calibration::d_in(Proj p) const {
@@ -187,16 +261,24 @@ void validate_variant(const Calibration& c, const CalibrationVariant& v, const c
       }
     }
   }
-  if (!v.sensitivity.empty()) {
-    require(v.sensitivity.size() == c.probe_levels.size(),
-            "{}: {} sensitivity rows but {} probe levels", name, v.sensitivity.size(),
-            c.probe_levels.size());
-    for (std::size_t k = 0; k < v.sensitivity.size(); ++k) {
-      require(v.sensitivity[k].size() == L, "{}: sensitivity row {} has {} layers, expected {}",
-              name, k, v.sensitivity[k].size(), L);
+  for (std::size_t si = 0; si < v.sensitivity.size(); ++si) {
+    const Sensitivity& set = v.sensitivity[si];
+    require(set.e.size() == c.probe_levels.size(),
+            "{}: sensitivity set {} has {} rows but there are {} probe levels", name, si,
+            set.e.size(), c.probe_levels.size());
+    require(std::isfinite(set.delta) && set.delta >= 0.0 && set.delta < 0.5,
+            "{}: sensitivity set {} has δ = {} (must be in [0, 0.5))", name, si, set.delta);
+    require(set.from >= 0, "{}: sensitivity set {} starts at position {}", name, si, set.from);
+    for (std::size_t sj = 0; sj < si; ++sj)
+      require(!v.sensitivity[sj].matches(set.rule, set.delta, set.norms_all, set.from),
+              "{}: sensitivity sets {} and {} have the same settings ({})", name, sj, si,
+              set.describe());
+    for (std::size_t k = 0; k < set.e.size(); ++k) {
+      require(set.e[k].size() == L, "{}: sensitivity set {} row {} has {} layers, expected {}",
+              name, si, k, set.e[k].size(), L);
       for (std::size_t l = 0; l < L; ++l)
-        require(std::isfinite(v.sensitivity[k][l]) && v.sensitivity[k][l] >= 0.0,
-                "{}: sensitivity at probe {} layer {} is {}", name, k, l, v.sensitivity[k][l]);
+        require(std::isfinite(set.e[k][l]) && set.e[k][l] >= 0.0,
+                "{}: sensitivity set {} at probe {} layer {} is {}", name, si, k, l, set.e[k][l]);
     }
   }
   if (!v.q_attn.empty()) {
@@ -234,6 +316,12 @@ void Calibration::validate() const {
   require(tokens >= 0 && windows >= 0 && context >= 0 && greedy_tokens >= 0,
           "calibration: negative tokens {}, windows {}, context {} or greedy_tokens {}", tokens,
           windows, context, greedy_tokens);
+  require(greedy_seqs >= 0 && greedy_seq_tokens >= 0 &&
+              static_cast<std::int64_t>(greedy_seqs) * greedy_seq_tokens == greedy_tokens,
+          "calibration: {} greedy sequences of {} tokens do not make greedy_tokens {}", greedy_seqs,
+          greedy_seq_tokens, greedy_tokens);
+  require(std::isfinite(greedy_step_cap) && greedy_step_cap >= 0.0 && greedy_step_cap <= 1.0,
+          "calibration: greedy_step_cap = {} not in [0, 1]", greedy_step_cap);
   require(std::isfinite(alpha) && alpha > 0.0, "calibration: alpha = {} must be > 0", alpha);
   require(greedy_cap > 0.0 && greedy_cap <= 1.0, "calibration: greedy_cap = {} not in (0, 1]",
           greedy_cap);
@@ -341,14 +429,26 @@ void write_variant(io::Group g, const Calibration& c, const CalibrationVariant& 
   }
 
   if (!v.sensitivity.empty()) {
-    const std::size_t P = v.sensitivity.size();
-    std::vector<double> e(P * L);
-    for (std::size_t k = 0; k < P; ++k)
-      std::copy(v.sensitivity[k].begin(), v.sensitivity[k].end(), e.begin() + k * L);
-    g.write<double>("sensitivity", e.data(), {P, L},
-                    {"1",
-                     "[probe][layer] mean relative block-output error with only that block "
-                     "sparsified at probe level /probe_levels[probe]"});
+    io::Group sg = g.create_group("sensitivity");
+    for (std::size_t si = 0; si < v.sensitivity.size(); ++si) {
+      const Sensitivity& set = v.sensitivity[si];
+      const std::size_t P = set.e.size();
+      std::vector<double> e(P * L);
+      for (std::size_t k = 0; k < P; ++k)
+        std::copy(set.e[k].begin(), set.e[k].end(), e.begin() + k * L);
+      io::Group one = sg.create_group(std::to_string(si));
+      one.set_attr("rule", std::string(probe_rule_name(set.rule)));
+      one.set_attr("delta", set.delta);
+      one.set_attr("norms", std::string(set.rule == ProbeRule::Threshold ? "none"
+                                        : set.norms_all                  ? "all"
+                                                                         : "kg"));
+      one.set_attr("from", static_cast<std::int64_t>(set.from));
+      one.write<double>("e", e.data(), {P, L},
+                        {"1",
+                         "[probe][layer] mean over the sequences of the relative block-output "
+                         "error (positions >= from) with only that block sparsified at probe "
+                         "level /probe_levels[probe], masked by `rule`"});
+    }
   }
 
   if (!v.q_attn.empty())
@@ -423,6 +523,10 @@ void write_calibration(const std::string& path, const Calibration& cal) {
   root.set_attr("greedy_cap", cal.greedy_cap);
   root.set_attr("greedy_tokens", cal.greedy_tokens);
   root.set_attr("greedy_score_fraction", cal.greedy_score_fraction);
+  root.set_attr("greedy_seqs", static_cast<std::int64_t>(cal.greedy_seqs));
+  root.set_attr("greedy_seq_tokens", static_cast<std::int64_t>(cal.greedy_seq_tokens));
+  root.set_attr("greedy_step_cap", cal.greedy_step_cap);
+  root.set_attr("greedy_masking", std::string("threshold"));
   root.set_attr("histogram_bins", static_cast<std::int64_t>(Histogram::kUniformBins));
   root.set_attr("histogram_range_values", cal.histogram_range_values);
   root.write("probe_levels", cal.probe_levels,
@@ -430,6 +534,19 @@ void write_calibration(const std::string& path, const Calibration& cal) {
   if (cal.plain) write_variant(root.create_group("plain"), cal, *cal.plain);
   if (cal.rotated) write_variant(root.create_group("rotated"), cal, *cal.rotated);
   if (cal.fisher) write_fisher(root.create_group("fisher"), *cal.fisher);
+  if (!cal.timings.empty()) {
+    io::Group tg = root.create_group("timings");
+    std::vector<std::string> names;
+    std::vector<double> wall, cpu;
+    for (const auto& t : cal.timings) {
+      names.push_back(t.stage);
+      wall.push_back(t.wall_seconds);
+      cpu.push_back(t.cpu_seconds);
+    }
+    tg.write_strings("stage", names, {"", "calibration stages in the order run"});
+    tg.write("wall_seconds", wall, {"s", "[stage] wall-clock seconds"});
+    tg.write("cpu_seconds", cpu, {"s", "[stage] CPU seconds of the process (all threads)"});
+  }
   out.commit();
 }
 
@@ -526,13 +643,26 @@ CalibrationVariant read_variant(const io::Group& g, const Calibration& c) {
     }
   }
 
-  if (g.has_dataset("sensitivity")) {
+  if (g.has_group("sensitivity")) {
+    const io::Group sg = g.open_group("sensitivity");
     const auto P = static_cast<hsize_t>(c.probe_levels.size());
-    const auto e = read_shaped<double>(g, "sensitivity", {P, L});
-    require_finite(e, g, "sensitivity");
-    for (hsize_t k = 0; k < P; ++k)
-      v.sensitivity.emplace_back(e.begin() + static_cast<std::ptrdiff_t>(k * L),
-                                 e.begin() + static_cast<std::ptrdiff_t>((k + 1) * L));
+    for (int si = 0; sg.has_group(std::to_string(si)); ++si) {
+      const io::Group one = sg.open_group(std::to_string(si));
+      Sensitivity set;
+      set.rule = parse_probe_rule(one.get_attr<std::string>("rule"));
+      set.delta = one.get_attr<double>("delta");
+      const std::string norms = one.get_attr<std::string>("norms");
+      require(norms == "kg" || norms == "all" || norms == "none",
+              "'{}' has norms '{}' (expected kg, all or none)", one.path(), norms);
+      set.norms_all = norms == "all";
+      set.from = int_attr(one, "from");
+      const auto e = read_shaped<double>(one, "e", {P, L});
+      require_finite(e, one, "e");
+      for (hsize_t k = 0; k < P; ++k)
+        set.e.emplace_back(e.begin() + static_cast<std::ptrdiff_t>(k * L),
+                           e.begin() + static_cast<std::ptrdiff_t>((k + 1) * L));
+      v.sensitivity.push_back(std::move(set));
+    }
   }
 
   if (g.has_dataset("rotation/q_attn")) {
@@ -595,8 +725,9 @@ Calibration read_impl(const std::string& path) {
           kCalibrationFormat);
   const std::int64_t version = root.get_attr<std::int64_t>("version");
   require(version == kCalibrationVersion,
-          "layout version {} is not supported (this sparsim reads version {})", version,
-          kCalibrationVersion);
+          "layout version {} is not supported (this sparsim reads version {}; make the file "
+          "again with sparsim calibrate)",
+          version, kCalibrationVersion);
   const std::int64_t bins = root.get_attr<std::int64_t>("histogram_bins");
   require(bins == static_cast<std::int64_t>(Histogram::kUniformBins),
           "histograms have {} bins, this sparsim uses {}", bins, Histogram::kUniformBins);
@@ -623,6 +754,9 @@ Calibration read_impl(const std::string& path) {
   c.greedy_cap = root.get_attr<double>("greedy_cap");
   c.greedy_tokens = root.get_attr<std::int64_t>("greedy_tokens");
   c.greedy_score_fraction = root.get_attr<double>("greedy_score_fraction");
+  c.greedy_seqs = int_attr(root, "greedy_seqs");
+  c.greedy_seq_tokens = int_attr(root, "greedy_seq_tokens");
+  c.greedy_step_cap = root.get_attr<double>("greedy_step_cap");
   c.histogram_range_values = root.get_attr<std::int64_t>("histogram_range_values");
   {
     Dims dims;
@@ -640,6 +774,13 @@ Calibration read_impl(const std::string& path) {
   if (root.has("fisher")) {
     require(root.has_group("fisher"), "'/fisher' is not a group");
     c.fisher = read_fisher(root.open_group("fisher"), c);
+  }
+  if (root.has_group("timings")) {
+    const io::Group tg = root.open_group("timings");
+    const std::vector<std::string> names = tg.read_strings("stage");
+    const auto wall = read_shaped<double>(tg, "wall_seconds", {names.size()});
+    const auto cpu = read_shaped<double>(tg, "cpu_seconds", {names.size()});
+    for (std::size_t i = 0; i < names.size(); ++i) c.timings.push_back({names[i], wall[i], cpu[i]});
   }
   c.validate();
   return c;

@@ -38,20 +38,40 @@ struct GreedyTable {
   /// The row whose P is nearest to `P` (ties → the row with the lower P, i.e. the earlier one).
   /// Throws sparsim::Error for an empty table or a NaN P.
   const std::vector<double>& nearest(double P) const;
+  /// The point on the path between consecutive rows whose P equals `P` (clamped to the table's
+  /// first and last P): (P, p) linearly interpolated between the rows a and b = a + 1 with
+  /// P_a <= P <= P_b. Consecutive rows differ in one matrix, so only that p_i takes a value
+  /// between two steps; the row's P is exactly `P` (P is linear in p). Throws as nearest().
+  std::vector<double> interpolate(double P) const;
 };
 
 /// Error of the block with the given per-matrix sparsities p (size n); lower is better.
 using BlockErrorFn = std::function<double(const std::vector<double>& p)>;
 
+/// The greedy search's view of the block: `error(p, i)` is the error with the sparsities p, which
+/// differ from the last committed ones in matrix i only; `commit(i, p)` (optional) is called when
+/// the step of matrix i is taken, with the new committed p. Lets an evaluator keep the committed
+/// state and recompute only what matrix i changes.
+struct GreedyEvaluator {
+  std::function<double(const std::vector<double>& p, std::size_t changed)> error;
+  std::function<void(std::size_t chosen, const std::vector<double>& p)> commit;
+};
+
+/// Step of matrix i: α·F/f_i (paper), or min(α·F/f_i, step_cap) when step_cap > 0.
+double greedy_step(double alpha, double F, double f_i, double step_cap = 0.0);
+
 /// Greedy per-matrix allocation (paper 000, Appendix D, Algorithm 1). `f`: parameter counts of the
 /// n matrices (a zero entry = matrix absent: it never moves and keeps p = 0); F = Σ f_i.
-/// From p = 0, each step tentatively raises every movable p_i (p_i < 1, f_i > 0) by α·F/f_i,
-/// clipped to 1, evaluates E_i = block_error(p) on that tentative vector, undoes it, then commits
-/// the argmin (ties → the lowest index) and records (P, p). p_i after k steps is min(1, k·α·F/f_i)
-/// (computed from the step count, so no rounding drift). Stops when P >= cap or no matrix can
-/// move. Throws sparsim::Error for bad arguments or a NaN error value (+inf is allowed).
+/// From p = 0, each step tentatively raises every movable p_i (p_i < 1, f_i > 0) by its step
+/// (greedy_step: α·F/f_i, capped at step_cap when that is > 0), clipped to 1, evaluates
+/// E_i = block_error(p) on that tentative vector, undoes it, then commits the argmin (ties → the
+/// lowest index) and records (P, p). p_i after k steps is min(1, k·step_i) (computed from the step
+/// count, so no rounding drift). Stops when P >= cap or no matrix can move. Throws sparsim::Error
+/// for bad arguments or a NaN error value (+inf is allowed).
 GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
                             const BlockErrorFn& block_error);
+GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
+                            double step_cap, const GreedyEvaluator& eval);
 
 // ---------------------------------------------------------------------------------------------
 // Sensitivity-aware block budgets
@@ -68,7 +88,7 @@ std::vector<double> block_budgets(const std::vector<double>& e, double s, double
 /// Value of the root attribute "format" of a calibration file.
 inline constexpr const char* kCalibrationFormat = "sparsim-calibration";
 /// Layout version written and the only one read.
-inline constexpr std::int64_t kCalibrationVersion = 1;
+inline constexpr std::int64_t kCalibrationVersion = 2;
 
 /// Sites that carry a histogram, in storage order (BlockIn has none).
 inline constexpr int kNumHistogramSites = 4;
@@ -76,6 +96,33 @@ inline constexpr std::array<Site, kNumHistogramSites> kHistogramSites = {Site::A
                                                                          Site::Mlp, Site::Down};
 /// Position of `s` in kHistogramSites; throws sparsim::Error for Site::BlockIn.
 int histogram_slot(Site s);
+
+/// The masking rule a block was sparsified with while its sensitivity was probed.
+enum class ProbeRule { Threshold, TopK, Guided };
+/// "threshold", "topk", "guided"; parse_probe_rule throws for anything else.
+const char* probe_rule_name(ProbeRule r);
+ProbeRule parse_probe_rule(const std::string& s);
+
+/// The block sensitivities of one probing setup (paper 000, Sec. 2.2, Eq. 4): e[k][i] is, for
+/// probe level probe_levels[k], the mean over the calibration sequences x of
+/// ‖f_i(x) − f̂_i(x; s̄)‖₂ / (‖f_i(x)‖₂ + ε), where f_i(x) is block i's output (residual stream
+/// included) at positions `from` … T−1 of the sequence, and f̂_i the same with only block i
+/// sparsified by the greedy row nearest s̄, masked by `rule`. from = 0 averages over every token;
+/// from > 0 leaves out the first positions (the attention-sink tokens, whose residual stream is
+/// much larger than the others').
+struct Sensitivity {
+  ProbeRule rule = ProbeRule::Guided;
+  double delta = 0.0;      ///< Guided: clip margin δ (0 for the other rules)
+  bool norms_all = false;  ///< TopK / Guided: column norms on every projection (false: k, gate)
+  int from = 0;            ///< first position of each sequence that counts
+  std::vector<std::vector<double>> e;  ///< [probe][layer]
+
+  /// Whether this set was probed as an evaluation with these settings masks (delta compared to
+  /// 1e-9; for Threshold delta and norms_all do not matter).
+  bool matches(ProbeRule r, double d, bool all, int first) const;
+  /// "guided (δ = 0.01, norms k,gate, positions ≥ 0)" and the like.
+  std::string describe() const;
+};
 
 /// Everything calibrated for one form of the model.
 struct CalibrationVariant {
@@ -86,10 +133,11 @@ struct CalibrationVariant {
   /// on the last greedy_score_fraction of each greedy sequence. Empty = not computed; otherwise one
   /// table per layer, each with at least its all-zero first row.
   std::vector<GreedyTable> greedy;
-  /// sensitivity[probe][layer] = e_i at probe level probe_levels[probe] (paper 000, Sec. 2.2): the
-  /// mean over calibration sequences of ‖f_i(x) − f̂_i(x; s̄)‖ / (‖f_i(x)‖ + ε) with only block i
-  /// sparsified. Empty = not computed; otherwise probe_levels.size() rows of n_layer values.
-  std::vector<std::vector<double>> sensitivity;
+  /// Block sensitivities, one set per probing setup (rule, δ, norms, first position). Each set
+  /// has probe_levels.size() rows of n_layer values. Empty = not computed.
+  std::vector<Sensitivity> sensitivity;
+  /// The set probed with these settings, or nullptr.
+  const Sensitivity* find_sensitivity(ProbeRule r, double delta, bool norms_all, int from) const;
   /// WINA rotations Q_attn,i, i = 0..L (index L is Q_final), row-major [L + 1][D][D]: element
   /// (r, c) of Q_attn,i at ((i·D) + r)·D + c. Empty = not stored (rotated variant only).
   std::vector<double> q_attn;
@@ -125,6 +173,11 @@ struct Calibration {
   double greedy_cap = kDefaultGreedyCap;
   /// Tokens fed to each greedy block-error evaluation (all greedy sequences together).
   std::int64_t greedy_tokens = 0;
+  /// Greedy / sensitivity sequences and the tokens of each (greedy_tokens = their product).
+  int greedy_seqs = 0;
+  int greedy_seq_tokens = 0;
+  /// Cap on each matrix's greedy step (0: none, the paper's α·F/f_i).
+  double greedy_step_cap = 0.0;
   /// Fraction of each greedy sequence, at its end, whose block-output error is scored (TEAL: 0.25).
   double greedy_score_fraction = 0.25;
   /// Values buffered to fix each histogram's range (Histogram::range_values).
@@ -133,6 +186,13 @@ struct Calibration {
   std::vector<double> probe_levels;
   /// The command line that made the file (informational; may be empty).
   std::string command;
+  /// Wall and CPU seconds of each calibration stage, in the order run (informational).
+  struct Timing {
+    std::string stage;
+    double wall_seconds = 0;
+    double cpu_seconds = 0;
+  };
+  std::vector<Timing> timings;
   /// Unrotated model (TEAL). Absent = not calibrated.
   std::optional<CalibrationVariant> plain;
   /// WINA-rotated model (WINA, TopK-Guided). Absent = not calibrated.

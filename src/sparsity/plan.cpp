@@ -2,6 +2,8 @@
 
 #include "core/error.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
@@ -31,6 +33,14 @@ const char* method_name(Method m) {
   return "?";
 }
 
+Lookup parse_lookup(const std::string& s) {
+  if (s == "nearest") return Lookup::Nearest;
+  if (s == "interpolate") return Lookup::Interpolate;
+  fail("--greedy-lookup '{}' is not one of nearest, interpolate", s);
+}
+
+const char* lookup_name(Lookup l) { return l == Lookup::Nearest ? "nearest" : "interpolate"; }
+
 void MethodOptions::validate() const {
   require(std::isfinite(sparsity) && sparsity >= 0.0 && sparsity < 1.0,
           "--sparsity {} is outside [0, 1)", sparsity);
@@ -40,6 +50,9 @@ void MethodOptions::validate() const {
           probe);
   require(std::isfinite(lambda) && lambda >= 0.0 && lambda <= 10.0,
           "--lambda {} is outside [0, 10]", lambda);
+  require(sensitivity_from >= 0, "--sensitivity-from {} is negative", sensitivity_from);
+  require(rotation_storage == DType::F32 || rotation_storage == DType::BF16,
+          "--rotation-storage must be f32 or bf16");
 }
 
 double Plan::mean_budget() const {
@@ -66,18 +79,39 @@ Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
     for (std::size_t i = 0; i < cal.probe_levels.size(); ++i)
       if (std::fabs(cal.probe_levels[i] - opt.probe) < 1e-9) k = static_cast<int>(i);
     std::string levels;
-    for (double v : cal.probe_levels) levels += (levels.empty() ? "" : ", ") + std::to_string(v);
-    require(k >= 0 && static_cast<std::size_t>(k) < var->sensitivity.size(),
-            "--probe {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
+    for (double v : cal.probe_levels) levels += (levels.empty() ? "" : ", ") + fmt::format("{:g}", v);
+    require(k >= 0, "--probe {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
             levels.empty() ? "none" : levels);
-    plan.budget =
-        block_budgets(var->sensitivity[static_cast<std::size_t>(k)], opt.sparsity, opt.lambda);
+    // the sensitivities must have been probed as this evaluation masks
+    const ProbeRule rule = opt.guided_masking ? ProbeRule::Guided : ProbeRule::TopK;
+    const Sensitivity* set =
+        var->find_sensitivity(rule, opt.delta, opt.wina_norms_all, opt.sensitivity_from);
+    if (!set) {
+      Sensitivity want;
+      want.rule = rule;
+      want.delta = rule == ProbeRule::Guided ? opt.delta : 0.0;
+      want.norms_all = opt.wina_norms_all;
+      want.from = opt.sensitivity_from;
+      std::string have;
+      for (const Sensitivity& s : var->sensitivity)
+        have += fmt::format("{}\n    {}", have.empty() ? "" : ";", s.describe());
+      fail(
+          "calibration file {} holds no sensitivities probed with this evaluation's settings ({}); "
+          "it holds:{}\n  calibrate with matching --delta / --wina-norms / --probe-masking / "
+          "--sensitivity-from, or evaluate with the settings of one of these (--delta, "
+          "--wina-norms, --masking, --sensitivity-from)",
+          cal.file, want.describe(), have.empty() ? std::string(" none") : have);
+    }
+    plan.sensitivity = set;
+    plan.budget = block_budgets(set->e[static_cast<std::size_t>(k)], opt.sparsity, opt.lambda);
   } else {
     plan.budget.assign(static_cast<std::size_t>(L), opt.sparsity);
   }
   for (int l = 0; l < L; ++l) {
-    const auto& row =
-        var->greedy[static_cast<std::size_t>(l)].nearest(plan.budget[static_cast<std::size_t>(l)]);
+    const GreedyTable& table = var->greedy[static_cast<std::size_t>(l)];
+    const double b = plan.budget[static_cast<std::size_t>(l)];
+    const std::vector<double> row =
+        opt.lookup == Lookup::Nearest ? table.nearest(b) : table.interpolate(b);
     plan.table_P.push_back(row[0]);
     std::array<double, kNumProj> p{};
     std::array<MaskParams, kNumProj> prm{};

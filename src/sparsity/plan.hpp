@@ -13,6 +13,9 @@
 namespace sparsim::sparsity {
 
 enum class Method { Dense, Teal, Wina, TopkGuided };
+/// How a block budget picks its greedy-table row: the row whose P is nearest (the paper), or
+/// the point interpolated between the two rows around the budget (P exact).
+enum class Lookup { Nearest, Interpolate };
 /// "dense", "teal", "wina", "topk-guided"; throws for anything else.
 Method parse_method(const std::string& s);
 const char* method_name(Method m);
@@ -27,6 +30,9 @@ struct MethodOptions {
   bool guided_masking = true;      ///< TopK-Guided: guided TopK (false: WINA's TopK)
   bool rotate = true;              ///< WINA / TopK-Guided on the rotated model
   bool wina_norms_all = false;     ///< score every projection with its column norms
+  Lookup lookup = Lookup::Nearest;  ///< greedy-table row per block budget
+  int sensitivity_from = 0;  ///< TopK-Guided: the sensitivity set over positions ≥ this
+  DType rotation_storage = DType::F32;  ///< rotated plans: the online re-rotation matrices' type
   /// Throws sparsim::Error naming the option that is out of range.
   void validate() const;
   /// Whether the method needs a calibration file.
@@ -40,12 +46,19 @@ struct Plan {
   std::vector<double> table_P;                  ///< [layer] P of the greedy row used
   std::vector<std::array<double, kNumProj>> p;  ///< [layer][proj] target p_i
   std::vector<std::array<MaskParams, kNumProj>> params;
+  /// The sensitivity set the budgets came from (nullptr: uniform budgets); points into the
+  /// calibration passed to make_plan.
+  const Sensitivity* sensitivity = nullptr;
   /// Mean of the budgets (the clamp can move it away from s).
   double mean_budget() const;
 };
 
 /// Builds the plan; throws when the calibration lacks what the method needs.
 Plan make_plan(const Calibration& cal, const MethodOptions& opt);
+
+/// "nearest" or "interpolate"; throws for anything else.
+Lookup parse_lookup(const std::string& s);
+const char* lookup_name(Lookup l);
 
 /// The rotation stored in a calibration file (its rotated variant must hold q_attn / q_mlp).
 Rotation rotation_from(const Calibration& cal);

@@ -374,7 +374,8 @@ Rotation compute_rotation(const Weights<E>& w) {
 }
 
 template <class E>
-std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& r, DType storage) {
+std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& r, DType storage,
+                                           DType rotation_storage) {
   const Config& c = w.cfg;
   const int D = c.d_model, L = c.n_layer;
   require(!w.rotated(), "apply_rotation: the model is already rotated");
@@ -454,10 +455,10 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
       lw.proj(static_cast<Proj>(i)) = sink.finish();
     }
     out->layers.push_back(std::move(lw));
-    MatrixSink<E> am(DType::F32, D, D, fmt::format("blk.{}.rot_attn_mlp", l));
+    MatrixSink<E> am(rotation_storage, D, D, fmt::format("blk.{}.rot_attn_mlp", l));
     am.put(0, D, rot_am.data());
     out->rot_attn_mlp.push_back(am.finish());
-    MatrixSink<E> mn(DType::F32, D, D, fmt::format("blk.{}.rot_mlp_next", l));
+    MatrixSink<E> mn(rotation_storage, D, D, fmt::format("blk.{}.rot_mlp_next", l));
     mn.put(0, D, rot_mn.data());
     out->rot_mlp_next.push_back(mn.finish());
   }
@@ -466,7 +467,8 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
 
 #define SPARSIM_INSTANTIATE_ROTATION(E)                     \
   template Rotation compute_rotation<E>(const Weights<E>&); \
-  template std::shared_ptr<Weights<E>> apply_rotation<E>(const Weights<E>&, const Rotation&, DType);
+  template std::shared_ptr<Weights<E>> apply_rotation<E>(const Weights<E>&, const Rotation&, DType, \
+                                                        DType);
 #ifdef KOKKOS_ENABLE_SERIAL
 SPARSIM_INSTANTIATE_ROTATION(Kokkos::Serial)
 #endif

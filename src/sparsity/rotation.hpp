@@ -51,10 +51,12 @@ template <class E>
 Rotation compute_rotation(const Weights<E>& w);
 
 /// A new, rotated model stored as `storage` (all norm weights 1, embeddings untied, the online
-/// re-rotation matrices filled, those always in fp32: they act on the residual stream twice per
-/// block, and 16-bit rounding there would accumulate over the layers); `w` is left untouched. `r` must come from compute_rotation on a
-/// model of the same shape.
+/// re-rotation matrices filled and stored as `rotation_storage`: fp32 by default, since they act
+/// on the residual stream twice per block and 16-bit rounding there accumulates over the layers;
+/// bf16 halves the bytes a decode step reads for them); `w` is left untouched. `r` must come
+/// from compute_rotation on a model of the same shape.
 template <class E>
-std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& r, DType storage);
+std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& r, DType storage,
+                                           DType rotation_storage = DType::F32);
 
 }  // namespace sparsim::sparsity
