@@ -4,6 +4,7 @@
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 
@@ -121,6 +122,7 @@ int cmd_bench(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   const ResolvedModel rm = resolve_model(model);
+  io::guard_run({{"--model", rm.path}, {"--calibration", ma.calib_path}}, {{"--json", json_out}});
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
   return with_backend(co.backend, [&](auto exec) {

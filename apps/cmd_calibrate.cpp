@@ -5,6 +5,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
@@ -73,6 +74,8 @@ int cmd_calibrate(int argc, char** argv) {
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
   const ResolvedModel rm = resolve_model(model_arg);
+  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(corpus_arg)}},
+                {{"--out", out}});
   const Corpus corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
 
   Runtime rt(co);

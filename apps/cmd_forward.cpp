@@ -4,6 +4,7 @@
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "records.hpp"
 
@@ -53,6 +54,7 @@ int cmd_forward(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
+  io::guard_run({{"--model", model}}, {{"--out", out}});
 
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);

@@ -8,6 +8,7 @@
 #include "eval/corpus.hpp"
 #include "io/png_plot.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
@@ -214,7 +215,6 @@ int cmd_profile(int argc, char** argv) {
 
   // Every check that can fail runs before anything is loaded or written.
   require(!out.empty(), "profile: --out FILE.h5 is required");
-  require(plot.empty() || plot != out, "--plot and --out name the same file '{}'", out);
   require(variant == "plain" || variant == "rotated",
           "--variant must be plain or rotated, got '{}'", variant);
   br.sparsity = parse_double_list(sparsity_arg, "--sparsity");
@@ -234,6 +234,12 @@ int cmd_profile(int argc, char** argv) {
   }
   const bool load = !from_file || !model_arg.empty();
   if (model_arg.empty()) model_arg = "smollm2";
+  std::optional<ResolvedModel> rm_;
+  if (load) rm_ = resolve_model(model_arg);
+  io::guard_run({{"--calibration", calib_path},
+                 {"--model", load ? rm_->path : ""},
+                 {"--corpus", from_file ? "" : corpus_input_path(corpus_arg)}},
+                {{"--out", out}, {"--plot", plot}});
 
   Profile p;
   p.variant = variant;
@@ -282,7 +288,7 @@ int cmd_profile(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
-  const ResolvedModel rm = resolve_model(model_arg);
+  const ResolvedModel& rm = *rm_;
   Corpus corpus;
   if (!from_file) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
 

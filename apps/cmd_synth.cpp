@@ -1,5 +1,6 @@
 // sparsim synth: a seeded random Llama model in a GGUF file.
 #include "common.hpp"
+#include "io/run_guard.hpp"
 #include "model/synth.hpp"
 #include "model/synth_hf.hpp"
 
@@ -91,6 +92,8 @@ int cmd_synth(int argc, char** argv) {
     s.rope_freqs = true;
   }
   s.type = parse_ggml_type(type);
+  require(format == "gguf" || format == "hf", "--format '{}' is unknown (gguf, hf)", format);
+  io::guard_run({}, {{"--out", out, format == "hf"}});
   c.name = "sparsim-synth-" + preset;
   if (format == "hf") {
     using D = safetensors::Dtype;
