@@ -1,6 +1,7 @@
 #include "engine/engine.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
 
@@ -110,7 +111,7 @@ flops::Op op_of(Proj p) {
 template <class E>
 void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
                            int layer, flops::Phase ph, double realised_fraction) {
-  linear(exec_, x, w, y, scratch_);
+  linear(exec_, x, w, y, scratch_, seg_);
   mark(op);
   if (ledger_) {
     const double n = static_cast<double>(x.extent(0));
@@ -208,6 +209,7 @@ void Engine<E>::use_column_skipping(bool on) {
 
 template <class E>
 void Engine<E>::set_positions(int n_seq, int T, int p0) {
+  seg_ = T;
   auto hp = Kokkos::create_mirror_view(pos_);
   for (int s = 0; s < n_seq; ++s)
     for (int t = 0; t < T; ++t) hp(s * T + t) = p0 + t;
@@ -239,7 +241,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   auto residual = [&](const Matrix<E>* r) {
     if (rot) {
       // WINA's online re-rotation: work a dense, unrotated model does not do (dense = 0)
-      linear(exec_, CMat<E>(x), *r, rx, scratch_);
+      linear(exec_, CMat<E>(x), *r, rx, scratch_, seg_);
       mark(flops::Op::Rotation);
       if (ledger_) {
         const double fl = 2.0 * n * r->rows * r->cols;
@@ -312,6 +314,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
           "run_block: input is {}×{}, expected {}×{}", x.extent(0), x.extent(1), n_seq * T,
           c.d_model);
   ensure_rows(n_seq * T, 1);
+  check_interrupt();
   set_positions(n_seq, T, p0);
   if (profile_) {
     exec_.fence();
@@ -365,7 +368,10 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
-  for (int l = 0; l < c.n_layer; ++l) block(l, x, n_seq, T, p0, ph);
+  for (int l = 0; l < c.n_layer; ++l) {
+    check_interrupt();  // between layers: SIGINT / SIGTERM stop the run here
+    block(l, x, n_seq, T, p0, ph);
+  }
 
   Mat<E> src = x;
   if (tail < T) {
@@ -385,6 +391,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
   Mat<E> logits = rows(logits_, n_out);
+  seg_ = tail;  // the LM head sees `tail` rows per sequence
   plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();
   return logits;
