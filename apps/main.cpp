@@ -36,7 +36,7 @@ const Command kCommands[] = {
      "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
-     "show a model file's metadata, tensors and memory needs"},
+     "show a model file's metadata, tensors and memory needs; check them against each other"},
     {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
     {"forward", sparsim::app::cmd_forward,
      "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},

@@ -145,6 +145,23 @@ TEST_F(CliPaths, InspectAndEvalNameTheWrongKey) {
   }
 }
 
+TEST_F(CliPaths, HuggingFaceConfigAgainstItsTensors) {
+  const std::string hf = dir_.file("hf");
+  RunResult r = run_cmd(sparsim_bin() + " synth --format hf --out " + hf);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cfg = hf + "/config.json";
+  std::string text = read_text(cfg);
+  const std::string key = "\"num_hidden_layers\": 2";
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  text.replace(text.find(key), key.size(), "\"num_hidden_layers\": 5");
+  std::ofstream(cfg) << text;
+  r = run_cmd(sparsim_bin() + " inspect " + hf);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("'num_hidden_layers' = 5, but the file holds tensors for 2 blocks only"),
+            std::string::npos)
+      << r.output;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Options
 

@@ -166,6 +166,44 @@ TEST_F(CliSignals, AnInterruptedRunContinuesToTheBitwiseSameResult) {
   EXPECT_EQ(fb.root().open_group("timings").get_attr<std::int64_t>("resumed_windows"), 2);
 }
 
+TEST_F(CliSignals, ASparseRunContinuesWithItsRealisedSparsityStatistics) {
+  const std::string cal = dir_.file("cal.h5");
+  const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
+                              corpus_ + " --out " + cal +
+                              " --variants plain --context 32 --max-windows 1 --greedy-seqs 1 "
+                              "--greedy-tokens 8 --probes 0.4 --alpha 0.2 --threads 1 "
+                              "--log-level warn");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::vector<std::string> teal = {"--method", "teal",          "--sparsity",
+                                         "0.5",      "--calibration", cal};
+  auto with = [&](std::vector<std::string> v, const std::string& o) {
+    v.insert(v.end(), {"--out", out(o)});
+    return v;
+  };
+  const Child ref = spawn(eval_args(with(teal, "ref.h5")), dir_.file("log_ref"));
+  ASSERT_EQ(wait_child(ref), 0) << read_text(dir_.file("log_ref"));
+  ASSERT_EQ(interrupt_at("forward", SIGTERM, with(teal, "run.h5"), dir_.file("log1")), 143)
+      << read_text(dir_.file("log1"));
+  ASSERT_TRUE(fs::exists(out("run.h5.ckpt")));
+  const Child again = spawn(eval_args(with(teal, "run.h5")), dir_.file("log2"));
+  ASSERT_EQ(wait_child(again), 0) << read_text(dir_.file("log2"));
+  for (const char* group : {"results/perplexity", "sparsity"}) {
+    const auto a = doubles(out("ref.h5"), group), b = doubles(out("run.h5"), group);
+    ASSERT_EQ(a.size(), b.size()) << group;
+    for (const auto& [name, v] : a) {
+      ASSERT_EQ(v.size(), b.at(name).size()) << name;
+      EXPECT_EQ(std::memcmp(v.data(), b.at(name).data(), v.size() * sizeof(double)), 0)
+          << group << "/" << name;
+    }
+  }
+  auto fa = io::H5File::open_read(out("ref.h5"));
+  auto fb = io::H5File::open_read(out("run.h5"));
+  EXPECT_EQ(fa.root().open_group("sparsity").read<std::uint64_t>("histogram"),
+            fb.root().open_group("sparsity").read<std::uint64_t>("histogram"));
+  EXPECT_EQ(fa.root().open_group("sparsity").read<std::uint64_t>("tokens"),
+            fb.root().open_group("sparsity").read<std::uint64_t>("tokens"));
+}
+
 TEST_F(CliSignals, ACheckpointOfOtherSettingsIsNotUsedOrOverwritten) {
   const std::vector<std::string> cmd = {"--out", out("run.h5"), "--checkpoint", out("c.ckpt")};
   ASSERT_EQ(interrupt_at("forward", SIGINT, cmd, dir_.file("log1")), 130)

@@ -41,6 +41,7 @@ LlamaNames LlamaNames::hugging_face() {
   n.head_dim = "head_dim";
   n.d_ff = "intermediate_size";
   n.vocab = "vocab_size";
+  n.tied = "tie_word_embeddings";
   n.embd = "model.embed_tokens.weight";
   n.out_norm = "model.norm.weight";
   n.output = "lm_head.weight";
@@ -267,7 +268,12 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
         c.expect(c.block(static_cast<int>(l), i), want[i], from[i].c_str());
     }
     c.expect(n.out_norm, {D}, from_width.c_str());
-    if (s.output_required || c.shape(n.output))
+    if (s.output_required && !c.shape(n.output) && !n.tied.empty())
+      c.add(
+          fmt::format("missing tensor '{}' (the output head is separate: key '{}' is false or "
+                      "absent)",
+                      n.output, n.tied));
+    else if (s.output_required || c.shape(n.output))
       c.expect(n.output, {static_cast<std::uint64_t>(vocab), D},
                fmt::format("the embedding '{}'", n.embd).c_str());
     if (!n.rope_freqs.empty()) {

@@ -21,6 +21,8 @@ namespace sparsim {
 struct LlamaNames {
   /// Keys, as the file spells them ("llama.block_count" / "num_hidden_layers").
   std::string n_layer, d_model, n_head, n_kv_head, head_dim, value_dim, rope_dims, d_ff, vocab;
+  /// The key that unties the output head from the embedding ("" when its absence decides).
+  std::string tied;
   /// Tensors.
   std::string embd, out_norm, output, rope_freqs;
   /// Block tensors are "<block_prefix><l>.<suffix>" with the suffixes of attn_norm, q, k, v, o,
