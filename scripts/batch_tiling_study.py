@@ -3,12 +3,15 @@
 and after the change, built from their commits) in the same run, interleaved.
 
 For each binary:
-  * the largest |NLL difference| of a window between `eval --batch 1` and `--batch B` (B = 2, 3,
-    4), and whether the window NLLs are bitwise equal;
-  * the perplexity time of eval with batching (windows that are not a multiple of the 256-token
-    tile, where the tiling changed, and 2048-token windows, where it did not), and
-    `bench` prefill tokens/s (one sequence: same tiles before and after);
-medians over --reps repetitions, ratios after/before, and the machine's load before and after.
+  * the largest |NLL difference| of a window between `eval --batch 1` and `--batch B`, and
+    whether the window NLLs are bitwise equal: 320-token windows (B = 2, 4) and the default
+    protocol, 2048-token windows scoring 512 (B = 2; one run each, also timed);
+  * the perplexity time of eval with 4 windows of 320 tokens per batch (not a multiple of the
+    256-token tile, so the tiles changed: 5 tiles of 256 rows per batch before, 256 + 64 per
+    window after), and `bench` prefill tokens/s (one sequence: the same tiles before and after;
+    so are batches of windows whose length is a multiple of 256, e.g. the default 2048);
+medians over --reps repetitions (interleaved), ratios after/before, and the machine's load
+before and after.
 
   scripts/batch_tiling_study.py --before base/build/bin/sparsim --after build/bin/sparsim \
       --json docs/results/batch_tiling.json
@@ -65,6 +68,7 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--prompt", type=int, default=512)
+    p.add_argument("--windows", type=int, default=4, help="320-token windows per eval")
     p.add_argument("--json", required=True)
     a = p.parse_args()
 
@@ -75,20 +79,28 @@ def main():
     tmp = tempfile.mkdtemp(prefix="sparsim-batch-")
     out = os.path.join(tmp, "r.h5")
 
-    # Windows of 320 tokens (one full 256-token tile and a 64-token one per window).
-    ctx, stride, windows = 320, 160, 8
+    # (context, stride, windows, batches): 320-token windows (a full 256-token tile and a
+    # 64-token one each) and the default protocol, 2048-token windows scoring 512 (LM head
+    # tails of 513 rows: one row left over per window, which used to make a 1-column tile).
+    protocols = [(320, 160, a.windows, (2, 4)), (2048, 512, 2, (2,))]
+    times = {n: {} for n in bins}
     for name, b in bins.items():
-        ref, _ = eval_run(b, a, out, 1, ctx, stride, windows)
-        rows = {}
-        for batch in (2, 3, 4):
-            nll, _ = eval_run(b, a, out, batch, ctx, stride, windows)
-            rows[str(batch)] = {"max_abs_diff_nats": float(abs(nll - ref).max()),
-                                "bitwise_equal": bool(nll.tobytes() == ref.tobytes())}
-        res["independence"][name] = {"context": ctx, "stride": stride, "windows": windows,
-                                     "vs_batch_1": rows}
+        res["independence"][name] = []
+        for ctx, stride, windows, batches in protocols:
+            ref, t1 = eval_run(b, a, out, 1, ctx, stride, windows)
+            times[name][f"eval_ctx{ctx}_batch1_perplexity_s"] = t1
+            rows = {}
+            for batch in batches:
+                nll, t = eval_run(b, a, out, batch, ctx, stride, windows)
+                times[name][f"eval_ctx{ctx}_batch{batch}_perplexity_s"] = t
+                rows[str(batch)] = {"max_abs_diff_nats": float(abs(nll - ref).max()),
+                                    "bitwise_equal": bool(nll.tobytes() == ref.tobytes())}
+            res["independence"][name].append({"context": ctx, "stride": stride,
+                                              "windows": windows, "vs_batch_1": rows})
+    res["single_runs_seconds"] = times
 
-    cases = [("eval_ctx320_batch4_s", lambda b: eval_run(b, a, out, 4, 320, 160, 8)[1]),
-             ("eval_ctx2048_batch2_s", lambda b: eval_run(b, a, out, 2, 2048, 512, 2)[1]),
+    cases = [("eval_ctx320_batch4_perplexity_s",
+              lambda b: eval_run(b, a, out, 4, 320, 160, a.windows)[1]),
              ("bench_prefill_tokens_per_s",
               lambda b: bench_prefill(b, a, os.path.join(tmp, "b.json")))]
     for key, f in cases:

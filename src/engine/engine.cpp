@@ -117,7 +117,9 @@ void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     const double n = static_cast<double>(x.extent(0));
     const double fl = 2.0 * n * w.rows * w.cols;
     const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-    ledger_->add(op, layer, ph, fl, fl * realised_fraction, by, by * realised_fraction);
+    // Realised FLOPs are 2 · rows · (multiply-adds kept), an integer: rounding the product
+    // removes the error of the fraction, so the sums do not depend on how rows are batched.
+    ledger_->add(op, layer, ph, fl, std::round(fl * realised_fraction), by, by * realised_fraction);
   }
 }
 
