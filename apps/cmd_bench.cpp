@@ -1,6 +1,7 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
@@ -299,6 +300,7 @@ int cmd_bench(int argc, char** argv) {
                           {"decode_fraction_of_ideal", dec_tps / ideal_tps}};
       if (profile) j["profile_seconds"] = prof;
       if (sparse) j["sparse"] = mj;
+      interruption_point("write");
       io::write_file_atomically(json_out, j.dump(2) + "\n");
     }
     return 0;

@@ -2,6 +2,7 @@
 // sensitivities and the WINA rotation, written to a calibration file that eval reads.
 #include "calibrate_options.hpp"
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
@@ -149,6 +150,7 @@ int cmd_calibrate(int argc, char** argv) {
       if (bar) bar->finish();
       bar.reset();
     }
+    interruption_point("write");
     sparsity::write_calibration(out, cal);
 
     std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,

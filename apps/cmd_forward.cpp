@@ -1,5 +1,6 @@
 // sparsim forward: the forward pass on given token ids, recorded in a run file.
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
@@ -131,6 +132,7 @@ int cmd_forward(int argc, char** argv) {
       tm.write_scalar("greedy_seconds", t_gen, {"s", "greedy decode steps"});
       io::Group fl = root.create_group("flops");
       ledger.write(fl);
+      interruption_point("write");
       rf->commit();
     }
     return 0;

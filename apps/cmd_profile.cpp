@@ -3,6 +3,7 @@
 // calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot.
 #include "calibrate_options.hpp"
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
@@ -141,6 +142,7 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
   bd.set_attr("probe", br.probe);
   g.write("budget_mean", budget_mean,
           {"1", "[s] realised mean of the budgets (the clamp can move it away from s)"});
+  interruption_point("write");
   rf.commit();
   if (png) png->commit();
 

@@ -10,6 +10,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <sstream>
 
 namespace sparsim::test {
 namespace {
@@ -107,6 +108,85 @@ TEST_F(CliSignals, KillNineLeavesOnlyATemporaryThatTheNextRunRemoves) {
   EXPECT_TRUE(temp_files(dir_.path() / "out").empty());
   EXPECT_TRUE(fs::exists(out("run.h5")));
   EXPECT_TRUE(fs::exists(out("s.json")));
+}
+
+// forward, calibrate, profile, bench --json and synth (GGUF and Hugging Face folder), held just
+// before they publish (for synth: while the model file is half written), then signalled.
+TEST_F(CliSignals, EveryWritingCommandStopsAtTheWriteAndPublishesNothing) {
+  // A calibration file for `profile --calibration` (an input here, so made before the state).
+  const std::string cal = dir_.file("cal.h5");
+  const std::string cal_opts =
+      " --variants plain --context 32 --max-windows 1 --greedy-seqs 1 --greedy-tokens 8 "
+      "--probes 0.4 --alpha 0.2 --threads 1 --log-level warn";
+  const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
+                              corpus_ + " --out " + cal + cal_opts);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  // Earlier results under the final names must survive every interrupted run byte for byte.
+  for (const char* name : {"f.h5", "cal.h5", "b.json", "p.png", "s.gguf"})
+    std::ofstream(out(name)) << "an earlier " << name;
+  auto state = [&] {  // the test folder without the logs of the runs
+    auto m = folder_state(dir_.path());
+    for (auto it = m.begin(); it != m.end();)
+      it = it->first.rfind("logs/", 0) == 0 ? m.erase(it) : std::next(it);
+    return m;
+  };
+  fs::create_directories(dir_.path() / "logs");
+  const auto inputs = state();
+  auto split = [](const std::string& line) {
+    std::vector<std::string> v;
+    std::istringstream is(line);
+    for (std::string w; is >> w;) v.push_back(w);
+    return v;
+  };
+  struct Case {
+    std::string command, args;
+    std::vector<std::string> outputs;
+    int sig;
+  };
+  const std::vector<Case> cases = {
+      {"forward",
+       "--model " + model_ + " --tokens 1,2,3 --greedy 2 --out " + out("f.h5"),
+       {out("f.h5")},
+       SIGINT},
+      {"calibrate",
+       "--model " + model_ + " --corpus " + corpus_ + " --out " + out("cal.h5") + cal_opts,
+       {out("cal.h5")},
+       SIGTERM},
+      {"profile",
+       "--calibration " + cal + " --variant plain --out " + out("p.h5") + " --plot " + out("p.png"),
+       {out("p.h5"), out("p.png")},
+       SIGINT},
+      {"bench",
+       "--model " + model_ + " --prompt 4 --decode 4 --reps 1 --json " + out("b.json"),
+       {out("b.json")},
+       SIGTERM},
+      {"synth", "--out " + out("s.gguf"), {out("s.gguf")}, SIGINT},
+      {"synth", "--format hf --out " + out("hf"), {out("hf")}, SIGTERM},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.command + " " + k.args);
+    std::vector<std::string> argv = {sparsim_bin(), k.command};
+    for (auto& a : split(k.args)) argv.push_back(a);
+    const std::string log = dir_.file("logs/" + std::to_string(&k - cases.data()));
+    const Child ch = spawn(argv, log, {"SPARSIM_TEST_PAUSE=write"});
+    if (!wait_for_text(log, "paused at write", 30)) {
+      ::kill(ch.pid, SIGKILL);
+      wait_child(ch);
+      ADD_FAILURE() << "never reached the write:\n" << read_text(log);
+      continue;
+    }
+    ::kill(ch.pid, k.sig);
+    const int rc = wait_child(ch);
+    const std::string text = read_text(log);
+    EXPECT_EQ(rc, 128 + k.sig) << text;
+    std::string line = "sparsim " + k.command + ": interrupted by " +
+                       (k.sig == SIGINT ? "SIGINT" : "SIGTERM") + "; not written: ";
+    for (std::size_t i = 0; i < k.outputs.size(); ++i) line += (i ? ", " : "") + k.outputs[i];
+    EXPECT_NE(text.find(line), std::string::npos) << "expected '" << line << "' in:\n" << text;
+    EXPECT_EQ(state(), inputs) << "a file was added, removed or changed";
+    EXPECT_TRUE(temp_files(dir_.path() / "out").empty());
+    EXPECT_FALSE(fs::exists(out("hf"))) << "the folder this run created outlived it";
+  }
 }
 
 /// Every dataset of a run file group, as raw bytes.

@@ -1,6 +1,7 @@
 #include "model/gguf_writer.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "io/temp_file.hpp"
 
 #include <unistd.h>
@@ -237,6 +238,7 @@ void Writer::write(const std::string& path) const {
   OutFile out(path);
   out.write(h.bytes().data(), h.bytes().size());
   for (const auto& t : tensors_) {
+    interruption_point("write");  // SIGINT / SIGTERM: the temporary is removed, nothing published
     out.write(t.data.data(), t.data.size());
     out.zeros((alignment_ - t.data.size() % alignment_) % alignment_);
   }

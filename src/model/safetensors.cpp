@@ -1,6 +1,7 @@
 #include "model/safetensors.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "io/temp_file.hpp"
 
 #include <fcntl.h>
@@ -375,9 +376,11 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
     for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(n >> (8 * i));
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors)
+    for (const auto& t : tensors) {
+      interruption_point("write");  // SIGINT / SIGTERM: the temporary is removed on unwinding
       out.write(reinterpret_cast<const char*>(t.bytes.data()),
                 static_cast<std::streamsize>(t.bytes.size()));
+    }
     out.close();
     require(static_cast<bool>(out), "{}: write failed", tmp.path());
   }
