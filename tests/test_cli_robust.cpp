@@ -63,6 +63,37 @@ TEST_F(CliPaths, AnOutputNamingTheModelIsRefusedByEveryCommand) {
   expect_refused(eval("--out " + corpus_), {"--out", "--corpus", "destroy an input"});
 }
 
+TEST_F(CliPaths, EveryOtherInputIsProtectedToo) {
+  // The calibration file, a task file and a corpus folder are inputs as much as the model is;
+  // a checkpoint is an output. Each is compared by file identity, not by name.
+  const std::string cal = dir_.file("cal.h5");
+  const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
+                              corpus_ + " --out " + cal +
+                              " --variants plain --context 32 --max-windows 1 --greedy-seqs 1 "
+                              "--greedy-tokens 8 --probes 0.4 --alpha 0.2 --log-level warn");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string cal2 = dir_.path().string() + "/./cal.h5";
+  const std::string teal = " --method teal --sparsity 0.5 --calibration " + cal;
+  expect_refused(eval(teal + " --out " + cal2), {"--out", "--calibration", "destroy an input"});
+  expect_refused(sparsim_bin() + " bench --model " + model_ + teal + " --json " + cal2,
+                 {"--json", "--calibration"});
+  expect_refused(sparsim_bin() + " profile --calibration " + cal + " --out " + cal2,
+                 {"--out", "--calibration"});
+  const std::string tasks = dir_.file("tasks.jsonl");
+  std::ofstream(tasks) << "{}\n";
+  expect_refused(eval("--tasks " + tasks + " --json " + tasks), {"--json", "--tasks"});
+  expect_refused(eval("--checkpoint " + model_ + " --out " + dir_.file("r.h5")),
+                 {"--checkpoint", "--model", "destroy an input"});
+  expect_refused(eval("--out " + dir_.file("r.h5") + " --checkpoint " + dir_.file("r.h5")),
+                 {"--out", "--checkpoint"});
+  const std::string texts = dir_.file("texts");
+  fs::create_directories(texts);
+  std::ofstream(texts + "/a.txt") << read_text(corpus_);
+  expect_refused(sparsim_bin() + " eval --model " + model_ + " --corpus " + texts +
+                     " --context 32 --stride 24 --out " + texts + "/run.h5",
+                 {"--out", "inside the --corpus folder"});
+}
+
 TEST_F(CliPaths, TwoOutputsOfOneName) {
   const std::string p = dir_.file("both");
   expect_refused(eval("--out " + p + " --json " + p), {"--out", "--json", "name the same file"});
