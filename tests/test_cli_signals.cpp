@@ -284,6 +284,29 @@ TEST_F(CliSignals, ASparseRunContinuesWithItsRealisedSparsityStatistics) {
             fb.root().open_group("sparsity").read<std::uint64_t>("tokens"));
 }
 
+TEST_F(CliSignals, ATokenGateRunKeepsNoCheckpoint) {
+  // The gate's state and statistics over all windows are not in the side file: a resumed run
+  // could not give the uninterrupted result, so there is none.
+  const std::vector<std::string> gate = {
+      "--method", "token-filter", "--tf-ratio", "0.3", "--tf-warmup", "8", "--tf-num-layers", "2"};
+  std::vector<std::string> explicit_ckpt = gate;
+  explicit_ckpt.insert(explicit_ckpt.end(),
+                       {"--out", out("run.h5"), "--checkpoint", out("c.ckpt")});
+  const Child c = spawn(eval_args(explicit_ckpt), dir_.file("log1"));
+  EXPECT_EQ(wait_child(c), 1);
+  EXPECT_NE(
+      read_text(dir_.file("log1")).find("--checkpoint cannot be combined with a token-filter"),
+      std::string::npos)
+      << read_text(dir_.file("log1"));
+  std::vector<std::string> with_out = gate;
+  with_out.insert(with_out.end(), {"--out", out("run.h5")});
+  EXPECT_EQ(interrupt_at("forward", SIGINT, with_out, dir_.file("log2")), 130)
+      << read_text(dir_.file("log2"));
+  EXPECT_EQ(read_text(dir_.file("log2")).find("windows are kept"), std::string::npos)
+      << read_text(dir_.file("log2"));
+  EXPECT_TRUE(fs::is_empty(dir_.path() / "out"));
+}
+
 TEST_F(CliSignals, ACheckpointOfOtherSettingsIsNotUsedOrOverwritten) {
   const std::vector<std::string> cmd = {"--out", out("run.h5"), "--checkpoint", out("c.ckpt")};
   ASSERT_EQ(interrupt_at("forward", SIGINT, cmd, dir_.file("log1")), 130)
