@@ -1,10 +1,12 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "flops/ledger.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
@@ -377,6 +379,7 @@ int cmd_bench(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   const ResolvedModel rm = resolve_model(model);
+  io::guard_run({{"--model", rm.path}, {"--calibration", ma.calib_path}}, {{"--json", json_out}});
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
   return with_backend(co.backend, [&](auto exec) {
@@ -660,6 +663,7 @@ int cmd_bench(int argc, char** argv) {
                           {"decode_fraction_of_ideal", dec_tps / ideal_tps}};
       if (profile) j["profile_seconds"] = prof;
       if (sparse) j["sparse"] = mj;
+      interruption_point("write");
       io::write_file_atomically(json_out, j.dump(2) + "\n");
     }
     return 0;

@@ -2,9 +2,11 @@
 // sensitivities and the WINA rotation, written to a calibration file that eval reads.
 #include "calibrate_options.hpp"
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "pruning/fisher.hpp"
@@ -77,6 +79,8 @@ int cmd_calibrate(int argc, char** argv) {
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
   const ResolvedModel rm = resolve_model(model_arg);
+  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(corpus_arg)}},
+                {{"--out", out}});
   const Corpus corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
 
   Runtime rt(co);
@@ -167,6 +171,7 @@ int cmd_calibrate(int argc, char** argv) {
       prog.finish();
       cal.timings.push_back({"fisher", sc.wall(), sc.cpu()});
     }
+    interruption_point("write");
     sparsity::write_calibration(out, cal);
 
     std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,

@@ -2,6 +2,7 @@
 // file and a JSON summary.
 #include "activation_dump.hpp"
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
@@ -9,7 +10,9 @@
 #include "eval/perplexity.hpp"
 #include "eval/retrieval.hpp"
 #include "eval/tasks.hpp"
+#include "eval_checkpoint.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
@@ -29,10 +32,24 @@
 
 namespace sparsim::app {
 
+namespace {
+
+/// Seconds between two writes of the checkpoint (it is also written when the run is
+/// interrupted, and before the tasks).
+constexpr double kCheckpointSeconds = 30.0;
+
+/// Options that cannot change a perplexity window's result: left out of the settings a
+/// checkpoint is matched by. (Results do not depend on --batch or --threads, bitwise.)
+const std::set<std::string> kNotSettings = {"batch",       "threads",    "progress",  "out",
+                                            "json",        "checkpoint", "log-level", "help",
+                                            "save-tokens", "tasks",      "model",     "corpus"};
+
+}  // namespace
+
 int cmd_eval(int argc, char** argv) {
   CommonOptions co;
   std::string model_arg, corpus_arg, text_field, tasks_path, storage, bos_mode, out, json_out,
-      progress_mode;
+      progress_mode, checkpoint_arg;
   PplOptions po_;
   int score = -1;
   bool strict = false, no_ppl = false, save_tokens = false, tf_mass = false;
@@ -81,6 +98,11 @@ int cmd_eval(int argc, char** argv) {
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")(
       "json", po::value(&json_out), "JSON summary file")(
+      "checkpoint", po::value(&checkpoint_arg)->default_value("auto"),
+      "side file keeping the completed perplexity windows, so that running the same command "
+      "again continues an interrupted run (bitwise the same result): auto (<--out or "
+      "--json>.ckpt, written every 30 s and when interrupted; none without an output file, "
+      "with --dump-layers or with token-filter), off, or a file name")(
       "save-tokens", po::bool_switch(&save_tokens),
       "store the corpus token stream in the run file (/corpus/tokens)")(
       "progress", po::value(&progress_mode)->default_value("auto"),
@@ -117,6 +139,15 @@ int cmd_eval(int argc, char** argv) {
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
           "--progress must be auto, always or never, got '{}'", progress_mode);
   require(!(no_ppl && tasks_path.empty() && !retrieval), "--no-perplexity needs --tasks or --task");
+  if (!no_ppl)
+    require(po_.context >= 2, "--context must be at least 2 tokens (one predicts the next), got {}",
+            po_.context);
+  if (!no_ppl && score < 0)
+    require(po_.stride < po_.context,
+            "--stride {} is not smaller than --context {}: without --score each window scores "
+            "its last stride tokens, which must be fewer than the context (lower --stride, or "
+            "set --score)",
+            po_.stride, po_.context);
   po_.score = score < 0 ? po_.stride : score;
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
@@ -124,11 +155,30 @@ int cmd_eval(int argc, char** argv) {
   const bool show_progress =
       progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   // Fail on bad arguments before loading anything big.
-  if (!no_ppl) {
-    require(po_.stride >= 1 && po_.batch >= 1 && po_.max_windows >= 0 && po_.context >= 2,
-            "--context, --stride, --batch must be positive and --max-windows non-negative");
+  if (!no_ppl) po_.validate(0);
+  std::string checkpoint_path;
+  if (!no_ppl && checkpoint_arg == "auto") {
+    const std::string& base = !out.empty() ? out : json_out;
+    if (!base.empty() && !da.enabled() && !ma.token_filter) checkpoint_path = base + ".ckpt";
+  } else if (!no_ppl && checkpoint_arg != "off") {
+    require(!checkpoint_arg.empty(), "--checkpoint: give auto, off or a file name");
+    require(!da.enabled(),
+            "--checkpoint cannot be combined with --dump-layers (dumped activations are not kept "
+            "in the checkpoint)");
+    require(!ma.token_filter,
+            "--checkpoint cannot be combined with a token-filter method (the gate's state and "
+            "statistics are not kept in the checkpoint)");
+    checkpoint_path = checkpoint_arg;
   }
   const ResolvedModel rm = resolve_model(model_arg);
+  io::guard_run({{"--model", rm.path},
+                 {"--corpus", no_ppl && !retrieval ? "" : corpus_input_path(corpus_arg)},
+                 {"--tasks", tasks_path},
+                 {"--calibration", calib_path}},
+                {{"--out", out},
+                 {"--json", json_out},
+                 {checkpoint_arg == "auto" ? "the checkpoint (--checkpoint auto)" : "--checkpoint",
+                  checkpoint_path, false, true}});
   log().info("model {} ({})", rm.path, rm.origin);
   Stopwatch wall;
   Corpus corpus;
@@ -199,6 +249,52 @@ int cmd_eval(int argc, char** argv) {
       eng.set_masker(dumper.get());
     }
 
+    // Checkpoint: the windows an interrupted run of the same settings completed.
+    std::optional<EvalCheckpoint> ckpt;
+    PplResume resume;
+    std::size_t resumed = 0, saved = 0;
+    const int n_windows = no_ppl ? 0 : static_cast<int>(window_starts(stream.size(), po_).size());
+    if (!checkpoint_path.empty()) {
+      const std::string settings =
+          fmt::format(
+              "sparsim = {}\nmodel.fingerprint = {}\ncorpus.fingerprint = {}\n"
+              "corpus.tokens = {}\ncalibration.file = {}\nbackend = {}\nbos = {}\n",
+              SPARSIM_VERSION, mi.fingerprint, corpus.fingerprint, stream.size(),
+              file_stamp(calib_path), backend, po_.bos_id) +
+          option_settings(vm, kNotSettings);
+      ckpt.emplace(checkpoint_path, settings);
+      EvalProgress got;
+      if (ckpt->read(got, c.n_layer)) {
+        require(got.masker.has_value() == ma.sparse(),
+                "checkpoint '{}' {} masker statistics, but this run is {}", checkpoint_path,
+                got.masker ? "holds" : "lacks", ma.sparse() ? "sparse" : "dense");
+        resume.done = std::move(got.ppl);
+        ledger = got.ledger;
+        if (got.masker) masker.restore(*got.masker);
+        resumed = saved = resume.done.window_nll.size();
+        log().info("continuing from checkpoint '{}': {} of {} windows were done", checkpoint_path,
+                   resumed, n_windows);
+      }
+    }
+    EvalProgress last;  // the state after the last completed batch
+    Stopwatch since_save;
+    auto save = [&] {
+      ckpt->write(last);
+      saved = last.ppl.window_nll.size();
+      since_save.reset();
+      interrupt::set_note(
+          fmt::format("{} of {} windows are kept in '{}': run the same command again to continue",
+                      saved, n_windows, checkpoint_path));
+    };
+    if (ckpt) {
+      resume.after_batch = [&](const PplResult& r) {
+        last.ppl = r;
+        last.ledger = ledger;
+        if (ma.sparse()) last.masker = masker.snapshot();
+        if (since_save.seconds() >= kCheckpointSeconds) save();
+      };
+    }
+
     std::unique_ptr<io::RunFile> rf;
     if (!out.empty()) rf = std::make_unique<io::RunFile>(out);
 
@@ -206,8 +302,21 @@ int cmd_eval(int argc, char** argv) {
     sw.reset();
     if (!no_ppl) {
       ProgressBar bar("perplexity", show_progress);
-      ppl = perplexity(eng, stream, po_, [&](int done, int total) { bar.update(done, total); });
+      try {
+        ppl = perplexity(
+            eng, stream, po_, [&](int done, int total) { bar.update(done, total); }, &resume);
+      } catch (const Interrupted&) {
+        bar.finish();
+        if (ckpt && last.ppl.window_nll.size() > saved) save();
+        throw;
+      }
       bar.finish();
+      if (ckpt && (!tasks.empty() || retrieval) && ppl.window_nll.size() > saved) {
+        last.ppl = ppl;
+        last.ledger = ledger;
+        if (ma.sparse()) last.masker = masker.snapshot();
+        save();
+      }
     }
     const double t_ppl = sw.seconds();
     TaskResult tr;
@@ -469,6 +578,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("tasks_seconds", t_tasks, {"s", "task scoring"});
       tm.write_scalar("retrieval_seconds", t_ret, {"s", "retrieval task"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
+      tm.set_attr("resumed_windows", static_cast<std::int64_t>(resumed));
       if (sparse) report.write(root);
       if (c.pruned()) write_prune_group(root, c);
       if (dumper) dumper->write(root, plan);
@@ -480,8 +590,13 @@ int cmd_eval(int argc, char** argv) {
       jf = std::make_unique<io::AtomicTextFile>(json_out);
       jf->stream() << j.dump(2) << "\n";
     }
+    interruption_point("write");
     if (rf) rf->commit();
     if (jf) jf->commit();
+    if (ckpt) {
+      ckpt->remove();
+      interrupt::set_note("");
+    }
     return 0;
   });
 }

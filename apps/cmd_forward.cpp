@@ -1,9 +1,11 @@
 // sparsim forward: the forward pass on given token ids, recorded in a run file.
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "records.hpp"
 
@@ -53,6 +55,7 @@ int cmd_forward(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
+  io::guard_run({{"--model", model}}, {{"--out", out}});
 
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
@@ -129,6 +132,7 @@ int cmd_forward(int argc, char** argv) {
       tm.write_scalar("greedy_seconds", t_gen, {"s", "greedy decode steps"});
       io::Group fl = root.create_group("flops");
       ledger.write(fl);
+      interruption_point("write");
       rf->commit();
     }
     return 0;

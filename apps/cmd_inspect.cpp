@@ -1,5 +1,6 @@
 // sparsim inspect: what a model file holds and what it needs in memory.
 #include "common.hpp"
+#include "model/consistency.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
@@ -34,6 +35,7 @@ int cmd_inspect(int argc, char** argv) {
             ? safetensors::Checkpoint::open_index(index.string())
             : safetensors::Checkpoint::open_file((dir / "model.safetensors").string());
     c = config_from_hf_json((dir / "config.json").string());
+    const std::vector<std::string> problems = check_hf_model(dir.string());
     std::cout << fmt::format(
         "directory  {}\nformat     Hugging Face safetensors, {} file(s), {} bytes\n", dir.string(),
         ck.files().size(), ck.total_bytes());
@@ -48,6 +50,8 @@ int cmd_inspect(int argc, char** argv) {
       n_el += e.tensor->n_elements();
     }
     std::cout << fmt::format("\nparameters {} ({:.2f} M)\n", n_el, n_el / 1e6);
+    // The same checks as loading: the table above is shown, then every contradiction.
+    if (!problems.empty()) fail("{}", describe_problems((dir / "config.json").string(), problems));
   } else {
     gguf::File f = gguf::File::open(model);
     std::cout << fmt::format("file       {}\nformat     GGUF v{}, {} bytes, alignment {}\n",
@@ -71,6 +75,8 @@ int cmd_inspect(int argc, char** argv) {
     std::cout << fmt::format("\nparameters {} ({:.2f} M)", n_el, n_el / 1e6);
     for (const auto& [k, v] : by_type) std::cout << fmt::format(", {} {}", k, v);
     std::cout << "\n";
+    // The same checks as loading (shapes against every hyper-parameter, block count against
+    // the blocks present): the tables above are shown, then every contradiction.
     c = config_from_gguf(f);
   }
   std::cout << fmt::format(

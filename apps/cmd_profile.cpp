@@ -3,11 +3,13 @@
 // calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot.
 #include "calibrate_options.hpp"
 #include "common.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
 #include "io/png_plot.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
@@ -156,6 +158,7 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
   bd.set_attr("probe", br.probe);
   g.write("budget_mean", budget_mean,
           {"1", "[s] realised mean of the budgets (the clamp can move it away from s)"});
+  interruption_point("write");
   rf.commit();
   if (png) png->commit();
 
@@ -239,7 +242,6 @@ int cmd_profile(int argc, char** argv) {
 
   // Every check that can fail runs before anything is loaded or written.
   require(!out.empty(), "profile: --out FILE.h5 is required");
-  require(plot.empty() || plot != out, "--plot and --out name the same file '{}'", out);
   require(variant == "plain" || variant == "rotated",
           "--variant must be plain or rotated, got '{}'", variant);
   br.sparsity = parse_double_list(sparsity_arg, "--sparsity");
@@ -263,6 +265,12 @@ int cmd_profile(int argc, char** argv) {
   }
   const bool load = !from_file || !model_arg.empty();
   if (model_arg.empty()) model_arg = "smollm2";
+  std::optional<ResolvedModel> rm_;
+  if (load) rm_ = resolve_model(model_arg);
+  io::guard_run({{"--calibration", calib_path},
+                 {"--model", load ? rm_->path : ""},
+                 {"--corpus", from_file ? "" : corpus_input_path(corpus_arg)}},
+                {{"--out", out}, {"--plot", plot}});
 
   Profile p;
   p.variant = variant;
@@ -318,7 +326,7 @@ int cmd_profile(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
-  const ResolvedModel rm = resolve_model(model_arg);
+  const ResolvedModel& rm = *rm_;
   Corpus corpus;
   if (!from_file) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
 

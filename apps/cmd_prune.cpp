@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "io/run_file.hpp"
+#include "io/run_guard.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
@@ -73,9 +74,9 @@ int cmd_prune(int argc, char** argv) {
               "it rotates its keys",
               rm.path, arch, k);
   }
-  namespace fs = std::filesystem;
-  require(fs::absolute(out).lexically_normal() != fs::absolute(rm.path).lexically_normal(),
-          "prune: --out {} would overwrite the source model", out);
+  // outputs checked against the inputs by file identity, folders, collisions (exit 2)
+  io::guard_run({{"--model", rm.path}, {"--calibration", calib_path}},
+                {{"--out", out}, {"--json", json_out}});
 
   Runtime rt(co);
   return with_backend(co.backend, [&](auto exec) {
@@ -107,7 +108,7 @@ int cmd_prune(int argc, char** argv) {
               "the written model does not read back as pruned");
     } catch (const Error& e) {
       std::error_code ec;
-      fs::remove(out, ec);
+      std::filesystem::remove(out, ec);
       fail("prune: the written model {} does not load ({}); removed", out, e.what());
     }
     const pruning::PruneReport rep = pruning::prune_report(pc);

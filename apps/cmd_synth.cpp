@@ -1,8 +1,10 @@
 // sparsim synth: a seeded random Llama model in a GGUF file.
 #include "common.hpp"
+#include "io/run_guard.hpp"
 #include "model/synth.hpp"
 #include "model/synth_hf.hpp"
 
+#include <filesystem>
 #include <iostream>
 
 namespace sparsim::app {
@@ -102,6 +104,8 @@ int cmd_synth(int argc, char** argv) {
     s.rope_freqs = true;
   }
   s.type = parse_ggml_type(type);
+  require(format == "gguf" || format == "hf", "--format '{}' is unknown (gguf, hf)", format);
+  io::guard_run({}, {{"--out", out, format == "hf"}});
   c.name = "sparsim-synth-" + preset;
   if (format == "hf") {
     using D = safetensors::Dtype;
@@ -114,7 +118,17 @@ int cmd_synth(int argc, char** argv) {
       require(s.type == gguf::GGMLType::F32,
               "--type '{}' cannot be written with --format hf (f32, bf16, f16)", type);
     s.type = gguf::GGMLType::F32;
-    write_synth_safetensors(s, out, dt);
+    // A folder this run creates is removed again if the run stops before filling it (an
+    // interruption or an error): the files in it are published one by one, by rename.
+    namespace fs = std::filesystem;
+    const bool made = !fs::exists(out);
+    try {
+      write_synth_safetensors(s, out, dt);
+    } catch (...) {
+      std::error_code ec;
+      if (made && fs::is_empty(out, ec)) fs::remove(out, ec);
+      throw;
+    }
   } else {
     require(format == "gguf", "--format '{}' is unknown (gguf, hf)", format);
     write_synth_gguf(s, out);

@@ -1,6 +1,7 @@
 #include "common.hpp"
 
 #include "core/log.hpp"
+#include "eval/corpus.hpp"
 #include "model/model_registry.hpp"
 
 #include <unistd.h>
@@ -134,6 +135,11 @@ std::vector<double> parse_double_list(const std::string& s, const std::string& w
   }
   require(!out.empty(), "{}: empty list", what);
   return out;
+}
+
+std::string corpus_input_path(const std::string& spec) {
+  if (spec == "default") return find_default_corpus().value_or("");
+  return spec;
 }
 
 ResolvedModel resolve_model(const std::string& spec) {

@@ -70,6 +70,10 @@ int with_backend(const std::string& requested, F&& f) {
 /// Enabled backends, comma separated.
 std::string enabled_backends();
 
+/// The path a --corpus argument reads: the installed corpus for "default" ("" when there is
+/// none: loading then says so), else the argument itself.
+std::string corpus_input_path(const std::string& spec);
+
 /// A model argument resolved to a path: a file or directory, or a known alias ("smollm2").
 struct ResolvedModel {
   std::string path;

@@ -1,6 +1,7 @@
 // sparsim: simulate and evaluate sparse and pruned Llama inference.
 #include "core/blas_core.hpp"
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 
 #include <cstring>
 #include <exception>
@@ -41,7 +42,7 @@ const Command kCommands[] = {
      "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
-     "show a model file's metadata, tensors and memory needs"},
+     "show a model file's metadata, tensors and memory needs; check them against each other"},
     {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
     {"forward", sparsim::app::cmd_forward,
      "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
@@ -76,12 +77,29 @@ int main(int argc, char** argv) {
   }
   for (const auto& c : kCommands) {
     if (cmd != c.name) continue;
+    sparsim::install_interrupt_handlers("sparsim " + cmd);
+    // Exit status: 0 done, 1 error, 2 unusable command line (e.g. an output that is an input),
+    // 3 internal error, 128 + signal when interrupted (130 SIGINT, 143 SIGTERM).
+    auto interrupted = [&](int sig) {
+      std::cerr << sparsim::interrupt::message(sig) << "\n";
+      return 128 + sig;
+    };
     try {
-      return c.run(argc - 1, argv + 1);
+      const int rc = c.run(argc - 1, argv + 1);
+      // A signal after the last interruption point (while the outputs were committed).
+      if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
+      return rc;
+    } catch (const sparsim::Interrupted& e) {
+      return interrupted(e.signal());
+    } catch (const sparsim::UsageError& e) {
+      std::cerr << "sparsim " << cmd << ": error: " << e.what() << "\n";
+      return 2;
     } catch (const sparsim::Error& e) {
+      if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
       std::cerr << "sparsim " << cmd << ": error: " << e.what() << "\n";
       return 1;
     } catch (const std::exception& e) {
+      if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
       std::cerr << "sparsim " << cmd << ": internal error: " << e.what() << "\n";
       return 3;
     }

@@ -1,5 +1,6 @@
 #include "model_io.hpp"
 
+#include "core/interrupt.hpp"
 #include "model/gguf.hpp"
 
 #include <filesystem>
@@ -25,7 +26,10 @@ std::vector<int> corpus_stream(const Corpus& corpus, const Tokenizer& tok) {
     if (i) text += "\n\n";
     text += corpus.documents[i];
   }
-  return tok.encode(text, false);
+  interruption_point("tokenize");
+  std::vector<int> ids = tok.encode(text, false);
+  check_interrupt();
+  return ids;
 }
 
 }  // namespace sparsim::app

@@ -1,11 +1,14 @@
 #pragma once
 // Shared test utilities: temporary directories, synthetic models, running the CLI.
+#include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
 #include "model/synth.hpp"
 
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -96,6 +99,40 @@ inline RunResult run_cmd(const std::string& cmd) {
   const int st = ::pclose(p);
   r.exit_code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
   return r;
+}
+
+/// One tensor of a GGUF file, copied out so that a test can change it.
+struct TensorCopy {
+  std::string name;
+  std::vector<std::uint64_t> ne;
+  gguf::GGMLType type;
+  std::vector<std::uint8_t> data;
+};
+
+/// Copies a GGUF file, letting `edit` change its metadata and tensors on the way.
+inline void rewrite_gguf(
+    const std::string& src, const std::string& dst,
+    const std::function<void(std::vector<gguf::KeyValue>&, std::vector<TensorCopy>&)>& edit) {
+  gguf::File f = gguf::File::open(src);
+  std::vector<gguf::KeyValue> kv = f.metadata();
+  std::vector<TensorCopy> ts;
+  for (const auto& t : f.tensors())
+    ts.push_back({t.name, t.ne, t.type, std::vector<std::uint8_t>(t.data, t.data + t.nbytes)});
+  edit(kv, ts);
+  gguf::Writer w;
+  for (auto& k : kv) w.set(k.key, k.value);
+  for (auto& t : ts) w.add_tensor(t.name, t.ne, t.type, std::move(t.data));
+  w.write(dst);
+}
+
+/// Sets (or adds) an unsigned metadata key of a GGUF file being rewritten.
+inline void set_u32(std::vector<gguf::KeyValue>& kv, const std::string& key, std::uint32_t v) {
+  for (auto& k : kv)
+    if (k.key == key) {
+      k.value = gguf::Value::u32(v);
+      return;
+    }
+  kv.push_back({key, gguf::Value::u32(v)});
 }
 
 /// The sparsim binary built alongside the tests.

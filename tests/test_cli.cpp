@@ -28,29 +28,6 @@ std::vector<float> read_logits(const std::string& path, const char* name = "prom
   return f.root().open_group("results").read<float>(name);
 }
 
-struct TensorCopy {
-  std::string name;
-  std::vector<std::uint64_t> ne;
-  gguf::GGMLType type;
-  std::vector<std::uint8_t> data;
-};
-
-/// Copies a GGUF file, letting `edit` change its metadata and tensors on the way.
-void rewrite(
-    const std::string& src, const std::string& dst,
-    const std::function<void(std::vector<gguf::KeyValue>&, std::vector<TensorCopy>&)>& edit) {
-  gguf::File f = gguf::File::open(src);
-  std::vector<gguf::KeyValue> kv = f.metadata();
-  std::vector<TensorCopy> ts;
-  for (const auto& t : f.tensors())
-    ts.push_back({t.name, t.ne, t.type, std::vector<std::uint8_t>(t.data, t.data + t.nbytes)});
-  edit(kv, ts);
-  gguf::Writer w;
-  for (auto& k : kv) w.set(k.key, k.value);
-  for (auto& t : ts) w.add_tensor(t.name, t.ne, t.type, std::move(t.data));
-  w.write(dst);
-}
-
 class Cli : public ::testing::Test {
  protected:
   void SetUp() override { model_ = make_model(dir_, "tiny.gguf", tiny_spec(21)); }
@@ -133,7 +110,7 @@ TEST_F(Cli, BadMagic) {
 
 TEST_F(Cli, NonLlamaArchitecture) {
   const std::string bad = dir_.file("arch.gguf");
-  rewrite(model_, bad, [](auto& kv, auto&) {
+  rewrite_gguf(model_, bad, [](auto& kv, auto&) {
     for (auto& k : kv)
       if (k.key == "general.architecture") k.value = gguf::Value::string("mamba");
   });
@@ -142,7 +119,7 @@ TEST_F(Cli, NonLlamaArchitecture) {
 
 TEST_F(Cli, MissingTensor) {
   const std::string bad = dir_.file("missing.gguf");
-  rewrite(model_, bad, [](auto&, auto& ts) {
+  rewrite_gguf(model_, bad, [](auto&, auto& ts) {
     ts.erase(std::remove_if(ts.begin(), ts.end(),
                             [](const TensorCopy& t) { return t.name == "blk.1.ffn_up.weight"; }),
              ts.end());
@@ -152,7 +129,7 @@ TEST_F(Cli, MissingTensor) {
 
 TEST_F(Cli, ShapeContradictsMetadata) {
   const std::string bad = dir_.file("shape.gguf");
-  rewrite(model_, bad, [](auto& kv, auto&) {
+  rewrite_gguf(model_, bad, [](auto& kv, auto&) {
     for (auto& k : kv)
       if (k.key == "llama.feed_forward_length") k.value = gguf::Value::u32(96);
   });
@@ -161,7 +138,7 @@ TEST_F(Cli, ShapeContradictsMetadata) {
 
 TEST_F(Cli, MissingMetadataKey) {
   const std::string bad = dir_.file("key.gguf");
-  rewrite(model_, bad, [](auto& kv, auto&) {
+  rewrite_gguf(model_, bad, [](auto& kv, auto&) {
     kv.erase(std::remove_if(kv.begin(), kv.end(),
                             [](const gguf::KeyValue& k) { return k.key == "llama.block_count"; }),
              kv.end());
@@ -171,7 +148,7 @@ TEST_F(Cli, MissingMetadataKey) {
 
 TEST_F(Cli, NanWeightsWarnOrFailWithStrict) {
   const std::string bad = dir_.file("nan.gguf");
-  rewrite(model_, bad, [](auto&, auto& ts) {
+  rewrite_gguf(model_, bad, [](auto&, auto& ts) {
     for (auto& t : ts)
       if (t.name == "blk.0.attn_q.weight") {
         const float nan = std::nanf("");

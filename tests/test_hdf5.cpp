@@ -499,7 +499,9 @@ TEST(RunFile, CommitPublishesReadableFile) {
   const std::string path = dir.file("run.h5");
   {
     RunFile rf(path);
-    EXPECT_EQ(rf.temp_path(), path + ".tmp." + std::to_string(::getpid()));
+    EXPECT_EQ(rf.temp_path(), temp_path_for(path));
+    EXPECT_NE(rf.temp_path().find(".sparsim-" + std::to_string(::getpid()) + "-"),
+              std::string::npos);
     EXPECT_TRUE(fs::exists(rf.temp_path()));
     EXPECT_FALSE(fs::exists(path));
     Group cfg = rf.root().create_group("config");

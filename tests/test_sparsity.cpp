@@ -110,22 +110,23 @@ TYPED_TEST(SparsityTest, SensitivityMatchesBruteForce) {
         for (int s = 0; s < G; ++s) {
           double num = 0, den = 0;
           for (int j = (s * T + from) * D; j < (s + 1) * T * D; ++j) {
-            num += (static_cast<double>(dense[j]) - out[j]) *
-                   (static_cast<double>(dense[j]) - out[j]);
+            num +=
+                (static_cast<double>(dense[j]) - out[j]) * (static_cast<double>(dense[j]) - out[j]);
             den += static_cast<double>(dense[j]) * dense[j];
           }
           e += std::sqrt(num) / (std::sqrt(den) + 1e-6);
         }
         e /= G;
         const double got = (from == 0 ? all : late)->e[k][static_cast<std::size_t>(l)];
-        EXPECT_NEAR(got, e, 1e-4 * e + 1e-7) << "layer " << l << " probe " << opt.probes[k]
-                                             << " from " << from;
+        EXPECT_NEAR(got, e, 1e-4 * e + 1e-7)
+            << "layer " << l << " probe " << opt.probes[k] << " from " << from;
         EXPECT_GT(e, 0.0);
       }
     }
   // Sensitivity grows with the probe level.
   for (int l = 0; l < spec.cfg.n_layer; ++l)
-    EXPECT_LT(all->e.front()[static_cast<std::size_t>(l)], all->e.back()[static_cast<std::size_t>(l)]);
+    EXPECT_LT(all->e.front()[static_cast<std::size_t>(l)],
+              all->e.back()[static_cast<std::size_t>(l)]);
 }
 
 // TEAL: a threshold calibrated for p drops a fraction p of its own calibration activations.
@@ -227,7 +228,9 @@ TYPED_TEST(SparsityTest, WinaIsExactAndGuidedStaysInItsBand) {
         }
       }
     // TopK-Guided adapts per token inside its band (WINA cannot)
-    if (method == sparsity::Method::TopkGuided) EXPECT_GT(varying, 0);
+    if (method == sparsity::Method::TopkGuided) {
+      EXPECT_GT(varying, 0);
+    }
   }
 }
 
@@ -273,7 +276,6 @@ TYPED_TEST(SparsityTest, ColumnSkippingDecodeMatchesMaskedDense) {
   }
 }
 
-
 /// Dense block inputs of `seqs` (all sequences of one length), per layer.
 template <class E>
 std::vector<Mat<E>> block_inputs(std::shared_ptr<const Weights<E>> w,
@@ -293,11 +295,12 @@ std::vector<Mat<E>> block_inputs(std::shared_ptr<const Weights<E>> w,
 
 /// Output of block l run by the engine on x with the given masks on every row.
 template <class E>
-std::vector<float> engine_block(std::shared_ptr<const Weights<E>> w, int l, const Mat<E>& x,
-                                int G, int T, const std::array<MaskParams, kNumProj>& m) {
+std::vector<float> engine_block(std::shared_ptr<const Weights<E>> w, int l, const Mat<E>& x, int G,
+                                int T, const std::array<MaskParams, kNumProj>& m) {
   Engine<E> eng(w, G, T);
   sparsity::ActivationMasker<E> mk(w->cfg.n_layer);
-  for (int i = 0; i < kNumProj; ++i) mk.set(l, static_cast<Proj>(i), m[static_cast<std::size_t>(i)]);
+  for (int i = 0; i < kNumProj; ++i)
+    mk.set(l, static_cast<Proj>(i), m[static_cast<std::size_t>(i)]);
   eng.set_masker(&mk);
   eng.set_sparse_from(0);
   Mat<E> work("work", x.extent(0), x.extent(1));
@@ -315,7 +318,8 @@ double scored_distance(const std::vector<float>& a, const std::vector<float>& b,
     for (int t = t0; t < T; ++t)
       for (int j = 0; j < D; ++j) {
         const std::size_t ia = (static_cast<std::size_t>(q) * T + t) * D + j;
-        const std::size_t ib = b_scored ? (static_cast<std::size_t>(q) * (T - t0) + (t - t0)) * D + j : ia;
+        const std::size_t ib =
+            b_scored ? (static_cast<std::size_t>(q) * (T - t0) + (t - t0)) * D + j : ia;
         const double d = static_cast<double>(a[ia]) - b[ib];
         s += d * d;
       }
@@ -329,21 +333,24 @@ TYPED_TEST(SparsityTest, GreedyBlockMatchesEngineBlockRuns) {
   using E = TypeParam;
   TempDir dir;
   const SynthSpec spec = tiny_spec(12);
-  auto plain = load_model<E>(make_model(dir, "m.gguf", spec), LoadOptions{});
+  std::shared_ptr<const Weights<E>> plain =
+      load_model<E>(make_model(dir, "m.gguf", spec), LoadOptions{});
   std::shared_ptr<const Weights<E>> rotated =
       sparsity::apply_rotation(*plain, sparsity::compute_rotation(*plain), DType::F32);
   const int G = 2, T = 24, t0 = 18, D = spec.cfg.d_model, l = 1;
   const auto stream = token_stream(G * T, spec.cfg.vocab, 31);
   std::vector<std::vector<int>> seqs;
-  for (int q = 0; q < G; ++q) seqs.emplace_back(stream.begin() + q * T, stream.begin() + (q + 1) * T);
+  for (int q = 0; q < G; ++q)
+    seqs.emplace_back(stream.begin() + q * T, stream.begin() + (q + 1) * T);
   for (auto w : {plain, rotated}) {
     const auto x = block_inputs<E>(w, seqs);
     sparsity::detail::GreedyBlock<E> gb(*w, l, CMat<E>(x[l]), G, T, t0);
     std::array<MaskParams, kNumProj> committed{};
     const std::vector<float> dense = engine_block<E>(w, l, x[l], G, T, committed);
     const std::vector<float> gdense = host_rows<E>(gb.dense_output());
-    EXPECT_LT(scored_distance(dense, gdense, G, T, t0, D, true),
-              1e-5 * scored_distance(dense, std::vector<float>(dense.size(), 0.f), G, T, t0, D, false));
+    EXPECT_LT(
+        scored_distance(dense, gdense, G, T, t0, D, true),
+        1e-5 * scored_distance(dense, std::vector<float>(dense.size(), 0.f), G, T, t0, D, false));
     // thresholds that drop a growing share of |x|: a few multiples of a small scale
     auto mask = [](int step) {
       MaskParams m;
@@ -356,7 +363,8 @@ TYPED_TEST(SparsityTest, GreedyBlockMatchesEngineBlockRuns) {
       for (int i = 0; i < kNumProj; ++i) {
         std::array<MaskParams, kNumProj> m = committed;
         m[static_cast<std::size_t>(i)] = mask(steps[static_cast<std::size_t>(i)] + 1);
-        const double ref = scored_distance(dense, engine_block<E>(w, l, x[l], G, T, m), G, T, t0, D, false);
+        const double ref =
+            scored_distance(dense, engine_block<E>(w, l, x[l], G, T, m), G, T, t0, D, false);
         const double got = gb.error(i, m[static_cast<std::size_t>(i)]);
         EXPECT_NEAR(got, ref, 1e-4 * ref + 1e-6)
             << (w->rotated() ? "rotated" : "plain") << " round " << round << " proj " << i;
@@ -367,8 +375,9 @@ TYPED_TEST(SparsityTest, GreedyBlockMatchesEngineBlockRuns) {
       (void)gb.error(c, committed[static_cast<std::size_t>(c)]);
       gb.commit(c);
       const std::vector<float> now = engine_block<E>(w, l, x[l], G, T, committed);
-      EXPECT_LT(scored_distance(now, host_rows<E>(gb.output()), G, T, t0, D, true),
-                1e-4 * scored_distance(now, std::vector<float>(now.size(), 0.f), G, T, t0, D, false))
+      EXPECT_LT(
+          scored_distance(now, host_rows<E>(gb.output()), G, T, t0, D, true),
+          1e-4 * scored_distance(now, std::vector<float>(now.size(), 0.f), G, T, t0, D, false))
           << "round " << round;
     }
   }
@@ -391,7 +400,8 @@ TYPED_TEST(SparsityTest, GreedyTablesEqualTheWholeBlockSearch) {
   const int G = opt.greedy_seqs, T = opt.greedy_tokens, D = spec.cfg.d_model;
   const int t0 = T - static_cast<int>(std::lround(T * opt.score_fraction));
   std::vector<std::vector<int>> seqs;
-  for (int q = 0; q < G; ++q) seqs.emplace_back(stream.begin() + q * T, stream.begin() + (q + 1) * T);
+  for (int q = 0; q < G; ++q)
+    seqs.emplace_back(stream.begin() + q * T, stream.begin() + (q + 1) * T);
   const auto x = block_inputs<E>(w, seqs);
   for (int l = 0; l < spec.cfg.n_layer; ++l) {
     const std::vector<float> dense = engine_block<E>(w, l, x[l], G, T, {});
@@ -400,21 +410,23 @@ TYPED_TEST(SparsityTest, GreedyTablesEqualTheWholeBlockSearch) {
       const auto& m = w->layers[static_cast<std::size_t>(l)].proj(static_cast<Proj>(i));
       f.push_back(static_cast<double>(m.rows) * m.cols);
     }
-    const auto ref = sparsity::greedy_allocate(f, opt.alpha, opt.cap, [&](const std::vector<double>& p) {
-      std::array<MaskParams, kNumProj> m{};
-      for (int i = 0; i < kNumProj; ++i) {
-        const double pi = p[static_cast<std::size_t>(i)];
-        if (pi <= 0) continue;
-        m[static_cast<std::size_t>(i)].rule = MaskRule::Threshold;
-        m[static_cast<std::size_t>(i)].tau =
-            pi >= 1 ? FLT_MAX
-                    : static_cast<float>(var.histograms[static_cast<std::size_t>(l)]
-                                                       [static_cast<std::size_t>(sparsity::histogram_slot(
-                                                           site_of(static_cast<Proj>(i))))]
-                                                           .threshold(pi));
-      }
-      return scored_distance(dense, engine_block<E>(w, l, x[l], G, T, m), G, T, t0, D, false);
-    });
+    const auto ref =
+        sparsity::greedy_allocate(f, opt.alpha, opt.cap, [&](const std::vector<double>& p) {
+          std::array<MaskParams, kNumProj> m{};
+          for (int i = 0; i < kNumProj; ++i) {
+            const double pi = p[static_cast<std::size_t>(i)];
+            if (pi <= 0) continue;
+            m[static_cast<std::size_t>(i)].rule = MaskRule::Threshold;
+            m[static_cast<std::size_t>(i)].tau =
+                pi >= 1 ? FLT_MAX
+                        : static_cast<float>(
+                              var
+                                  .histograms[static_cast<std::size_t>(l)][static_cast<std::size_t>(
+                                      sparsity::histogram_slot(site_of(static_cast<Proj>(i))))]
+                                  .threshold(pi));
+          }
+          return scored_distance(dense, engine_block<E>(w, l, x[l], G, T, m), G, T, t0, D, false);
+        });
     EXPECT_EQ(var.greedy[static_cast<std::size_t>(l)].rows, ref.rows) << "layer " << l;
   }
 }
@@ -428,9 +440,9 @@ class RecordingMasker final : public ProjectionMasker<E> {
     int call, layer;
     Proj proj;
     int d;
-    std::vector<char> sparse;                  ///< per row: masked (1) or copied (0)
-    std::vector<std::vector<int>> kept;        ///< per row: kept indices with x_j != 0
-    std::vector<int> kept_count;               ///< per row: kept entries
+    std::vector<char> sparse;            ///< per row: masked (1) or copied (0)
+    std::vector<std::vector<int>> kept;  ///< per row: kept indices with x_j != 0
+    std::vector<int> kept_count;         ///< per row: kept entries
   };
   explicit RecordingMasker(sparsity::ActivationMasker<E>& in) : in_(in) {}
   bool active(int layer, Proj p) const override { return in_.active(layer, p); }
@@ -468,7 +480,13 @@ class RecordingMasker final : public ProjectionMasker<E> {
     const auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cnt);
     const auto hi = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), idx);
     const auto hx = host_rows<E>(x);
-    Use u{static_cast<int>(rows.size()) - 1, layer, p, static_cast<int>(x.extent(1)), {1}, {}, {hc(0)}};
+    Use u{static_cast<int>(rows.size()) - 1,
+          layer,
+          p,
+          static_cast<int>(x.extent(1)),
+          {1},
+          {},
+          {hc(0)}};
     std::vector<int> k;
     for (int i = 0; i < hc(0); ++i)
       if (hx[static_cast<std::size_t>(hi(i))] != 0.0f) k.push_back(hi(i));
@@ -515,7 +533,8 @@ TYPED_TEST(SparsityTest, TeacherForcedRowsEqualTokenByTokenDecode) {
   using E = TypeParam;
   TempDir dir;
   const SynthSpec spec = tiny_spec(14);
-  auto plain = load_model<E>(make_model(dir, "m.gguf", spec), LoadOptions{});
+  std::shared_ptr<const Weights<E>> plain =
+      load_model<E>(make_model(dir, "m.gguf", spec), LoadOptions{});
   std::shared_ptr<const Weights<E>> rotated =
       sparsity::apply_rotation(*plain, sparsity::compute_rotation(*plain), DType::F32);
   const int N = 20, t0 = 12;
@@ -539,7 +558,8 @@ TYPED_TEST(SparsityTest, TeacherForcedRowsEqualTokenByTokenDecode) {
         b.forward({std::vector<int>(toks.begin(), toks.begin() + t0)}, 0, false);
         std::vector<float> lb;
         for (int t = t0; t < N; ++t) {
-          const auto step = host_rows<E>(CMat<E>(b.forward({{toks[static_cast<std::size_t>(t)]}}, t, false)));
+          const auto step =
+              host_rows<E>(CMat<E>(b.forward({{toks[static_cast<std::size_t>(t)]}}, t, false)));
           lb.insert(lb.end(), step.begin(), step.end());
         }
         ASSERT_EQ(la.size(), lb.size());
@@ -558,13 +578,17 @@ TYPED_TEST(SparsityTest, TeacherForcedRowsEqualTokenByTokenDecode) {
         for (const auto& u : rb.uses)
           if (u.call >= 1)  // decode steps (call 0 is the dense prefill)
             mb_rows[{t0 + u.call - 1, u.layer, static_cast<int>(u.proj)}] = u.kept[0];
-        EXPECT_EQ(ma_rows.size(), static_cast<std::size_t>((N - t0) * spec.cfg.n_layer * kNumProj)) << tag;
+        EXPECT_EQ(ma_rows.size(), static_cast<std::size_t>((N - t0) * spec.cfg.n_layer * kNumProj))
+            << tag;
         EXPECT_TRUE(ma_rows == mb_rows) << tag;
         // and the per-token statistics the maskers keep
         for (int l = 0; l < spec.cfg.n_layer; ++l)
           for (int i = 0; i < kNumProj; ++i) {
-            EXPECT_EQ(ma.stats(l, static_cast<Proj>(i)).kept, mb.stats(l, static_cast<Proj>(i)).kept) << tag;
-            EXPECT_EQ(ma.stats(l, static_cast<Proj>(i)).tokens, static_cast<std::uint64_t>(N - t0)) << tag;
+            EXPECT_EQ(ma.stats(l, static_cast<Proj>(i)).kept,
+                      mb.stats(l, static_cast<Proj>(i)).kept)
+                << tag;
+            EXPECT_EQ(ma.stats(l, static_cast<Proj>(i)).tokens, static_cast<std::uint64_t>(N - t0))
+                << tag;
           }
       }
 }
@@ -605,7 +629,8 @@ TYPED_TEST(SparsityTest, LedgerEqualsCountFromRecordedMasks) {
       for (int l = 0; l < c.n_layer; ++l)
         for (int i = 0; i < kNumProj; ++i) {
           const auto& wm = w->layers[static_cast<std::size_t>(l)].proj(static_cast<Proj>(i));
-          if (!m.active(l, static_cast<Proj>(i))) fl[static_cast<std::size_t>(i)] += 2.0 * n * wm.rows * wm.cols;
+          if (!m.active(l, static_cast<Proj>(i)))
+            fl[static_cast<std::size_t>(i)] += 2.0 * n * wm.rows * wm.cols;
         }
     }
     for (const auto& u : rec.uses) {

@@ -14,6 +14,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A command line that cannot work as given (e.g. an output that would overwrite an input), found
+/// before any work started: the command exits with status 2.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws sparsim::Error with a fmt-formatted message.
 template <class... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> f, Args&&... args) {

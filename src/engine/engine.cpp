@@ -1,6 +1,7 @@
 #include "engine/engine.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "kernels/cached_attention.hpp"
 #include "kernels/gather.hpp"
@@ -192,7 +193,7 @@ void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
                            int layer, flops::Phase ph, double realised_fraction, int dense_rows) {
   const double n = static_cast<double>(x.extent(0));
   if (n > 0) {
-    linear(exec_, x, w, y, scratch_);
+    linear(exec_, x, w, y, scratch_, seg_);
     mark(op);
   }
   if (ledger_) {
@@ -200,7 +201,9 @@ void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     const double nd = dense_rows < 0 ? n : static_cast<double>(dense_rows);
     const double fl = 2.0 * nd * w.rows * w.cols;
     const double by = static_cast<double>(w.bytes()) + 4.0 * nd * (w.rows + w.cols);
-    const double fr = 2.0 * n * w.rows * w.cols * realised_fraction;
+    // Realised FLOPs are 2 · rows · (multiply-adds kept), an integer: rounding the product
+    // removes the error of the fraction, so the sums do not depend on how rows are batched.
+    const double fr = std::round(2.0 * n * w.rows * w.cols * realised_fraction);
     const double br =
         n > 0 ? (static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols)) * realised_fraction
               : 0.0;
@@ -334,6 +337,7 @@ void Engine<E>::use_column_skipping(bool on) {
 
 template <class E>
 void Engine<E>::set_positions(int n_seq, int T, int p0) {
+  seg_ = T;
   auto hp = Kokkos::create_mirror_view(pos_);
   auto hs = Kokkos::create_mirror_view(seq_);
   for (int s = 0; s < n_seq; ++s)
@@ -387,7 +391,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   auto residual = [&](const Matrix<E>* r) {
     if (rot) {
       // WINA's online re-rotation: work a dense, unrotated model does not do (dense = 0)
-      linear(exec_, CMat<E>(x), *r, rx, scratch_);
+      linear(exec_, CMat<E>(x), *r, rx, scratch_, seg_);
       mark(flops::Op::Rotation);
       if (ledger_) {
         const double fl = 2.0 * n * r->rows * r->cols;
@@ -691,6 +695,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
           "run_block: input is {}×{}, expected {}×{}", x.extent(0), x.extent(1), n_seq * T,
           c.d_model);
   ensure_rows(n_seq * T, 1);
+  check_interrupt();
   set_positions(n_seq, T, p0);
   if (profile_) {
     exec_.fence();
@@ -760,7 +765,10 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
-  for (int l = 0; l < c.n_layer; ++l) block(l, x, n_seq, T, p0, ph);
+  for (int l = 0; l < c.n_layer; ++l) {
+    check_interrupt();  // between layers: SIGINT / SIGTERM stop the run here
+    block(l, x, n_seq, T, p0, ph);
+  }
   if (tgate_) tgate_->end_call(exec_);
 
   Mat<E> src = x;
@@ -780,6 +788,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   Mat<E> hn = rows(xn_, n_out);
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
+  seg_ = tail;  // the LM head sees `tail` rows per sequence
   plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();
   finish_call();

@@ -203,6 +203,7 @@ class Engine {
   IVec<E> idx_;
   ProjectionMasker<E>* masker_ = nullptr;
   int sparse_from_ = kDecodeOnly;
+  int seg_ = 0;  // rows per sequence of the current call, for linear()
   ActivationObserver<E> observer_;
   LinearScratch<E> scratch_;
   bool profile_ = false;

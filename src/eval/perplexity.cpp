@@ -1,20 +1,23 @@
 #include "eval/perplexity.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "kernels/loss.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sparsim {
 
 void PplOptions::validate(int model_context) const {
-  require(context >= 2, "--context must be at least 2 tokens, got {}", context);
-  require(context <= model_context, "--context {} is longer than the model supports ({} tokens)",
-          context, model_context);
-  require(stride >= 1, "--stride must be positive, got {}", stride);
-  require(score >= 1 && score <= context - 1 - (bos_id >= 0 ? 1 : 0) + 1 && score < context,
+  require(context >= 2, "--context must be at least 2 tokens (one predicts the next), got {}",
+          context);
+  require(model_context <= 0 || context <= model_context,
+          "--context {} is longer than the model supports ({} tokens)", context, model_context);
+  require(stride >= 1, "--stride must be at least 1, got {}", stride);
+  require(score >= 1 && score < context,
           "--score {} must be between 1 and the context minus one ({})", score, context - 1);
-  require(batch >= 1, "--batch must be positive, got {}", batch);
+  require(batch >= 1, "--batch must be at least 1, got {}", batch);
   require(max_windows >= 0, "--max-windows must be non-negative, got {}", max_windows);
 }
 
@@ -34,7 +37,7 @@ double PplResult::perplexity() const {
 
 template <class E>
 PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOptions& o,
-                     const Progress& progress) {
+                     const Progress& progress, PplResume* resume) {
   o.validate(eng.config().context_length);
   require(o.context <= eng.max_ctx() && o.batch <= eng.max_seqs(),
           "perplexity: engine sized for {} x {} tokens, need {} x {}", eng.max_seqs(),
@@ -46,12 +49,19 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
   const int C = o.context, S = o.score, tail = S + 1;
   const int bos = o.bos_id >= 0 ? 1 : 0;
   PplResult res;
+  if (resume) {
+    res = resume->done;
+    const std::size_t k = res.window_nll.size();
+    require(k <= starts.size() && res.window_start.size() == k && res.window_tokens.size() == k &&
+                std::equal(res.window_start.begin(), res.window_start.end(), starts.begin()),
+            "perplexity: the {} windows to resume from are not the first windows of this run", k);
+  }
   Kokkos::View<double*, DeviceOf<E>> nll("sparsim::eval::nll", o.batch * tail);
   IVec<E> target("sparsim::eval::target", o.batch * tail),
       amax("sparsim::eval::argmax", o.batch * tail);
   auto h_target = Kokkos::create_mirror_view(target);
   const int total = static_cast<int>(starts.size());
-  for (int w0 = 0; w0 < total; w0 += o.batch) {
+  for (int w0 = static_cast<int>(res.window_nll.size()); w0 < total; w0 += o.batch) {
     const int nb = std::min(o.batch, total - w0);
     std::vector<std::vector<int>> seqs(nb);
     for (int b = 0; b < nb; ++b) {
@@ -88,6 +98,8 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
       res.tokens_scored += S;
     }
     if (progress) progress(w0 + nb, total);
+    if (resume && resume->after_batch) resume->after_batch(res);
+    interruption_point("forward");
   }
   return res;
 }
@@ -126,7 +138,7 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
 
 #define SPARSIM_INSTANTIATE_EVAL(E)                                                              \
   template PplResult perplexity<E>(Engine<E>&, const std::vector<int>&, const PplOptions&,       \
-                                   const Progress&);                                             \
+                                   const Progress&, PplResume*);                                 \
   template double loglikelihood<E>(Engine<E>&, const std::vector<int>&, const std::vector<int>&, \
                                    bool*);
 #ifdef KOKKOS_ENABLE_SERIAL

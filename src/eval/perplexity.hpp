@@ -16,6 +16,7 @@ struct PplOptions {
   int batch = 1;        ///< windows per forward pass
   int max_windows = 0;  ///< 0: all
   int bos_id = -1;      ///< prepended to every window when >= 0
+  /// Throws sparsim::Error naming the option at fault; model_context 0: not known yet.
   void validate(int model_context) const;
 };
 
@@ -35,9 +36,19 @@ struct PplResult {
 /// Progress callback: windows done, windows total.
 using Progress = std::function<void(int, int)>;
 
+/// A resumable run: the first windows are taken from `done` (what an earlier run of the same
+/// stream and options computed) instead of being run again, and `after_batch` sees the result
+/// after every batch. Windows do not depend on the batch they ran in (bitwise), so a resumed
+/// run gives the same result as one that was never interrupted.
+struct PplResume {
+  PplResult done;
+  std::function<void(const PplResult&)> after_batch;
+};
+
+/// Interruption points: between batches ("forward") and in the engine's layers.
 template <class E>
 PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOptions& o,
-                     const Progress& progress = {});
+                     const Progress& progress = {}, PplResume* resume = nullptr);
 
 /// Summed log-likelihood (nats) of `continuation` after `context`, scored in one forward pass.
 template <class E>

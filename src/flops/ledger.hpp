@@ -86,6 +86,12 @@ class Ledger {
     ++c.launches;
   }
 
+  /// Replaces one table entry (restoring a saved ledger).
+  void set(Phase phase, Op op, int layer, const Totals& t) {
+    if (layer + 1 >= slots_ || layer < -1) grow(layer);
+    cells_[index(phase, op, layer)] = t;
+  }
+
   /// Zeroes every entry; the layer extent and the storage are kept.
   void reset();
 

@@ -2,12 +2,9 @@
 
 #include "core/error.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 
 namespace sparsim::io {
@@ -19,77 +16,19 @@ bool path_exists(const std::string& p) {
   return ::lstat(p.c_str(), &st) == 0;
 }
 
-std::string errno_text(int e) {
-  return std::strerror(e);
-}
-
-std::string parent_dir(const std::string& p) {
-  const std::size_t slash = p.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return p.substr(0, slash);
-}
-
-/// fsync of a written file; a failure means the data may not be on disk, so it is an error.
-void sync_file(const std::string& p) {
-  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("cannot open '{}' to sync it: {}", p, errno_text(errno));
-  const int rc = ::fsync(fd);
-  const int e = errno;
-  ::close(fd);
-  if (rc != 0) fail("cannot sync '{}' to disk: {}", p, errno_text(e));
-}
-
-/// fsync of the directory so the rename itself is durable; best effort (not every file system
-/// lets a directory be opened or synced).
-void sync_dir_best_effort(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  (void)::fsync(fd);
-  ::close(fd);
-}
-
 void refuse_existing(const std::string& path) {
   fail("output file '{}' already exists and overwriting was not allowed", path);
 }
 
-/// Moves the finished temporary onto the final path. Without overwrite, a hard link makes the
-/// "does not exist yet" check and the publication one atomic step; file systems without hard
-/// links fall back to check-then-rename.
-void publish(const std::string& tmp, const std::string& path, bool overwrite) {
-  if (!overwrite) {
-    if (::link(tmp.c_str(), path.c_str()) == 0) {
-      ::unlink(tmp.c_str());
-      sync_dir_best_effort(parent_dir(path));
-      return;
-    }
-    if (errno == EEXIST) refuse_existing(path);
-    if (path_exists(path)) refuse_existing(path);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    fail("cannot rename '{}' to '{}': {}", tmp, path, errno_text(errno));
-  sync_dir_best_effort(parent_dir(path));
-}
-
 }  // namespace
-
-std::string temp_path_for(const std::string& path) {
-  return path + ".tmp." + std::to_string(static_cast<long long>(::getpid()));
-}
 
 // ---------------------------------------------------------------------------------------------
 // RunFile
 
-RunFile::RunFile(std::string path, bool overwrite)
-    : path_(std::move(path)), tmp_(temp_path_for(path_)), overwrite_(overwrite) {
-  require(!path_.empty(), "the run file path is empty");
-  if (!overwrite_ && path_exists(path_)) refuse_existing(path_);
-  try {
-    file_ = H5File::create(tmp_);
-  } catch (...) {
-    std::remove(tmp_.c_str());
-    throw;
-  }
+RunFile::RunFile(std::string path, bool overwrite) : tmp_(std::move(path)), overwrite_(overwrite) {
+  require(!tmp_.final_path().empty(), "the run file path is empty");
+  if (!overwrite_ && path_exists(tmp_.final_path())) refuse_existing(tmp_.final_path());
+  file_ = H5File::create(tmp_.path());
 }
 
 RunFile::~RunFile() {
@@ -97,8 +36,8 @@ RunFile::~RunFile() {
 }
 
 H5File& RunFile::file() {
-  require(!committed_ && !aborted_, "run file '{}' was already {}", path_,
-          committed_ ? "committed" : "discarded");
+  require(!committed() && !aborted_, "run file '{}' was already {}", path(),
+          committed() ? "committed" : "discarded");
   return file_;
 }
 
@@ -107,52 +46,47 @@ Group RunFile::root() {
 }
 
 void RunFile::commit() {
-  require(!committed_ && !aborted_, "run file '{}' was already {}", path_,
-          committed_ ? "committed" : "discarded");
+  require(!committed() && !aborted_, "run file '{}' was already {}", path(),
+          committed() ? "committed" : "discarded");
   file_.flush();
   file_.close();
-  sync_file(tmp_);
-  publish(tmp_, path_, overwrite_);
-  committed_ = true;
+  tmp_.commit(overwrite_);
 }
 
 void RunFile::abort() noexcept {
-  if (committed_ || aborted_) return;
+  if (committed() || aborted_) return;
   aborted_ = true;
   try {
     file_.close();
   } catch (...) {
     // Closing a file that is about to be deleted: nothing useful to report.
   }
-  std::remove(tmp_.c_str());
+  tmp_.discard();
 }
 
 // ---------------------------------------------------------------------------------------------
 // Text files
 
 AtomicTextFile::AtomicTextFile(std::string path, bool overwrite)
-    : path_(std::move(path)), tmp_(temp_path_for(path_)), overwrite_(overwrite) {
-  require(!path_.empty(), "the output file path is empty");
-  if (!overwrite_ && path_exists(path_)) refuse_existing(path_);
-  out_.open(tmp_, std::ios::binary | std::ios::trunc);
-  if (!out_) fail("cannot create '{}': {}", tmp_, errno_text(errno));
+    : tmp_(std::move(path)), overwrite_(overwrite) {
+  if (!overwrite_ && path_exists(tmp_.final_path())) refuse_existing(tmp_.final_path());
+  out_.open(tmp_.path(), std::ios::binary | std::ios::trunc);
+  if (!out_) fail("cannot create '{}': {}", tmp_.path(), std::strerror(errno));
 }
 
 AtomicTextFile::~AtomicTextFile() {
-  if (committed_) return;
+  if (committed()) return;
   out_.close();
-  std::remove(tmp_.c_str());
+  tmp_.discard();
 }
 
 void AtomicTextFile::commit() {
-  require(!committed_, "output file '{}' was already committed", path_);
+  require(!committed(), "output file '{}' was already committed", path());
   out_.flush();
-  if (!out_) fail("cannot write '{}': {}", tmp_, errno_text(errno));
+  if (!out_) fail("cannot write '{}': {}", tmp_.path(), std::strerror(errno));
   out_.close();
-  if (out_.fail()) fail("cannot close '{}': {}", tmp_, errno_text(errno));
-  sync_file(tmp_);
-  publish(tmp_, path_, overwrite_);
-  committed_ = true;
+  if (out_.fail()) fail("cannot close '{}': {}", tmp_.path(), std::strerror(errno));
+  tmp_.commit(overwrite_);
 }
 
 void write_file_atomically(const std::string& path, const std::string& contents, bool overwrite) {

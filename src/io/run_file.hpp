@@ -1,16 +1,15 @@
 #pragma once
 /// Output files that appear complete or not at all: everything is written to a temporary file
-/// next to the final path ("<path>.tmp.<pid>") and renamed over it only on commit. A run that
-/// fails (throws, returns early) destroys its uncommitted writer, which deletes the temporary.
+/// next to the final path (io/temp_file.hpp: "<path>.sparsim-<pid>-<host>.tmp") and renamed over
+/// it only on commit. A run that fails (throws, returns early, is interrupted) destroys its
+/// uncommitted writer, which deletes the temporary.
 #include "io/hdf5.hpp"
+#include "io/temp_file.hpp"
 
 #include <fstream>
 #include <string>
 
 namespace sparsim::io {
-
-/// The temporary name used for `path` by this process: "<path>.tmp.<pid>".
-std::string temp_path_for(const std::string& path);
 
 /// The HDF5 run file of one simulation run.
 class RunFile {
@@ -34,15 +33,13 @@ class RunFile {
   /// Discards the run now (what the destructor does when commit() was never called).
   void abort() noexcept;
 
-  bool committed() const noexcept { return committed_; }
-  const std::string& path() const noexcept { return path_; }
-  const std::string& temp_path() const noexcept { return tmp_; }
+  bool committed() const noexcept { return tmp_.committed(); }
+  const std::string& path() const noexcept { return tmp_.final_path(); }
+  const std::string& temp_path() const noexcept { return tmp_.path(); }
 
  private:
-  std::string path_;
-  std::string tmp_;
+  TempFile tmp_;
   bool overwrite_;
-  bool committed_ = false;
   bool aborted_ = false;
   H5File file_;
 };
@@ -69,15 +66,13 @@ class AtomicTextFile {
   }
   /// Flushes, syncs and renames onto the final path; throws sparsim::Error on failure.
   void commit();
-  bool committed() const noexcept { return committed_; }
-  const std::string& path() const noexcept { return path_; }
-  const std::string& temp_path() const noexcept { return tmp_; }
+  bool committed() const noexcept { return tmp_.committed(); }
+  const std::string& path() const noexcept { return tmp_.final_path(); }
+  const std::string& temp_path() const noexcept { return tmp_.path(); }
 
  private:
-  std::string path_;
-  std::string tmp_;
+  TempFile tmp_;
   bool overwrite_;
-  bool committed_ = false;
   std::ofstream out_;
 };
 

@@ -67,12 +67,15 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
 
 /// Output rows and tokens of one BLAS call on the host. Fixed sizes make the work of every
 /// output element independent of the thread count: each tile is one single-threaded BLAS call,
-/// and an element always lands in the same tile with the same shape.
+/// and an element always lands in the same tile with the same shape. Token tiles start at the
+/// first token of each sequence (`seg` rows) and never cross into the next one, so a token's
+/// tile (and with it the kernel BLAS picks and its summation order) depends on its position in
+/// its own sequence only, not on how many sequences share the call (--batch).
 inline constexpr int kTileRows = 64;
 inline constexpr int kTileTokens = 256;
 
 template <class E>
-void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y) {
+void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y, int seg) {
   using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
@@ -96,19 +99,24 @@ void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>
                        Kokkos::subview(yl, rows, toks));
     }
   };
+  const int n_seq = n / seg;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     const int rt = (out + kTileRows - 1) / kTileRows;
-    const int tt = (n + kTileTokens - 1) / kTileTokens;
+    const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
     Kokkos::parallel_for("sparsim::kernels::linear_blas_tiles",
-                         Kokkos::RangePolicy<E>(exec, 0, rt * tt), [=](const int i) {
-                           const int r0 = (i % rt) * kTileRows, t0 = (i / rt) * kTileTokens;
-                           call(r0, std::min(kTileRows, out - r0), t0,
-                                std::min(kTileTokens, n - t0));
+                         Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
+                           const int r0 = (i % rt) * kTileRows;
+                           const int tile = (i / rt) % ts, s = i / (rt * ts);
+                           const int t0 = tile * kTileTokens;
+                           call(r0, std::min(kTileRows, out - r0), s * seg + t0,
+                                std::min(kTileTokens, seg - t0));
                          });
     exec.fence();
   } else {
-    call(0, out, 0, n);
+    // One call per sequence: the vendor library picks its kernel from the call's shape, which
+    // then does not depend on the number of sequences.
+    for (int s = 0; s < n_seq; ++s) call(0, out, s * seg, seg);
   }
 }
 
@@ -127,15 +135,20 @@ struct LinearScratch {
 };
 
 /// y[n][out] = x[n][in] · W[out][in]ᵀ. Extents must agree (checked on the host).
+///
+/// `seg`: the rows form n / seg sequences of `seg` rows each (0: one sequence of n rows). The
+/// kernel and the tiling are chosen per sequence, so every output row is bitwise the same
+/// whatever the number of sequences in the call.
 template <class E>
 void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y,
-            LinearScratch<E>& scratch) {
+            LinearScratch<E>& scratch, int seg = 0) {
   const int n = static_cast<int>(x.extent(0));
+  if (seg <= 0 || n % seg != 0) seg = n;
   constexpr bool host =
       Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
-  // Few rows (decode) on a device: a warp per output row, coalesced loads.
+  // Short sequences (decode) on a device: a warp per output row, coalesced loads.
   if constexpr (!host) {
-    if (n < kWidenRows) {
+    if (seg < kWidenRows) {
       if (w.dtype == DType::F32)
         gemv_warp(exec, x, w.f32, y);
       else if (w.dtype == DType::BF16)
@@ -145,26 +158,26 @@ void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
       return;
     }
   }
-  // Few rows (decode) on the host: a streaming GEMV whose fixed-lane dot products vectorise; it
-  // reads the weights once at close to memory bandwidth, where per-tile BLAS calls reach about
-  // half.
-  if (w.dtype == DType::F32 && n < kWidenRows) {
+  // Short sequences (decode) on the host: a streaming GEMV whose fixed-lane dot products
+  // vectorise; it reads the weights once at close to memory bandwidth, where per-tile BLAS calls
+  // reach about half.
+  if (w.dtype == DType::F32 && seg < kWidenRows) {
     detail::linear_direct(exec, x, w.f32, y);
     return;
   }
   if (w.dtype == DType::F32) {
     if constexpr (host) exec.fence();  // the BLAS tiles run on host threads of their own
-    detail::blas_linear<E>(exec, x, w.f32, y);
+    detail::blas_linear<E>(exec, x, w.f32, y, seg);
     return;
   }
-  if (n >= kWidenRows) {
+  if (seg >= kWidenRows) {
     Mat<E> wide = scratch.get(w.rows, w.cols);
     if (w.dtype == DType::BF16)
       detail::widen(exec, w.bf16, wide);
     else
       detail::widen(exec, w.f16, wide);
     if constexpr (host) exec.fence();
-    detail::blas_linear<E>(exec, x, wide, y);
+    detail::blas_linear<E>(exec, x, wide, y, seg);
     return;
   }
   if (w.dtype == DType::BF16)

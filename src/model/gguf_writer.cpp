@@ -1,6 +1,8 @@
 #include "model/gguf_writer.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
+#include "io/temp_file.hpp"
 
 #include <unistd.h>
 
@@ -93,23 +95,23 @@ bool is_power_of_two(std::uint64_t v) {
   return v != 0 && (v & (v - 1)) == 0;
 }
 
-/// Closes the stream and removes the temporary file unless released.
-class TempFile {
+/// The output stream of a GGUF file being written: a registered temporary (io::TempFile),
+/// renamed onto the final path by commit().
+class OutFile {
  public:
-  explicit TempFile(std::string path) : path_(std::move(path)) {
-    f_ = std::fopen(path_.c_str(), "wb");
-    if (!f_) fail("{}: cannot create: {}", path_, std::strerror(errno));
+  explicit OutFile(const std::string& final_path) : tmp_(final_path) {
+    f_ = std::fopen(tmp_.path().c_str(), "wb");
+    if (!f_) fail("{}: cannot create: {}", tmp_.path(), std::strerror(errno));
   }
-  ~TempFile() {
+  ~OutFile() {
     if (f_) std::fclose(f_);
-    if (!done_) std::remove(path_.c_str());
   }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
+  OutFile(const OutFile&) = delete;
+  OutFile& operator=(const OutFile&) = delete;
 
   void write(const void* p, std::size_t n) {
     if (n != 0 && std::fwrite(p, 1, n, f_) != n) {
-      fail("{}: write failed: {}", path_, std::strerror(errno));
+      fail("{}: write failed: {}", tmp_.path(), std::strerror(errno));
     }
   }
   void zeros(std::size_t n) {
@@ -120,25 +122,21 @@ class TempFile {
       n -= k;
     }
   }
-  void commit(const std::string& target) {
+  void commit() {
     std::FILE* f = f_;
     f_ = nullptr;
     if (std::fflush(f) != 0 || std::ferror(f)) {
       const int e = errno;
       std::fclose(f);
-      fail("{}: write failed: {}", path_, std::strerror(e));
+      fail("{}: write failed: {}", tmp_.path(), std::strerror(e));
     }
-    if (std::fclose(f) != 0) fail("{}: close failed: {}", path_, std::strerror(errno));
-    if (std::rename(path_.c_str(), target.c_str()) != 0) {
-      fail("{}: cannot rename to {}: {}", path_, target, std::strerror(errno));
-    }
-    done_ = true;
+    if (std::fclose(f) != 0) fail("{}: close failed: {}", tmp_.path(), std::strerror(errno));
+    tmp_.commit();
   }
 
  private:
-  std::string path_;
+  io::TempFile tmp_;
   std::FILE* f_ = nullptr;
-  bool done_ = false;
 };
 
 }  // namespace
@@ -237,13 +235,14 @@ void Writer::write(const std::string& path) const {
   }
   h.pad_to(alignment_);
 
-  TempFile out(path + ".tmp." + std::to_string(::getpid()));
+  OutFile out(path);
   out.write(h.bytes().data(), h.bytes().size());
   for (const auto& t : tensors_) {
+    interruption_point("write");  // SIGINT / SIGTERM: the temporary is removed, nothing published
     out.write(t.data.data(), t.data.size());
     out.zeros((alignment_ - t.data.size() % alignment_) % alignment_);
   }
-  out.commit(path);
+  out.commit();
 }
 
 }  // namespace sparsim::gguf

@@ -2,6 +2,7 @@
 /// Loads a Llama model file into device weights, dequantizing on load.
 #include "core/types.hpp"
 #include "model/config.hpp"
+#include "model/gguf_config.hpp"
 #include "model/weights.hpp"
 
 #include <memory>
@@ -29,9 +30,6 @@ struct ModelInfo {
   std::uint64_t nonfinite = 0;            ///< NaN / Inf values found in the weights
 };
 
-/// Reads the Llama hyper-parameters of a GGUF file (architecture must be "llama").
-Config config_from_gguf(const gguf::File& f);
-
 /// Loads a GGUF file. Throws sparsim::Error naming the key, tensor or offset at fault.
 template <class E>
 std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions& opt,
@@ -41,6 +39,10 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
 /// LlamaForCausalLM; rope_scaling absent, "default" or "llama3"). The result has
 /// rope_layout = RopeLayout::Half. Throws sparsim::Error naming the file and the key at fault.
 Config config_from_hf_json(const std::string& config_json_path);
+
+/// Every contradiction between config.json and the tensors of a Hugging Face checkpoint (see
+/// model/consistency.hpp); empty when there is none. `path` as for load_safetensors.
+std::vector<std::string> check_hf_model(const std::string& path);
 
 /// Loads a Hugging Face Llama checkpoint: `path` is the model directory (config.json with
 /// model.safetensors or model.safetensors.index.json), a .safetensors file or an index file in

@@ -1,6 +1,7 @@
 // Hugging Face Llama checkpoints: config.json + safetensors weights (one file or shards).
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "model/consistency.hpp"
 #include "model/detail/weight_builder.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
@@ -295,13 +296,46 @@ Config config_from_hf_json(const std::string& config_json_path) {
   return c;
 }
 
+namespace {
+
+std::vector<std::string> check_hf(const HfPaths& hp, const safetensors::Checkpoint& ck) {
+  const Config c = config_from_hf_json(hp.config);
+  const json j = read_json_file(hp.config, "the model configuration (config.json)");
+  const HfConfigReader r(j, hp.config);
+  StatedShape s;
+  s.n_layer = c.n_layer;
+  s.d_model = c.d_model;
+  s.n_head = c.n_head;
+  if (r.get("num_key_value_heads")) s.n_kv_head = c.n_kv_head;
+  if (r.get("head_dim")) s.head_dim = c.head_dim;
+  s.d_ff = c.d_ff;
+  s.vocab = c.vocab;
+  s.output_required = !c.tied_embeddings;
+  TensorShapes shapes;
+  for (const auto& name : ck.names()) shapes[name] = ck.find(name).tensor->shape;
+  return check_llama_shapes(s, shapes, LlamaNames::hugging_face());
+}
+
+safetensors::Checkpoint open_checkpoint(const HfPaths& hp) {
+  return hp.sharded ? safetensors::Checkpoint::open_index(hp.weights)
+                    : safetensors::Checkpoint::open_file(hp.weights);
+}
+
+}  // namespace
+
+std::vector<std::string> check_hf_model(const std::string& path) {
+  const HfPaths hp = resolve_hf_paths(path);
+  return check_hf(hp, open_checkpoint(hp));
+}
+
 template <class E>
 std::shared_ptr<Weights<E>> load_safetensors(const std::string& path, const LoadOptions& opt,
                                              ModelInfo* info) {
   const HfPaths hp = resolve_hf_paths(path);
   const Config c = config_from_hf_json(hp.config);
-  const safetensors::Checkpoint ck = hp.sharded ? safetensors::Checkpoint::open_index(hp.weights)
-                                                : safetensors::Checkpoint::open_file(hp.weights);
+  const safetensors::Checkpoint ck = open_checkpoint(hp);
+  const std::vector<std::string> problems = check_hf(hp, ck);
+  if (!problems.empty()) fail("{}", describe_problems(hp.config, problems));
   auto w = std::make_shared<Weights<E>>();
   w->cfg = c;
   w->storage = opt.storage;

@@ -1,6 +1,8 @@
 #include "model/safetensors.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
+#include "io/temp_file.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -150,8 +152,8 @@ std::string TensorInfo::shape_string() const {
 File File::open(const std::string& path) {
   File f;
   f.path_ = path;
-  f.map_ = MappedFile::open(path, "safetensors file", 8,
-                           "to hold the 8-byte safetensors header length");
+  f.map_ =
+      MappedFile::open(path, "safetensors file", 8, "to hold the 8-byte safetensors header length");
   f.size_ = f.map_.size();
   const auto* base = f.map_.data();
 
@@ -365,29 +367,24 @@ void write_file(const std::string& path, const std::vector<WriteTensor>& tensors
   }
   std::string header = h.dump();
   header.append((8 - header.size() % 8) % 8, ' ');
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  io::TempFile tmp(path);
   {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    require(static_cast<bool>(out), "{}: cannot create: {}", tmp, std::strerror(errno));
+    std::ofstream out(tmp.path(), std::ios::binary | std::ios::trunc);
+    require(static_cast<bool>(out), "{}: cannot create: {}", tmp.path(), std::strerror(errno));
     std::uint8_t len[8];
     std::uint64_t n = header.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(n >> (8 * i));
     out.write(reinterpret_cast<const char*>(len), 8);
     out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors)
+    for (const auto& t : tensors) {
+      interruption_point("write");  // SIGINT / SIGTERM: the temporary is removed on unwinding
       out.write(reinterpret_cast<const char*>(t.bytes.data()),
                 static_cast<std::streamsize>(t.bytes.size()));
-    out.close();
-    if (!out) {
-      std::remove(tmp.c_str());
-      fail("{}: write failed", tmp);
     }
+    out.close();
+    require(static_cast<bool>(out), "{}: write failed", tmp.path());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    fail("{}: cannot rename to {}: {}", tmp, path, std::strerror(e));
-  }
+  tmp.commit();
 }
 
 }  // namespace sparsim::safetensors

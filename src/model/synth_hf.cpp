@@ -1,6 +1,7 @@
 #include "model/synth_hf.hpp"
 
 #include "core/error.hpp"
+#include "io/temp_file.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -166,16 +167,15 @@ void write_synth_safetensors(const SynthSpec& spec, const std::string& dir,
     j["rope_scaling"] = nullptr;
   }
   const std::string cfg = (fs::path(dir) / "config.json").string();
-  const std::string tmp = cfg + ".tmp." + std::to_string(::getpid());
+  io::TempFile tmp(cfg);
   {
-    std::ofstream f(tmp, std::ios::trunc);
-    require(static_cast<bool>(f), "{}: cannot create: {}", tmp, std::strerror(errno));
+    std::ofstream f(tmp.path(), std::ios::trunc);
+    require(static_cast<bool>(f), "{}: cannot create: {}", tmp.path(), std::strerror(errno));
     f << j.dump(2) << "\n";
     f.close();
-    require(static_cast<bool>(f), "{}: write failed", tmp);
+    require(static_cast<bool>(f), "{}: write failed", tmp.path());
   }
-  require(std::rename(tmp.c_str(), cfg.c_str()) == 0, "{}: cannot rename to {}: {}", tmp, cfg,
-          std::strerror(errno));
+  tmp.commit();
 }
 
 }  // namespace sparsim

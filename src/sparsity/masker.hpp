@@ -41,6 +41,12 @@ struct ProjStats {
   double mean() const { return tokens ? sum / static_cast<double>(tokens) : 0.0; }
 };
 
+/// Everything an ActivationMasker has counted, as plain host data (for checkpoints).
+struct MaskerStats {
+  std::vector<std::array<ProjStats, kNumProj>> stats;  ///< [layer][projection]
+  std::vector<double> token_sparsity;
+};
+
 /// Which projections WINA scores with column norms: k and gate (WINA's reference choice), or
 /// all of them.
 inline bool wina_uses_norms(Proj p, bool all) {
@@ -201,6 +207,19 @@ class ActivationMasker final : public ProjectionMasker<E> {
   const std::vector<double>& token_sparsity() {
     flush();
     return token_sparsity_;
+  }
+  /// The statistics so far; restore(snapshot()) continues exactly where the snapshot was taken.
+  MaskerStats snapshot() {
+    flush();
+    return {stats_, token_sparsity_};
+  }
+  void restore(const MaskerStats& s) {
+    require(s.stats.size() == stats_.size(), "masker statistics for {} layers, the model has {}",
+            s.stats.size(), stats_.size());
+    stats_ = s.stats;
+    token_sparsity_ = s.token_sparsity;
+    row_kept_.clear();
+    row_total_.clear();
   }
   void reset_stats() {
     for (auto& l : stats_) l.fill(ProjStats{});

@@ -1,9 +1,18 @@
-// libFuzzer target for the GGUF reader: every input is written to an in-memory file and opened.
+// libFuzzer target for the host-only part of the model loader: every input is written to an
+// in-memory file and goes through what `sparsim eval` does with a GGUF file before the weights
+// reach the device: the reader (header, metadata, tensor table), the consistency checks of the
+// hyper-parameters against the tensors (config_from_gguf), the dequantization of every tensor,
+// and the tokenizer built from the metadata.
+//
 // The only acceptable outcome for a malformed input is a sparsim::Error; anything else (a crash,
-// a sanitizer report, another exception type, a hang or runaway allocation) is a bug.
+// a sanitizer report, another exception type, a hang or runaway allocation) is a bug. One more
+// oracle: when config_from_gguf accepts a file, every tensor the loader then looks up must be
+// there with the shape it expects (the checks must leave nothing for the loader to trip on).
 #include "core/error.hpp"
 #include "model/gguf.hpp"
+#include "model/gguf_config.hpp"
 #include "model/quant.hpp"
+#include "model/tokenizer.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -75,6 +84,47 @@ void walk(const sparsim::gguf::File& f) {
   }
 }
 
+/// What load_gguf looks up, with the shapes it requires (innermost first, as GGUF lists them).
+void check_loader_view(const sparsim::gguf::File& f, const sparsim::Config& c) {
+  using U = std::uint64_t;
+  auto need = [&](const std::string& name, std::vector<U> ne) {
+    const sparsim::gguf::TensorInfo* t = f.find_tensor(name);
+    if (t == nullptr || t->ne != ne) std::abort();  // accepted, but the loader would fail
+  };
+  if (c.n_layer <= 0 || c.d_model <= 0 || c.n_head <= 0 || c.n_kv_head <= 0 || c.head_dim <= 0 ||
+      c.d_ff <= 0 || c.vocab <= 0)
+    std::abort();
+  const U d = static_cast<U>(c.d_model), q = static_cast<U>(c.q_dim()),
+          kv = static_cast<U>(c.kv_dim()), ff = static_cast<U>(c.d_ff), v = static_cast<U>(c.vocab);
+  need("token_embd.weight", {d, v});
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    need(p + "attn_norm.weight", {d});
+    need(p + "attn_q.weight", {d, q});
+    need(p + "attn_k.weight", {d, kv});
+    need(p + "attn_v.weight", {d, kv});
+    need(p + "attn_output.weight", {q, d});
+    need(p + "ffn_norm.weight", {d});
+    need(p + "ffn_gate.weight", {d, ff});
+    need(p + "ffn_up.weight", {d, ff});
+    need(p + "ffn_down.weight", {ff, d});
+  }
+  need("output_norm.weight", {d});
+  if (!c.tied_embeddings) need("output.weight", {d, v});
+}
+
+void load_like_eval(const sparsim::gguf::File& f) {
+  tolerate([&] { (void)sparsim::check_gguf_model(f); });
+  tolerate([&] { check_loader_view(f, sparsim::config_from_gguf(f)); });
+  tolerate([&] {
+    const sparsim::Tokenizer tok = sparsim::Tokenizer::from_gguf(f);
+    const std::vector<int> ids = tok.encode("The quick brown fox, 12 <s> caf\xc3\xa9!", true);
+    for (int id : ids)
+      if (id < 0 || id >= tok.vocab_size()) std::abort();
+    (void)tok.decode(ids);
+  });
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -84,6 +134,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string path = "/proc/self/fd/" + std::to_string(fd);
   try {
     sparsim::gguf::File f = sparsim::gguf::File::open(path);
+    load_like_eval(f);
     walk(f);
     sparsim::gguf::File moved = std::move(f);  // moving must keep tensor pointers valid
     walk(moved);

@@ -1,15 +1,18 @@
 // Writes a small seed corpus for fuzz_gguf into the directory given as argv[1]: valid GGUF files
 // covering every metadata value type, every supported tensor type, both format versions and a
-// non-default alignment.
+// non-default alignment, and small complete Llama models (with a tokenizer) that the loader
+// accepts, so that mutations reach the consistency checks and the tokenizer.
 #include "core/error.hpp"
 #include "model/gguf_writer.hpp"
 #include "model/quant.hpp"
+#include "model/synth.hpp"
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace sparsim::gguf;
@@ -96,6 +99,26 @@ int main(int argc, char** argv) {
     {
       Writer w;
       w.write(dir + "/seed_empty.gguf");
+    }
+    // Llama models small enough for the fuzzer: 2 blocks, width 32, 2 query heads, 1 KV head.
+    for (const auto& [t, untied, seed] :
+         {std::tuple{GGMLType::F32, false, 1}, std::tuple{GGMLType::Q8_0, true, 2},
+          std::tuple{GGMLType::Q4_0, false, 3}}) {
+      sparsim::SynthSpec sp;
+      sparsim::Config& c = sp.cfg;
+      c.name = "fuzz";
+      c.n_layer = 2;
+      c.d_model = 32;
+      c.n_head = 2;
+      c.n_kv_head = 1;
+      c.head_dim = c.d_model / 2;
+      c.d_ff = 64;
+      c.vocab = 272;
+      c.context_length = 64;
+      c.tied_embeddings = !untied;
+      sp.type = t;
+      sp.seed = static_cast<std::uint64_t>(seed);
+      sparsim::write_synth_gguf(sp, dir + "/seed_llama_" + to_string(t) + ".gguf");
     }
   } catch (const sparsim::Error& e) {
     std::fprintf(stderr, "make_seeds: %s\n", e.what());

@@ -2,6 +2,7 @@
 /// Internals of the model loaders (GGUF, safetensors): streaming a file tensor into device
 /// weights chunk by chunk, counting NaN/Inf, and fingerprinting what was read. Not public API.
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "model/loader.hpp"
 #include "model/quant.hpp"
@@ -62,6 +63,7 @@ class WeightBuilder {
   // Dequantizes a tensor into fp32 chunk by chunk, handing each chunk to `sink`.
   template <class Sink>
   void stream(const RawTensor& t, Sink&& sink) {
+    interruption_point("load");  // between tensors: SIGINT / SIGTERM stop loading here
     types_.insert(gguf::to_string(t.type));
     h_.bytes(t.name.data(), t.name.size());
     for (auto d : t.hash_dims) h_.mix(d);

@@ -1,0 +1,242 @@
+// Nothing a user owns is lost, at the command line: outputs that would overwrite inputs or each
+// other, missing folders, stale temporaries, model headers that contradict their tensors, and
+// results that must not depend on --batch. Each case checks the exit status, the message and
+// the state of the output folder and of every input (hashes before and after).
+#include "cli_process.hpp"
+#include "helpers.hpp"
+#include "io/hdf5.hpp"
+#include "io/temp_file.hpp"
+
+#include <sys/wait.h>
+
+#include <cstring>
+
+namespace sparsim::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CliPaths : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = make_model(dir_, "tiny.gguf", tiny_spec(31));
+    corpus_ = dir_.file("corpus.txt");
+    write_word_corpus(corpus_, 5, 3000);
+  }
+  std::string eval(const std::string& extra) const {
+    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
+           " --context 32 --stride 24 --max-windows 4 " + extra;
+  }
+  /// Runs `cmd` and checks: exit status 2, every needle in the message, nothing in the folder
+  /// changed (inputs and existing outputs alike, no file added or removed).
+  void expect_refused(const std::string& cmd, const std::vector<std::string>& needles) {
+    const auto before = folder_state(dir_.path());
+    const RunResult r = run_cmd(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << "\n" << r.output;
+    for (const auto& n : needles)
+      EXPECT_NE(r.output.find(n), std::string::npos) << "expected '" << n << "' in: " << r.output;
+    EXPECT_EQ(r.output.find("info: model"), std::string::npos)
+        << "the command started working before it refused: " << r.output;
+    EXPECT_EQ(folder_state(dir_.path()), before) << cmd;
+  }
+  TempDir dir_;
+  std::string model_, corpus_;
+};
+
+TEST_F(CliPaths, AnOutputNamingTheModelIsRefusedByEveryCommand) {
+  fs::create_symlink(model_, dir_.file("link.gguf"));
+  fs::create_hard_link(model_, dir_.file("hard.gguf"));
+  for (const std::string& o : {model_, dir_.file("link.gguf"), dir_.file("hard.gguf")}) {
+    expect_refused(eval("--out " + o), {"--out '" + o + "'", "--model", "destroy an input"});
+    expect_refused(eval("--json " + o), {"--json", "--model"});
+    expect_refused(sparsim_bin() + " forward --model " + model_ + " --tokens 1,2 --out " + o,
+                   {"--out", "--model"});
+    expect_refused(
+        sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ + " --out " + o,
+        {"--out", "--model"});
+    expect_refused(sparsim_bin() + " profile --model " + model_ + " --corpus " + corpus_ +
+                       " --out " + dir_.file("p.h5") + " --plot " + o,
+                   {"--plot", "--model"});
+    expect_refused(sparsim_bin() + " bench --model " + model_ + " --json " + o,
+                   {"--json", "--model"});
+  }
+  expect_refused(eval("--out " + corpus_), {"--out", "--corpus", "destroy an input"});
+}
+
+TEST_F(CliPaths, EveryOtherInputIsProtectedToo) {
+  // The calibration file, a task file and a corpus folder are inputs as much as the model is;
+  // a checkpoint is an output. Each is compared by file identity, not by name.
+  const std::string cal = dir_.file("cal.h5");
+  const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
+                              corpus_ + " --out " + cal +
+                              " --variants plain --context 32 --max-windows 1 --greedy-seqs 1 "
+                              "--greedy-tokens 8 --probes 0.4 --alpha 0.2 --log-level warn");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string cal2 = dir_.path().string() + "/./cal.h5";
+  const std::string teal = " --method teal --sparsity 0.5 --calibration " + cal;
+  expect_refused(eval(teal + " --out " + cal2), {"--out", "--calibration", "destroy an input"});
+  expect_refused(sparsim_bin() + " bench --model " + model_ + teal + " --json " + cal2,
+                 {"--json", "--calibration"});
+  expect_refused(sparsim_bin() + " profile --calibration " + cal + " --out " + cal2,
+                 {"--out", "--calibration"});
+  const std::string tasks = dir_.file("tasks.jsonl");
+  std::ofstream(tasks) << "{}\n";
+  expect_refused(eval("--tasks " + tasks + " --json " + tasks), {"--json", "--tasks"});
+  expect_refused(eval("--checkpoint " + model_ + " --out " + dir_.file("r.h5")),
+                 {"--checkpoint", "--model", "destroy an input"});
+  expect_refused(eval("--out " + dir_.file("r.h5") + " --checkpoint " + dir_.file("r.h5")),
+                 {"--out", "--checkpoint"});
+  const std::string texts = dir_.file("texts");
+  fs::create_directories(texts);
+  std::ofstream(texts + "/a.txt") << read_text(corpus_);
+  expect_refused(sparsim_bin() + " eval --model " + model_ + " --corpus " + texts +
+                     " --context 32 --stride 24 --out " + texts + "/run.h5",
+                 {"--out", "inside the --corpus folder"});
+}
+
+TEST_F(CliPaths, TwoOutputsOfOneName) {
+  const std::string p = dir_.file("both");
+  expect_refused(eval("--out " + p + " --json " + p), {"--out", "--json", "name the same file"});
+  std::ofstream(p) << "kept";  // an existing file of that name stays as it was
+  expect_refused(eval("--out " + p + " --json " + dir_.path().string() + "/./both"),
+                 {"name the same file"});
+  expect_refused(sparsim_bin() + " profile --model " + model_ + " --corpus " + corpus_ + " --out " +
+                     p + " --plot " + p,
+                 {"--out", "--plot"});
+}
+
+TEST_F(CliPaths, MissingFoldersAndFolderOutputsBeforeAnyWork) {
+  expect_refused(eval("--json " + dir_.file("nope/s.json")),
+                 {"--json", "'" + dir_.file("nope") + "' does not exist"});
+  expect_refused(eval("--out " + dir_.path().string()), {"--out", "is a folder"});
+  expect_refused(
+      sparsim_bin() + " forward --model " + model_ + " --tokens 1 --out " + dir_.file("nope/r.h5"),
+      {"does not exist"});
+  expect_refused(sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ +
+                     " --out " + dir_.file("nope/c.h5"),
+                 {"does not exist"});
+  expect_refused(sparsim_bin() + " bench --model " + model_ + " --json " + dir_.path().string(),
+                 {"--json", "is a folder"});
+  expect_refused(sparsim_bin() + " synth --out " + dir_.path().string(), {"is a folder"});
+  expect_refused(sparsim_bin() + " synth --format hf --out " + model_, {"not a folder"});
+  expect_refused(sparsim_bin() + " synth --out " + dir_.file("nope/m.gguf"), {"does not exist"});
+}
+
+TEST_F(CliPaths, StaleTemporariesOfDeadRunsAreRemovedByTheNextRun) {
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(gone, &st, 0);
+  const std::string own = io::temp_path_for(dir_.file("live.h5"));  // this (live) process
+  std::string dead = own;
+  dead.replace(dead.find(".sparsim-") + 9, std::to_string(::getpid()).size(), std::to_string(gone));
+  dead.replace(dead.find("live.h5"), 7, "run.h5");
+  for (const auto& p : {own, dead}) std::ofstream(p) << "partial";
+  const RunResult r = run_cmd(sparsim_bin() + " forward --model " + model_ +
+                              " --tokens 1,2,3 --out " + dir_.file("r.h5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dead)) << "a stale temporary survived the next run";
+  EXPECT_NE(r.output.find(dead), std::string::npos) << "the removal is not reported: " << r.output;
+  EXPECT_TRUE(fs::exists(own)) << "the temporary of a live process was removed";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Model headers that contradict their tensors
+
+TEST_F(CliPaths, InspectAndEvalNameTheWrongKey) {
+  const std::string blocks = dir_.file("blocks.gguf");
+  rewrite_gguf(model_, blocks, [](auto& kv, auto&) { set_u32(kv, "llama.block_count", 1000); });
+  RunResult r = run_cmd(sparsim_bin() + " inspect " + blocks);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("'llama.block_count' = 1000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("tensors for 2 blocks only"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("1000 layers"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("blk.1.ffn_down.weight"), std::string::npos)
+      << "the tensor table is not shown: " << r.output;
+
+  const std::string width = dir_.file("width.gguf");
+  rewrite_gguf(model_, width, [](auto& kv, auto&) {
+    kv.erase(std::remove_if(kv.begin(), kv.end(),
+                            [](const gguf::KeyValue& k) {
+                              return k.key == "llama.attention.key_length" ||
+                                     k.key == "llama.attention.value_length";
+                            }),
+             kv.end());
+    set_u32(kv, "llama.embedding_length", 12345);
+  });
+  for (const std::string& cmd : {sparsim_bin() + " inspect " + width,
+                                 sparsim_bin() + " eval --model " + width + " --corpus " + corpus_ +
+                                     " --context 32 --stride 24"}) {
+    r = run_cmd(cmd);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const std::string error = r.output.substr(r.output.find(": error: "));
+    EXPECT_NE(error.find("'llama.embedding_length' = 12345"), std::string::npos) << error;
+    EXPECT_NE(error.find("'token_embd.weight'"), std::string::npos) << error;
+    EXPECT_EQ(error.find("rope.dimension_count"), std::string::npos) << error;
+  }
+}
+
+TEST_F(CliPaths, HuggingFaceConfigAgainstItsTensors) {
+  const std::string hf = dir_.file("hf");
+  RunResult r = run_cmd(sparsim_bin() + " synth --format hf --out " + hf);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cfg = hf + "/config.json";
+  std::string text = read_text(cfg);
+  const std::string key = "\"num_hidden_layers\": 2";
+  ASSERT_NE(text.find(key), std::string::npos) << text;
+  text.replace(text.find(key), key.size(), "\"num_hidden_layers\": 5");
+  std::ofstream(cfg) << text;
+  r = run_cmd(sparsim_bin() + " inspect " + hf);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("'num_hidden_layers' = 5, but the file holds tensors for 2 blocks only"),
+            std::string::npos)
+      << r.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options
+
+TEST_F(CliPaths, WindowOptionsNameWhatTheUserSet) {
+  RunResult r = run_cmd(sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
+                        " --context 24 --stride 30");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--stride 30 is not smaller than --context 24"), std::string::npos)
+      << r.output;
+  r = run_cmd(sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ + " --context 1");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--context must be at least 2"), std::string::npos) << r.output;
+  r = run_cmd(eval("--batch 0"));
+  EXPECT_NE(r.output.find("--batch must be at least 1"), std::string::npos) << r.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// --batch
+
+std::vector<double> window_nll(const std::string& run) {
+  auto f = io::H5File::open_read(run);
+  return f.root().open_group("results/perplexity").read<double>("window_nll");
+}
+
+TEST_F(CliPaths, WindowResultsDoNotDependOnTheBatchBitwise) {
+  // 200-token windows: batches of 2 and 3 windows put 400 and 600 rows in one GEMM, more than
+  // one 256-token tile, and the scored tails (101 rows) of several windows in one LM head call.
+  std::vector<std::vector<double>> nll;
+  for (int b : {1, 2, 3, 4}) {
+    const std::string out = dir_.file("b" + std::to_string(b) + ".h5");
+    const RunResult r = run_cmd(sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
+                                " --context 200 --stride 100 --max-windows 7 --batch " +
+                                std::to_string(b) + " --log-level error --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    nll.push_back(window_nll(out));
+  }
+  ASSERT_EQ(nll[0].size(), 7u);
+  for (std::size_t i = 1; i < nll.size(); ++i) {
+    ASSERT_EQ(nll[i].size(), nll[0].size());
+    for (std::size_t w = 0; w < nll[0].size(); ++w)
+      EXPECT_EQ(std::memcmp(&nll[0][w], &nll[i][w], sizeof(double)), 0)
+          << "--batch " << i + 1 << ", window " << w << ": " << nll[0][w] << " vs " << nll[i][w];
+  }
+}
+
+}  // namespace
+}  // namespace sparsim::test
