@@ -1,5 +1,6 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
+#include "bench_kv_prune.hpp"
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
@@ -249,7 +250,7 @@ int cmd_bench(int argc, char** argv) {
   CommonOptions co;
   std::string model, storage, json_out, skipping = "on";
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false;
+  bool profile = false, kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -258,7 +259,8 @@ int cmd_bench(int argc, char** argv) {
       "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "batch", po::value(&batch)->default_value(1),
-      "sequences decoded together (token-filter benchmarks; other methods use 1)")(
+      "sequences decoded together (token-filter, think and grace benchmarks; other methods "
+      "use 1)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
       "profile", po::bool_switch(&profile),
@@ -268,6 +270,10 @@ int cmd_bench(int argc, char** argv) {
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
                   "(on) or feed the masked inputs to the dense kernels (off)");
+  d.add_options()("kv-synthetic-cache", po::bool_switch(&kv_synthetic),
+                  "think / grace: time decode attention on caches of the model's shape filled "
+                  "with random keys and values instead of running the model (for contexts whose "
+                  "prefill is too slow to run)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim bench --model M [--method teal --calibration C] [options]",
@@ -276,8 +282,12 @@ int cmd_bench(int argc, char** argv) {
   require(prompt >= 1 && decode >= 1 && reps >= 1 && batch >= 1,
           "--prompt, --decode, --reps and --batch must be >= 1");
   ma.resolve(&vm);
-  require(batch == 1 || ma.token_filter,
-          "--batch is for token-filter benchmarks; the other methods decode one sequence");
+  require(batch == 1 || ma.token_filter || ma.kv_prune,
+          "--batch is for token-filter, think and grace benchmarks; the other methods decode one "
+          "sequence");
+  require(!ma.kv_prune || (!ma.token_filter && !ma.sparse()),
+          "bench times think or grace on their own: drop the other methods from --method");
+  require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
@@ -299,6 +309,9 @@ int cmd_bench(int argc, char** argv) {
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
+    if (ma.kv_prune)
+      return bench_kv_prune(exec, ma, w, mi, prompt, decode, reps, batch, kv_synthetic, storage,
+                            backend, rt.threads(), json_out);
     if (ma.token_filter)
       return bench_token_filter(exec, ma, plan, w, ws, mi, prompt, decode, reps, batch,
                                 skipping == "on", storage, backend, rt.threads(), bw, json_out);
