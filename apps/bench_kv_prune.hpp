@@ -57,8 +57,8 @@ AttnTimes time_attention(const E& exec, const std::vector<KVLayer<E>>& dl,
                          const std::vector<KVLayer<E>>& ml, const AttnShape& sh, int batch, int pos,
                          int reps) {
   const int n_layer = static_cast<int>(dl.size());
-  Mat<E> q("sparsim::bench::q", batch, sh.q_width()), out("sparsim::bench::o", batch,
-                                                           sh.out_width());
+  Mat<E> q("sparsim::bench::q", batch, sh.q_width()),
+      out("sparsim::bench::o", batch, sh.out_width());
   {
     auto hq = Kokkos::create_mirror_view(q);
     std::mt19937 rng(7);
@@ -140,9 +140,9 @@ inline nlohmann::json attention_json(const AttnTimes& t, double lambda, int n_la
 /// sparsim bench for ThinK / GRACE (see the top of this file).
 template <class E>
 int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weights<E>> w,
-                   const ModelInfo& mi, int prompt, int decode, int reps, int batch,
-                   bool synthetic, const std::string& storage, const std::string& backend,
-                   int threads, const std::string& json_out) {
+                   const ModelInfo& mi, int prompt, int decode, int reps, int batch, bool synthetic,
+                   const std::string& storage, const std::string& backend, int threads,
+                   const std::string& json_out) {
   using kvbench::median;
   const Config& c = w->cfg;
   const AttnShape sh = attn_shape(c, 0);
@@ -181,9 +181,9 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
     Config cs = c;
     cs.n_layer = std::min(c.n_layer, std::max(4, static_cast<int>(std::ceil(256e6 / layer_bytes))));
     KVCache<E> dc(cs, batch, ctx), mc(cs, batch, ctx);
-    const int n = batch * ctx, kw = sh.k_width(), w = ma.kv.window;
+    const int n = batch * ctx, kw = sh.k_width(), wobs = ma.kv.window;
     Mat<E> kr("sparsim::bench::k", n, kw), vr("sparsim::bench::v", n, sh.v_width()),
-        qo("sparsim::bench::q_obs", batch * w, sh.q_width());
+        qo("sparsim::bench::q_obs", batch * wobs, sh.q_width());
     {
       std::mt19937 rng(11);
       std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -210,11 +210,11 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
     }
     at = kvbench::time_attention(exec, dl, ml, sh, batch, prompt, reps);
     timed_layers = cs.n_layer;
-    j["selection"] = {{"gram_seconds", sel.gram_seconds()},
-                      {"select_seconds", sel.select_seconds()},
-                      {"heads", sel.selections()},
-                      {"select_seconds_per_head",
-                       sel.select_seconds() / std::max<double>(1, sel.selections())}};
+    j["selection"] = {
+        {"gram_seconds", sel.gram_seconds()},
+        {"select_seconds", sel.select_seconds()},
+        {"heads", sel.selections()},
+        {"select_seconds_per_head", sel.select_seconds() / std::max<double>(1, sel.selections())}};
   } else {
     Engine<E> dense(w, batch, ctx, nullptr, exec), meth(w, batch, ctx, nullptr, exec);
     auto sel = make_kv_pruner(ma, meth, prompt);

@@ -260,9 +260,9 @@ int cmd_bench(int argc, char** argv) {
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "batch", po::value(&batch)->default_value(1),
       "sequences decoded together (token-filter, think and grace benchmarks; other methods "
-      "use 1)")(
-      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
-      "json", po::value(&json_out), "write the figures as JSON to this file")(
+      "use 1)")("storage", po::value(&storage)->default_value("f32"),
+                "weight storage: f32, bf16 or f16")("json", po::value(&json_out),
+                                                    "write the figures as JSON to this file")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");

@@ -195,8 +195,9 @@ int cmd_eval(int argc, char** argv) {
     int shortest_prefill = no_ppl ? std::numeric_limits<int>::max() : po_.context - po_.score - 1;
     if (ma.kv_prune)
       for (const auto& it : tasks)
-        shortest_prefill = std::min(
-            shortest_prefill, std::max(1, static_cast<int>(tok.encode(it.context, add_bos).size())) - 1);
+        shortest_prefill =
+            std::min(shortest_prefill,
+                     std::max(1, static_cast<int>(tok.encode(it.context, add_bos).size())) - 1);
     if (retrieval) {
       for (int L : ro.lengths) ctx_needed = std::max(ctx_needed, L + ro.answer_tokens());
       const int mn = *std::min_element(ro.lengths.begin(), ro.lengths.end());
@@ -306,8 +307,9 @@ int cmd_eval(int argc, char** argv) {
     nlohmann::json kvj;
     if (kvp) {
       kvj = kv_prune_json(*kvp, eng);
-      std::cout << fmt::format("  {:<22} {:>14}\n", "K-channel pruning",
-                               fmt::format("{} λ={}", kvj["method"].get<std::string>(), ma.kv.lambda));
+      std::cout << fmt::format(
+          "  {:<22} {:>14}\n", "K-channel pruning",
+          fmt::format("{} λ={}", kvj["method"].get<std::string>(), ma.kv.lambda));
       std::cout << fmt::format("  {:<22} {:>14}\n", "key channels kept",
                                fmt::format("{} of {}", kvp->kept_per_head(), kvp->head_dim()));
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "K bytes / dense",
@@ -485,7 +487,8 @@ int cmd_eval(int argc, char** argv) {
           kd.push_back(pl["k_bytes_dense"].get<double>());
           kb.push_back(pl["k_bytes"].get<double>());
         }
-        kg.write<double>("k_bytes_dense", kd, {"byte", "K-cache bytes of the dense layout per layer"});
+        kg.write<double>("k_bytes_dense", kd,
+                         {"byte", "K-cache bytes of the dense layout per layer"});
         kg.write<double>("k_bytes", kb,
                          {"byte", "K-cache bytes allocated per layer at the end of the run"});
       }

@@ -78,9 +78,8 @@ std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a,
           "--kv-window {}: the observation window is longer than the prompt of {} tokens that is "
           "prefilled before decoding",
           a.kv.window, shortest_prefill);
-  auto p = std::make_unique<pruning::KvChannelPruner<E>>(a.kv, eng.config().n_layer,
-                                                         sh.n_kv_head, sh.qk_dim, eng.max_seqs(),
-                                                         a.kv_trace);
+  auto p = std::make_unique<pruning::KvChannelPruner<E>>(a.kv, eng.config().n_layer, sh.n_kv_head,
+                                                         sh.qk_dim, eng.max_seqs(), a.kv_trace);
   eng.set_channel_selector(p.get());
   return p;
 }

@@ -50,8 +50,8 @@ TEST_F(CliKvPrune, EvalRecordsBytesErrorsAndPerHeadTables) {
   double ppl_think = 0, ppl_grace = 0;
   for (const std::string m : {"think", "grace"}) {
     const std::string js = dir_->file(m + ".json"), out = dir_->file(m + ".h5");
-    r = run_cmd(eval("--method " + m + " --kv-prune 0.5 --kv-trace 2 --json " + js + " --out " +
-                     out));
+    r = run_cmd(
+        eval("--method " + m + " --kv-prune 0.5 --kv-trace 2 --json " + js + " --out " + out));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = read_json(js);
     const auto& k = j.at("kv_prune");

@@ -63,7 +63,8 @@ double direct_error(const QK& x, const std::vector<int>& P) {
     for (int b = 0; b < x.n; ++b) {
       double s = 0;
       for (int j : P)
-        s += x.q[static_cast<std::size_t>(a) * x.d + j] * x.k[static_cast<std::size_t>(b) * x.d + j];
+        s +=
+            x.q[static_cast<std::size_t>(a) * x.d + j] * x.k[static_cast<std::size_t>(b) * x.d + j];
       e += s * s;
     }
   return e;
@@ -154,7 +155,9 @@ TEST(KvPrune, MiesAgainstBruteForceAndThink) {
         const double et = pruning::pruned_error(g, pruning::think_prune(g, k));
         EXPECT_GE(em, opt * (1 - 1e-12));
         EXPECT_GE(et, opt * (1 - 1e-12));
-        if (k == 1) EXPECT_NEAR(em, opt, 1e-12 * std::max(1.0, opt));  // one step is exact
+        if (k == 1) {
+          EXPECT_NEAR(em, opt, 1e-12 * std::max(1.0, opt));  // one step is exact
+        }
         KvPruneOptions o;
         o.method = KvMethod::Grace;
         o.lambda = (k - 0.5) / d;
@@ -172,10 +175,11 @@ TEST(KvPrune, MiesAgainstBruteForceAndThink) {
         gap_think += opt > 0 ? et / opt - 1 : 0;
       }
     }
-  std::printf("[ record ] %d cases: MIES optimal %d, ThinK optimal %d; MIES < ThinK %d, ThinK < MIES "
-              "%d; mean excess over the optimum: MIES %.4f, ThinK %.4f\n",
-              cases, mies_opt, think_opt, mies_beats_think, think_beats_mies, gap_mies / cases,
-              gap_think / cases);
+  std::printf(
+      "[ record ] %d cases: MIES optimal %d, ThinK optimal %d; MIES < ThinK %d, ThinK < MIES "
+      "%d; mean excess over the optimum: MIES %.4f, ThinK %.4f\n",
+      cases, mies_opt, think_opt, mies_beats_think, think_beats_mies, gap_mies / cases,
+      gap_think / cases);
   EXPECT_GT(mies_beats_think, 0);
   EXPECT_GT(mies_opt, think_opt);
   EXPECT_LT(gap_mies, gap_think);
@@ -311,9 +315,8 @@ TYPED_TEST(KvPruneEngine, DeviceGramsMatchReference) {
     o.lambda = 0.4;
     o.window = w;
     pruning::KvChannelPruner<E> sel(o, 1, nkv, d, n_seq, n_seq);
-    const KeptChannels kept =
-        sel.select(E(), 0, cache.layer(0), cache.shape(0), CMat<E>(to_device<E>(Q, n_seq * w, nh * d)),
-                   n_seq, T);
+    const KeptChannels kept = sel.select(E(), 0, cache.layer(0), cache.shape(0),
+                                         CMat<E>(to_device<E>(Q, n_seq * w, nh * d)), n_seq, T);
     ASSERT_EQ(kept.idx.size(), static_cast<std::size_t>(n_seq));
     EXPECT_EQ(kept.positions, T);
     EXPECT_GT(kept.flops, 0.0);
@@ -329,10 +332,12 @@ TYPED_TEST(KvPruneEngine, DeviceGramsMatchReference) {
         }
         for (int mm = 0; mm < g; ++mm)
           for (int r = 0; r < w; ++r)
-            for (int j = 0; j < d; ++j) qh.push_back(Q[(s * w + r) * nh * d + (h * g + mm) * d + j]);
+            for (int j = 0; j < d; ++j)
+              qh.push_back(Q[(s * w + r) * nh * d + (h * g + mm) * d + j]);
         const HeadGram ref = pruning::gram_of(qh, g * w, kh, nk, d);
         const auto c0 = pruning::choose_channels(ref, o);
-        EXPECT_EQ(kept.idx[s][h], c0.kept) << pruning::to_string(m) << " seq " << s << " head " << h;
+        EXPECT_EQ(kept.idx[s][h], c0.kept)
+            << pruning::to_string(m) << " seq " << s << " head " << h;
         rel_think += c0.rel(c0.err_think);
         rel_grace += c0.rel(c0.err_grace);
         const auto& mask = sel.kept_mask(s);

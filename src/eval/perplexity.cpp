@@ -36,7 +36,7 @@ template <class E>
 Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int tail) {
   const int T = static_cast<int>(seqs[0].size()), P = T - tail;
   ChannelSelector<E>* sel = eng.channel_selector();
-  if (!sel) {
+  if (!sel || !sel->compacts()) {
     eng.set_sparse_from(P);
     Mat<E> logits = eng.forward_tail(seqs, 0, tail);
     eng.set_sparse_from(Engine<E>::kDecodeOnly);

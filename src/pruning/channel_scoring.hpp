@@ -54,11 +54,11 @@ int prune_count(double lambda, int d);
 /// Options of ThinK / GRACE.
 struct KvPruneOptions {
   KvMethod method = KvMethod::Think;
-  double lambda = 0.5;        ///< pruned fraction of each head's key channels, in [0, 1)
-  int window = 32;            ///< w: observed queries (the last w of the prompt)
-  double protect_lo = 0.05;   ///< a: GRACE's lower bound on the protected share
-  double protect_hi = 0.25;   ///< b: GRACE's upper bound on the protected share
-  bool guard = true;          ///< GRACE: fall back to ThinK's choice on the candidates if lower
+  double lambda = 0.5;       ///< pruned fraction of each head's key channels, in [0, 1)
+  int window = 32;           ///< w: observed queries (the last w of the prompt)
+  double protect_lo = 0.05;  ///< a: GRACE's lower bound on the protected share
+  double protect_hi = 0.25;  ///< b: GRACE's upper bound on the protected share
+  bool guard = true;         ///< GRACE: fall back to ThinK's choice on the candidates if lower
   /// Throws sparsim::Error naming the option: λ outside [0, 1) or leaving a head of `head_dim`
   /// channels with none, w < 1, [a, b] not within 0 ≤ a ≤ b < 1, or a lower bound a that needs
   /// more protected channels than the ⌈λd⌉ pruned ones leave.

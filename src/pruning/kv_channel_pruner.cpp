@@ -65,26 +65,25 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     // One Gram row (s, h, i) per work item; positions in order, the row's d sums side by side.
-    Kokkos::parallel_for(
-        "sparsim::pruning::gram_rows_host", Kokkos::RangePolicy<E>(exec, 0, n_seq * nkv * d),
-        [=](const int item) {
-          const int s = item / (nkv * d), h = (item / d) % nkv, i = item % d;
-          double* rk = &gk(s, h, i, 0);
-          double* rq = &gq(s, h, i, 0);
-          for (int j = 0; j < d; ++j) rk[j] = rq[j] = 0.0;
-          for (int p = 0; p < T; ++p) {
-            if (drops && dropped(s, p)) continue;
-            const float* kr = &K(s, p, h * d);
-            const double a = kr[i];
-            for (int j = 0; j < d; ++j) rk[j] += a * static_cast<double>(kr[j]);
-          }
-          for (int m = 0; m < group; ++m)
-            for (int r = 0; r < w; ++r) {
-              const float* qr = &q_obs(s * w + r, (h * group + m) * d);
-              const double a = qr[i];
-              for (int j = 0; j < d; ++j) rq[j] += a * static_cast<double>(qr[j]);
-            }
-        });
+    Kokkos::parallel_for("sparsim::pruning::gram_rows_host",
+                         Kokkos::RangePolicy<E>(exec, 0, n_seq * nkv * d), [=](const int item) {
+                           const int s = item / (nkv * d), h = (item / d) % nkv, i = item % d;
+                           double* rk = &gk(s, h, i, 0);
+                           double* rq = &gq(s, h, i, 0);
+                           for (int j = 0; j < d; ++j) rk[j] = rq[j] = 0.0;
+                           for (int p = 0; p < T; ++p) {
+                             if (drops && dropped(s, p)) continue;
+                             const float* kr = &K(s, p, h * d);
+                             const double a = kr[i];
+                             for (int j = 0; j < d; ++j) rk[j] += a * static_cast<double>(kr[j]);
+                           }
+                           for (int m = 0; m < group; ++m)
+                             for (int r = 0; r < w; ++r) {
+                               const float* qr = &q_obs(s * w + r, (h * group + m) * d);
+                               const double a = qr[i];
+                               for (int j = 0; j < d; ++j) rq[j] += a * static_cast<double>(qr[j]);
+                             }
+                         });
   } else {
     Kokkos::parallel_for(
         "sparsim::pruning::gram",
@@ -151,8 +150,9 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
   // selection (ThinK, protection, MIES with its O(d) update per step, the objective checks).
   const double heads = static_cast<double>(n_seq) * nkv;
   out.flops = heads * (2.0 * d * d * (T + static_cast<double>(w) * group) + 8.0 * d * d);
-  out.bytes = 4.0 * n_seq * (static_cast<double>(T) * nkv * d + static_cast<double>(w) * sh.q_width()) +
-              heads * 2.0 * 8.0 * d * d;
+  out.bytes =
+      4.0 * n_seq * (static_cast<double>(T) * nkv * d + static_cast<double>(w) * sh.q_width()) +
+      heads * 2.0 * 8.0 * d * d;
   if (prune_count(opt_.lambda, d) == 0) {  // nothing pruned: the cache stays dense
     KeptChannels none;
     return none;
@@ -270,11 +270,11 @@ void KvChannelPruner<E>::write(io::Group& g) const {
   if (!trace_masks_.empty()) {
     std::vector<std::uint8_t> all;
     for (const auto& m : trace_masks_) all.insert(all.end(), m.begin(), m.end());
-    g.write<std::uint8_t>("kept_mask", all.data(),
-                          {static_cast<hsize_t>(trace_masks_.size()),
-                           static_cast<hsize_t>(n_layer_), static_cast<hsize_t>(nkv_),
-                           static_cast<hsize_t>(d_)},
-                          {"", "1: channel kept [traced sequence][layer][kv head][channel]"});
+    g.write<std::uint8_t>(
+        "kept_mask", all.data(),
+        {static_cast<hsize_t>(trace_masks_.size()), static_cast<hsize_t>(n_layer_),
+         static_cast<hsize_t>(nkv_), static_cast<hsize_t>(d_)},
+        {"", "1: channel kept [traced sequence][layer][kv head][channel]"});
   }
 }
 

@@ -30,9 +30,9 @@ struct HeadRecord {
   std::uint64_t selections = 0;
   double rel_think = 0, rel_mies = 0, rel_grace = 0;  ///< relative errors ‖Q_P K_Pᵀ‖/‖QKᵀ‖
   double protected_share = 0, salient_share = 0;
-  std::uint64_t guard_used = 0;       ///< GRACE took ThinK's choice on its candidates
-  std::uint64_t grace_worse = 0;      ///< GRACE's error above ThinK's (protection at work)
-  std::uint64_t kept = 0;             ///< kept channels of the method
+  std::uint64_t guard_used = 0;           ///< GRACE took ThinK's choice on its candidates
+  std::uint64_t grace_worse = 0;          ///< GRACE's error above ThinK's (protection at work)
+  std::uint64_t kept = 0;                 ///< kept channels of the method
   std::vector<std::uint64_t> kept_count;  ///< per channel: selections that kept it
 };
 
@@ -40,10 +40,12 @@ template <class E>
 class KvChannelPruner final : public ChannelSelector<E> {
  public:
   /// `trace_sequences`: sequences (in the order seen) whose kept-channel masks are recorded.
-  KvChannelPruner(const KvPruneOptions& opt, int n_layer, int n_kv_head, int qk_dim,
-                  int max_seqs, int trace_sequences = 1);
+  KvChannelPruner(const KvPruneOptions& opt, int n_layer, int n_kv_head, int qk_dim, int max_seqs,
+                  int trace_sequences = 1);
 
   int observation_window() const override { return opt_.window; }
+  /// λ = 0 prunes nothing: the cache stays dense.
+  bool compacts() const override { return prune_count(opt_.lambda, d_) > 0; }
   /// Throws when the prompt is shorter than the observation window.
   KeptChannels select(const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& shape,
                       const CMat<E>& q_obs, int n_seq, int T) override;
