@@ -32,12 +32,17 @@ double copy_bandwidth(const E& exec, std::size_t bytes, int reps) {
   Kokkos::View<float*, DeviceOf<E>> a("sparsim::bench::a", n), b("sparsim::bench::b", n);
   Kokkos::deep_copy(a, 1.0f);
   std::vector<double> t;
+  constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
   for (int r = 0; r < reps + 1; ++r) {
     exec.fence();
     Stopwatch sw;
-    Kokkos::parallel_for(
-        "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
-        KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+    if constexpr (host)
+      Kokkos::parallel_for(
+          "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
+          KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+    else  // the device's own copy engine path (cudaMemcpy device to device)
+      Kokkos::deep_copy(exec, b, a);
     exec.fence();
     if (r > 0) t.push_back(sw.seconds());  // first run warms up
   }
@@ -48,21 +53,33 @@ bool is_projection(flops::Op o) {
   return o >= flops::Op::QProj && o <= flops::Op::DownProj;
 }
 
-/// Prefill of `toks`, then `decode` single-token steps; returns (prefill seconds, median step).
+/// `batch` sequences of the prompt `toks` (sequence b's tokens shifted by b), as the engine
+/// takes them.
+std::vector<std::vector<int>> batch_of(const std::vector<int>& toks, int batch, int vocab) {
+  std::vector<std::vector<int>> seqs(static_cast<std::size_t>(batch), toks);
+  for (int b = 1; b < batch; ++b)
+    for (int& t : seqs[static_cast<std::size_t>(b)]) t = (t + 101 * b) % vocab;
+  return seqs;
+}
+
+/// Prefill of `batch` sequences of the prompt, then `decode` single-token steps of all of them;
+/// returns (prefill seconds, median step).
 template <class E>
 std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
-                                    int vocab) {
+                                    int vocab, int batch = 1) {
   const int prompt = static_cast<int>(toks.size());
+  const auto seqs = batch_of(toks, batch, vocab);
   Stopwatch sw;
-  eng.forward({toks}, 0, false);
+  eng.forward(seqs, 0, false);
   const double pre = sw.seconds();
-  int next = toks.back();
+  std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
+  for (int b = 0; b < batch; ++b) next[static_cast<std::size_t>(b)] = {seqs[b].back()};
   std::vector<double> steps;
   for (int s = 0; s < decode; ++s) {
     Stopwatch st;
-    eng.forward({{next}}, prompt + s, false);
+    eng.forward(next, prompt + s, false);
     steps.push_back(st.seconds());
-    next = (next * 31 + 7) % vocab;
+    for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
   }
   return {pre, median(steps)};
 }
@@ -248,9 +265,9 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, skipping = "on";
+  std::string model, storage, json_out, skipping = "on", decode_path = "fused";
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false, kv_synthetic = false;
+  bool profile = false, graph = false, kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -258,11 +275,17 @@ int cmd_bench(int argc, char** argv) {
       "prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")(
       "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
+      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "json", po::value(&json_out), "write the figures as JSON to this file")(
       "batch", po::value(&batch)->default_value(1),
-      "sequences decoded together (token-filter, think and grace benchmarks; other methods "
-      "use 1)")("storage", po::value(&storage)->default_value("f32"),
-                "weight storage: f32, bf16 or f16")("json", po::value(&json_out),
-                                                    "write the figures as JSON to this file")(
+      "sequences decoded together (each prefilled with the prompt); tokens/s count all of "
+      "them; dense, token-filter, think and grace benchmarks (activation-sparsity methods decode "
+      "one)")(
+      "decode-path", po::value(&decode_path)->default_value("fused"),
+      "devices: fused (five kernels per block for single-token steps) or ops (one kernel per "
+      "op); host backends always run op by op")(
+      "graph", po::bool_switch(&graph),
+      "CUDA: replay each dense decode step as a captured CUDA graph")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");
@@ -279,12 +302,13 @@ int cmd_bench(int argc, char** argv) {
   if (!parse(argc, argv, "usage: sparsim bench --model M [--method teal --calibration C] [options]",
              d, vm))
     return 0;
-  require(prompt >= 1 && decode >= 1 && reps >= 1 && batch >= 1,
-          "--prompt, --decode, --reps and --batch must be >= 1");
+  require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
+  require(batch >= 1 && batch <= 64, "--batch must be in 1 … 64, got {}", batch);
+  require(decode_path == "fused" || decode_path == "ops",
+          "--decode-path must be fused or ops, got '{}'", decode_path);
   ma.resolve(&vm);
-  require(batch == 1 || ma.token_filter || ma.kv_prune,
-          "--batch is for token-filter, think and grace benchmarks; the other methods decode one "
-          "sequence");
+  require(batch == 1 || ma.token_filter || !ma.sparse(),
+          "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
   require(!ma.kv_prune || (!ma.token_filter && !ma.sparse()),
           "bench times think or grace on their own: drop the other methods from --method");
   require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
@@ -299,12 +323,16 @@ int cmd_bench(int argc, char** argv) {
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
-    const double bw = copy_bandwidth(exec, std::size_t(128) << 20, 5);
+    constexpr bool host =
+        Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+    const double bw = copy_bandwidth(exec, std::size_t(host ? 128 : 1024) << 20, 5);
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
-    require(prompt + decode <= c.context_length,
-            "--prompt + --decode = {} exceeds the model's context of {}", prompt + decode,
+    // (a synthetic K cache decodes one position after the prompt)
+    const int needed = prompt + (kv_synthetic ? 1 : decode);
+    require(needed <= c.context_length,
+            "--prompt + --decode = {} exceeds the model's context of {}", needed,
             c.context_length);
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
@@ -315,10 +343,13 @@ int cmd_bench(int argc, char** argv) {
     if (ma.token_filter)
       return bench_token_filter(exec, ma, plan, w, ws, mi, prompt, decode, reps, batch,
                                 skipping == "on", storage, backend, rt.threads(), bw, json_out);
-    Engine<E> eng(w, 1, prompt + decode, nullptr, exec);
+    Engine<E> eng(w, batch, prompt + decode, nullptr, exec);
+    eng.set_fused_decode(decode_path == "fused");
+    eng.set_graph(graph);
     std::unique_ptr<Engine<E>> se;
     sparsity::ActivationMasker<E> masker(c.n_layer);
     if (sparse) {
+      require(batch == 1, "--method decodes one sequence: leave --batch at 1");
       se = std::make_unique<Engine<E>>(ws, 1, prompt + decode, nullptr, exec);
       attach_masker(*se, masker, plan);
       if (skipping == "on") se->use_column_skipping(true);
@@ -329,7 +360,7 @@ int cmd_bench(int argc, char** argv) {
     // machine hit both alike.
     std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
     for (int r = 0; r < reps; ++r) {
-      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab);
+      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, batch);
       t_pre.push_back(pre);
       t_dec.push_back(dec);
       if (se) {
@@ -343,17 +374,19 @@ int cmd_bench(int argc, char** argv) {
     for (const auto& l : w->layers)
       for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
         wbytes += static_cast<double>(m->bytes());
-    const double pre_tps = prompt / median(t_pre);
-    const double dec_tps = 1.0 / median(t_dec);
-    const double ideal_tps = bw / wbytes;
+    const double pre_tps = static_cast<double>(prompt) * batch / median(t_pre);
+    const double dec_tps = static_cast<double>(batch) / median(t_dec);
+    // every step reads the weights once, whatever the batch
+    const double ideal_tps = bw / wbytes * batch;
     std::cout << fmt::format(
-        "model {} ({} params, {} storage), backend {}, {} threads\n"
+        "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
         "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
         "decode   {:>9.1f} tokens/s  (median step of {} after the prompt)\n"
         "bandwidth {:>8.2f} GB/s copy; decode reads {:.1f} MB/token; ideal {:.1f} tokens/s\n"
         "decode / ideal = {:.3f}\n",
-        mi.path, c.n_params(), storage, backend, rt.threads(), pre_tps, prompt, reps, dec_tps,
-        decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
+        mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
+        eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps, prompt,
+        reps, dec_tps, decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -465,6 +498,9 @@ int cmd_bench(int argc, char** argv) {
                           {"backend", backend},
                           {"threads", rt.threads()},
                           {"prompt_tokens", prompt},
+                          {"batch", batch},
+                          {"decode_path", decode_path},
+                          {"graph", eng.graph()},
                           {"decode_tokens", decode},
                           {"reps", reps},
                           {"prefill_tokens_per_s", pre_tps},

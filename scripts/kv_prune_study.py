@@ -112,9 +112,12 @@ def run(args, name, kind, cmd):
         t0 = time.time()
         log = os.path.join(args.outdir, name + ".log")
         with open(log + ".tmp", "w") as fh:
-            subprocess.run(full, check=True, stdout=fh, stderr=subprocess.STDOUT)
+            rc = subprocess.run(full, stdout=fh, stderr=subprocess.STDOUT).returncode
         os.replace(log + ".tmp", log)
-        print(f"  {name}: {time.time() - t0:.0f} s", flush=True)
+        if rc != 0:  # reported and left out; the rest of the study goes on
+            print(f"  {name}: FAILED (exit {rc}, see {log})", flush=True)
+        else:
+            print(f"  {name}: {time.time() - t0:.0f} s", flush=True)
     finally:
         os.close(fd)
         os.unlink(lock)

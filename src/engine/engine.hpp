@@ -15,7 +15,9 @@
 #include "engine/kv_cache.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_device.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/sparse_gemv.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
 
@@ -34,6 +36,9 @@ class Engine {
   /// `max_seqs` sequences of up to `max_ctx` positions each share the cache.
   Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int max_ctx,
          flops::Ledger* ledger = nullptr, E exec = E());
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   /// Runs tokens[s][t] (every sequence the same length T ≥ 1) at cache positions p0 … p0+T−1.
   /// Returns logits [n_seq·T][vocab] (row s·T + t) when `all_logits`, else [n_seq][vocab] for
@@ -99,6 +104,23 @@ class Engine {
   /// exactly as forward() does, writing that layer's cache. For calibration and profiling.
   void run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0);
 
+  /// Device decode path: single-token calls without a masker, observer, rotation, token gate or
+  /// compacted cache run each block as five kernels (RMSNorm+Q/K/V+RoPE+cache store, attention,
+  /// O+residual, RMSNorm+gate/up+SwiGLU, down+residual). On by default; off: the op-by-op
+  /// kernels (which `set_profile` also selects, to time each op). Host backends always run op
+  /// by op.
+  void set_fused_decode(bool on) { fused_ = on; }
+  bool fused_decode() const { return fused_; }
+  /// CUDA: capture a single-token decode step (fused path, no ledger) as a CUDA graph once per
+  /// sequence count and replay it; a step whose capture fails runs normally and turns graphs
+  /// off. No effect on other backends.
+  void set_graph(bool on) { graph_ = on; }
+  bool graph() const { return graph_; }
+  /// Runs the device kernels (fused decode, split-K decode and tiled prefill attention, the
+  /// split sparse GEMV) on a host backend too: for tests of those kernels' wiring. Devices
+  /// always run them.
+  void set_device_path(bool on);
+
   /// Per-op wall time (fences after every kernel, so only for profiling runs).
   void set_profile(bool on) { profile_ = on; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
@@ -120,6 +142,14 @@ class Engine {
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
+  bool use_fused(int T) const;
+  bool fusable(int l) const;
+  void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
+  void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
+                    const int* skip);
+  void finish_call();
+  void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
+  bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);
   void observe(int l, Site s, const Mat<E>& x) {
     if (observer_) observer_(l, s, CMat<E>(x));
   }
@@ -134,6 +164,7 @@ class Engine {
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out
   IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
+  typename IVec<E>::HostMirror sparse_flags_host_;
   IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;
   std::vector<int> h_sparse_flags_, h_keep_rows_;
   TokenGate<E>* tgate_ = nullptr;
@@ -141,6 +172,24 @@ class Engine {
   bool record_mass_ = false;
   std::vector<Kokkos::View<double**, Layout, DeviceOf<E>>> mass_, mass_queries_;
   SparseRows<E> sparse_;
+  attn::DecodeWorkspace<E> attn_ws_;
+  SparseGemvWork<E> sparse_ws_;
+  bool fused_ = true;
+  bool device_path_ = false;  ///< device kernels on a host backend (tests)
+  bool graph_ = false;
+  int cur_p0_ = 0;
+  struct Graphs;
+  std::unique_ptr<Graphs> graphs_;
+  /// Ledger entries of masked projections, completed once the call's kept counts are known.
+  struct PendingMasked {
+    flops::Op op;
+    int layer;
+    flops::Phase ph;
+    double rows, cols, n, dense_n, bytes;
+    int sparse_rows;  ///< flagged rows of the call (-1: the single-row column-skipping path)
+    int ticket;
+  };
+  std::vector<PendingMasked> pending_;
   std::vector<std::array<Matrix<E>, kNumProj>> wt_;  // transposed projections [in][out]
   IVec<E> idx_;
   ProjectionMasker<E>* masker_ = nullptr;

@@ -12,10 +12,12 @@
 namespace sparsim {
 
 /// Rows of one forward call that are sparsified: row r (= s·T + t) is sparse when its flag is
-/// 1. `count` is the number of flagged rows (0: the call is dense).
+/// 1. `count` is the number of flagged rows (0: the call is dense). The flags live on the
+/// device (for kernels) and on the host (for statistics).
 template <class E>
 struct SparseRows {
   IVec<E> flags;
+  typename IVec<E>::HostMirror host_flags;
   int count = 0;
   /// Host table: the call's row each row of x stands for (nullptr: row r is row r). Set when a
   /// token gate runs a projection on the gathered kept rows only.
@@ -23,6 +25,10 @@ struct SparseRows {
 };
 
 /// Decides what input each projection reads. Implementations own their output buffers.
+///
+/// Masking runs asynchronously: the kept counts of a call stay in device memory until the
+/// engine has finished the call's kernels and calls end_call(), once per forward call. Each
+/// masked projection gets a ticket; kept(ticket) is valid after end_call().
 template <class E>
 class ProjectionMasker {
  public:
@@ -35,15 +41,31 @@ class ProjectionMasker {
   virtual bool active(int layer, Proj p) const = 0;
 
   /// The input projection `p` of `layer` reads instead of x[n][d]: rows flagged in `rows`
-  /// masked, the others copied. Returns the sum over flagged rows of kept entries.
+  /// masked, the others copied. `ticket` identifies the call for kept().
   virtual CMat<E> apply(const E& exec, int layer, Proj p, const CMat<E>& x,
-                        const SparseRows<E>& rows, long long& kept) = 0;
+                        const SparseRows<E>& rows, int& ticket) = 0;
 
   /// Decode fast path: kept indices (ascending) of the masked single row x[1][d] of projection
-  /// `p`, for the column-skipping GEMV. Returns their number; fills `idx` and `xm` (the masked
-  /// row, or nothing when xm is empty).
-  virtual int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
-                      const Vec<E>& xm) = 0;
+  /// `p` into `idx`, and the masked row into `xm` (nothing when xm is empty). Returns a
+  /// one-element view holding the number of kept indices (device memory on devices: nothing is
+  /// read back).
+  virtual IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
+                          const Vec<E>& xm, int& ticket) = 0;
+
+  /// Decode fast path for a plain threshold rule (keep |x_j| >= tau, no score weights): when
+  /// projection `p` of `layer` (input width d) has one, returns true with tau and a one-element
+  /// slot (in the execution space's memory) for the kept count, which the caller's kernel
+  /// fills; the count is logged like indices()'. No selection kernel is needed then.
+  virtual bool threshold_slot(int layer, Proj p, int d, float& tau, IVec<E>& count, int& ticket) {
+    (void)layer, (void)p, (void)d, (void)tau, (void)count, (void)ticket;
+    return false;
+  }
+
+  /// After the kernels of the call have finished: the statistics of the call are complete.
+  virtual void end_call(const E& exec) { (void)exec; }
+
+  /// Σ over the flagged rows of a ticket's projection call of the kept entries.
+  virtual long long kept(int ticket) const = 0;
 };
 
 /// What a policy's own work cost in one call, for the FLOP ledger.
