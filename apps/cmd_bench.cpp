@@ -332,8 +332,7 @@ int cmd_bench(int argc, char** argv) {
     // (a synthetic K cache decodes one position after the prompt)
     const int needed = prompt + (kv_synthetic ? 1 : decode);
     require(needed <= c.context_length,
-            "--prompt + --decode = {} exceeds the model's context of {}", needed,
-            c.context_length);
+            "--prompt + --decode = {} exceeds the model's context of {}", needed, c.context_length);
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);

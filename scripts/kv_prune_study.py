@@ -16,6 +16,7 @@ summary and a Markdown results page that lists what did not run.
 
   --collect-only: only read what finished and write the page.
   --max-minutes M: start no new run after M minutes (what did not run is listed on the page).
+  --only PREFIXES: run only some entries of the queue (e.g. --only bench_).
 Needs h5py (the scripts venv made by scripts/setup.sh has it).
 """
 import argparse
@@ -365,6 +366,9 @@ def main():
     ap.add_argument("--collect-only", action="store_true")
     ap.add_argument("--max-minutes", type=float, default=0,
                     help="start no new run after this many minutes (0: no limit)")
+    ap.add_argument("--only", default="",
+                    help="run only the queue entries whose names start with one of these "
+                         "comma-separated prefixes (e.g. bench_ while other copies run the rest)")
     ap.add_argument("--note", default="", help="a paragraph for the top of the page")
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
@@ -374,6 +378,8 @@ def main():
             if args.max_minutes and time.time() - t0 > 60 * args.max_minutes:
                 print("time limit reached: the rest is left for a later run", flush=True)
                 break
+            if args.only and not any(name.startswith(p) for p in args.only.split(",")):
+                continue
             run(args, name, kind, cmd)
     res = collect(args)
     res["discussion"] = discussion(res)

@@ -519,5 +519,43 @@ TYPED_TEST(KvPruneEngine, TeacherForcedEqualsTokenByToken) {
   }
 }
 
+// The device path (fused single-token decode, split-K and tiled attention) runs only on dense
+// cache layouts: with a compacted cache the engine falls back to the kernel that reads the
+// compacted region, so device-path and op-by-op engines agree, over two prompts in a row (the
+// second one resets the layout, re-allocating the dense key buffer) and with λ = 0 (dense
+// layout, fused decode allowed).
+TYPED_TEST(KvPruneEngine, DevicePathDecodesCompactedCacheOpByOp) {
+  using E = TypeParam;
+  TempDir dir;
+  auto w = load_model<E>(make_model(dir, "m.gguf", tiny_spec(44)), LoadOptions{});
+  const Config& c = w->cfg;
+  const int P = 40, D = 5, V = c.vocab;
+  for (double lambda : {0.5, 0.0}) {
+    KvPruneOptions o;
+    o.method = KvMethod::Grace;
+    o.lambda = lambda;
+    o.window = 8;
+    pruning::KvChannelPruner<E> sa(o, c.n_layer, c.n_kv_head, c.head_dim, 2),
+        sb(o, c.n_layer, c.n_kv_head, c.head_dim, 2);
+    Engine<E> a(w, 2, 64), b(w, 2, 64);
+    b.set_device_path(true);
+    a.set_channel_selector(&sa);
+    b.set_channel_selector(&sb);
+    for (int prompt = 0; prompt < 2; ++prompt) {
+      const auto s0 = tokens(P + D, V, 8 + 2 * prompt), s1 = tokens(P + D, V, 9 + 2 * prompt);
+      const std::vector<std::vector<int>> pr = {std::vector<int>(s0.begin(), s0.begin() + P),
+                                                std::vector<int>(s1.begin(), s1.begin() + P)};
+      a.forward(pr, 0, false);
+      b.forward(pr, 0, false);
+      EXPECT_EQ(b.cache().layer(0).compacted(), lambda > 0);
+      for (int t = P; t < P + D; ++t) {
+        const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
+        const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
+        EXPECT_LE(rel_err(y, x), 1e-5) << "λ " << lambda << " prompt " << prompt << " t " << t;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sparsim::test
