@@ -145,6 +145,7 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
                    const std::string& json_out) {
   using kvbench::median;
   const Config& c = w->cfg;
+  require_uniform_key_width(c);
   const AttnShape sh = attn_shape(c, 0);
   ma.kv.validate(sh.qk_dim);
   require(ma.kv.window <= prompt, "--kv-window {} is longer than the prompt of {} tokens",

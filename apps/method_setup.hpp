@@ -65,6 +65,17 @@ std::unique_ptr<gating::TokenFilter<E>> make_token_filter(const MethodArgs& a, E
   return g;
 }
 
+/// ThinK / GRACE select the same number of channels in every head: a model whose layers have
+/// their own key widths (RAP / KVPruner-pruned) is refused with a message.
+inline void require_uniform_key_width(const Config& c) {
+  const int d0 = attn_shape(c, 0).qk_dim;
+  for (int l = 1; l < c.n_layer; ++l)
+    require(attn_shape(c, l).qk_dim == d0,
+            "--method think/grace needs one key width in every layer, but layer {} of this "
+            "(pruned) model has {} channels per head and layer 0 has {}",
+            l, attn_shape(c, l).qk_dim, d0);
+}
+
 /// The ThinK / GRACE channel selector for `eng` (nullptr without think or grace), checked against
 /// the model and the shortest prompt it will prefill (`shortest_prefill` tokens: the
 /// observation window must fit).
@@ -72,6 +83,7 @@ template <class E>
 std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a, Engine<E>& eng,
                                                             int shortest_prefill) {
   if (!a.kv_prune) return nullptr;
+  require_uniform_key_width(eng.config());
   const AttnShape sh = eng.cache().shape(0);
   a.kv.validate(sh.qk_dim);
   require(a.kv.window <= shortest_prefill,
