@@ -241,8 +241,8 @@ def page(args, res):
          "number below is in `docs/results/kv_prune_smollm2.json`. Method and options: "
          "[kv-prune.md](kv-prune.md).", "",
          "## Settings", "",
-         f"- model `{s['model']}` (SmolLM2-135M-Instruct, Q4_1 dequantized to f32; 30 layers, "
-         f"3 KV heads of d = 64), {s['threads']} threads;",
+         f"- model `{s['model']}` (SmolLM2-135M-Instruct, Q4_1 dequantized to f32), "
+         f"{s['threads']} threads;",
          f"- perplexity: corpus `{s['corpus']}`, {s['windows']} windows of {s['context']} tokens "
          f"(stride {s['stride']}), the last {s['score']} positions of each scored. Per window "
          f"the first {s['prefill_per_window']} tokens are the prefill whose keys are pruned; the "
