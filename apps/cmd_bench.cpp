@@ -1,5 +1,6 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
+#include "bench_kv_prune.hpp"
 #include "common.hpp"
 #include "core/interrupt.hpp"
 #include "core/timer.hpp"
@@ -326,7 +327,7 @@ int cmd_bench(int argc, char** argv) {
   CommonOptions co;
   std::string model, storage, json_out, skipping = "on", decode_path = "fused", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false, graph = false, decode_only = false;
+  bool profile = false, graph = false, decode_only = false, kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -338,7 +339,8 @@ int cmd_bench(int argc, char** argv) {
       "json", po::value(&json_out), "write the figures as JSON to this file")(
       "batch", po::value(&batch)->default_value(1),
       "sequences decoded together (each prefilled with the prompt); tokens/s count all of "
-      "them; dense and token-filter benchmarks (activation-sparsity methods decode one)")(
+      "them; dense, token-filter, think and grace benchmarks (activation-sparsity methods decode "
+      "one)")(
       "decode-path", po::value(&decode_path)->default_value("fused"),
       "devices: fused (five kernels per block for single-token steps) or ops (one kernel per "
       "op); host backends always run op by op")(
@@ -359,6 +361,10 @@ int cmd_bench(int argc, char** argv) {
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
                   "(on) or feed the masked inputs to the dense kernels (off)");
+  d.add_options()("kv-synthetic-cache", po::bool_switch(&kv_synthetic),
+                  "think / grace: time decode attention on caches of the model's shape filled "
+                  "with random keys and values instead of running the model (for contexts whose "
+                  "prefill is too slow to run)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim bench --model M [--method teal --calibration C] [options]",
@@ -373,6 +379,11 @@ int cmd_bench(int argc, char** argv) {
           "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
   require(baseline.empty() || !ma.sparse(), "--baseline and --method cannot be combined");
   require(!decode_only || !baseline.empty(), "--decode-only needs --baseline");
+  require(!ma.kv_prune || (!ma.token_filter && !ma.sparse()),
+          "bench times think or grace on their own: drop the other methods from --method");
+  require(baseline.empty() || !ma.kv_prune,
+          "--baseline and --method think/grace cannot be combined");
+  require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
@@ -462,12 +473,16 @@ int cmd_bench(int argc, char** argv) {
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
-    require(prompt + decode <= c.context_length,
-            "--prompt + --decode = {} exceeds the model's context of {}", prompt + decode,
-            c.context_length);
+    // (a synthetic K cache decodes one position after the prompt)
+    const int needed = prompt + (kv_synthetic ? 1 : decode);
+    require(needed <= c.context_length,
+            "--prompt + --decode = {} exceeds the model's context of {}", needed, c.context_length);
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
+    if (ma.kv_prune)
+      return bench_kv_prune(exec, ma, w, mi, prompt, decode, reps, batch, kv_synthetic, storage,
+                            backend, rt.threads(), json_out);
     if (ma.token_filter)
       return bench_token_filter(exec, ma, plan, w, ws, mi, prompt, decode, reps, batch,
                                 skipping == "on", storage, backend, rt.threads(), bw, json_out);

@@ -159,7 +159,8 @@ int cmd_eval(int argc, char** argv) {
   std::string checkpoint_path;
   if (!no_ppl && checkpoint_arg == "auto") {
     const std::string& base = !out.empty() ? out : json_out;
-    if (!base.empty() && !da.enabled() && !ma.token_filter) checkpoint_path = base + ".ckpt";
+    if (!base.empty() && !da.enabled() && !ma.token_filter && !ma.kv_prune)
+      checkpoint_path = base + ".ckpt";
   } else if (!no_ppl && checkpoint_arg != "off") {
     require(!checkpoint_arg.empty(), "--checkpoint: give auto, off or a file name");
     require(!da.enabled(),
@@ -168,6 +169,9 @@ int cmd_eval(int argc, char** argv) {
     require(!ma.token_filter,
             "--checkpoint cannot be combined with a token-filter method (the gate's state and "
             "statistics are not kept in the checkpoint)");
+    require(!ma.kv_prune,
+            "--checkpoint cannot be combined with think or grace (the per-head channel records "
+            "are not kept in the checkpoint)");
     checkpoint_path = checkpoint_arg;
   }
   const ResolvedModel rm = resolve_model(model_arg);
@@ -208,6 +212,19 @@ int cmd_eval(int argc, char** argv) {
     if (!no_ppl) po_.validate(c.context_length);
     if (retrieval) ro.validate(c.context_length);
     if (ma.token_filter) ma.tf.validate(c.n_layer);
+    if (ma.kv_prune) {
+      require_uniform_key_width(c);
+      ma.kv.validate(attn_shape(c, 0).qk_dim);
+      require(no_ppl || ma.kv.window <= po_.context - po_.score - 1,
+              "--kv-window {}: the observation window is longer than the {} tokens prefilled "
+              "before the {} scored ones of a window (--context {} − --score {} − 1)",
+              ma.kv.window, po_.context - po_.score - 1, po_.score, po_.context, po_.score);
+      if (retrieval)
+        require(ma.kv.window <= *std::min_element(ro.lengths.begin(), ro.lengths.end()),
+                "--kv-window {}: the observation window is longer than the shortest retrieval "
+                "prompt",
+                ma.kv.window);
+    }
 
     sw.reset();
     std::vector<int> stream;
@@ -231,16 +248,25 @@ int cmd_eval(int argc, char** argv) {
         ctx_needed = std::max(ctx_needed, len);
       }
     int shortest = no_ppl ? 0 : po_.context;  // the sequences the token gate sees
+    // the prompts prefilled before scored or decoded tokens (K-channel pruning's observations)
+    int shortest_prefill = no_ppl ? std::numeric_limits<int>::max() : po_.context - po_.score - 1;
+    if (ma.kv_prune)
+      for (const auto& it : tasks)
+        shortest_prefill =
+            std::min(shortest_prefill,
+                     std::max(1, static_cast<int>(tok.encode(it.context, add_bos).size())) - 1);
     if (retrieval) {
       for (int L : ro.lengths) ctx_needed = std::max(ctx_needed, L + ro.answer_tokens());
       const int mn = *std::min_element(ro.lengths.begin(), ro.lengths.end());
       shortest = shortest ? std::min(shortest, mn) : mn;
+      shortest_prefill = std::min(shortest_prefill, mn);
     }
     if (shortest == 0) shortest = ctx_needed;  // tasks only: the longest item
     flops::Ledger ledger(c.n_layer);
     Engine<E> eng(w, (no_ppl && !retrieval) ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger,
                   exec);
     std::unique_ptr<gating::TokenFilter<E>> tfg = make_token_filter(ma, eng, shortest);
+    std::unique_ptr<pruning::KvChannelPruner<E>> kvp = make_kv_pruner(ma, eng, shortest_prefill);
     sparsity::ActivationMasker<E> masker(c.n_layer);
     attach_masker(eng, masker, plan);
     std::unique_ptr<DumpingMasker<E>> dumper;
@@ -405,6 +431,21 @@ int cmd_eval(int argc, char** argv) {
                                  fmt::format("{:.3f} … {:.3f}", sp.ci95[0], sp.ci95[1]));
     }
     if (sparse) std::cout << report.table() << "\n";
+    nlohmann::json kvj;
+    if (kvp) {
+      kvj = kv_prune_json(*kvp, eng);
+      std::cout << fmt::format(
+          "  {:<22} {:>14}\n", "K-channel pruning",
+          fmt::format("{} λ={}", kvj["method"].get<std::string>(), ma.kv.lambda));
+      std::cout << fmt::format("  {:<22} {:>14}\n", "key channels kept",
+                               fmt::format("{} of {}", kvp->kept_per_head(), kvp->head_dim()));
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "K bytes / dense",
+                               kvj["k_bytes"].get<double>() / kvj["k_bytes_dense"].get<double>());
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "recon error (ThinK)",
+                               kvj["recon_error_think_mean"].get<double>());
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "recon error (GRACE)",
+                               kvj["recon_error_grace_mean"].get<double>());
+    }
     if (tfg) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter target", ma.tf.ratio);
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter realised", tfg->realised());
@@ -458,6 +499,7 @@ int cmd_eval(int argc, char** argv) {
       j["corpus"] = {{"fingerprint", nullptr}};
     }
     if (tfg) j["token_filter"] = token_filter_json(*tfg);
+    if (kvp) j["kv_prune"] = kvj;
     if (retrieval) {
       nlohmann::json cells = nlohmann::json::array();
       for (std::size_t li = 0; li < ro.lengths.size(); ++li)
@@ -570,6 +612,19 @@ int cmd_eval(int argc, char** argv) {
           mg.write<float>("attention_received", fig_mass.data(), dims,
                           {"1", "mean softmax weight from later queries [layer][position]"});
         }
+      }
+      if (kvp) {
+        io::Group kg = root.create_group("kv_prune");
+        kvp->write(kg);
+        std::vector<double> kd, kb;
+        for (const auto& pl : kvj["per_layer"]) {
+          kd.push_back(pl["k_bytes_dense"].get<double>());
+          kb.push_back(pl["k_bytes"].get<double>());
+        }
+        kg.write<double>("k_bytes_dense", kd,
+                         {"byte", "K-cache bytes of the dense layout per layer"});
+        kg.write<double>("k_bytes", kb,
+                         {"byte", "K-cache bytes allocated per layer at the end of the run"});
       }
       io::Group tm = root.create_group("timings");
       tm.write_scalar("load_seconds", t_load, {"s", "model load and dequantization"});

@@ -110,6 +110,7 @@ int cmd_generate(int argc, char** argv) {
     sparsity::ActivationMasker<E> masker(c.n_layer);
     attach_masker(eng, masker, plan);
     auto tfg = make_token_filter(ma, eng, T + max_tokens);
+    auto kvp = make_kv_pruner(ma, eng, T);
     SynthRng rng(seed);
     Stopwatch sw;
     auto to_vec = [](const Mat<E>& m) {
@@ -133,6 +134,18 @@ int cmd_generate(int argc, char** argv) {
     log().info(
         "{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s)", T,
         t_prefill, T / t_prefill, out.size(), t_gen, out.empty() ? 0.0 : out.size() / t_gen);
+    if (kvp) {
+      const nlohmann::json kj = kv_prune_json(*kvp, eng);
+      log().info(
+          "K-channel pruning ({}, λ = {}): {} of {} key channels kept per head; K cache {:.0f} of "
+          "{:.0f} bytes dense ({:.3f}); reconstruction error ThinK {:.4f}, GRACE {:.4f}; "
+          "selection {:.2f} ms (Grams {:.2f} ms)",
+          kj["method"].get<std::string>(), ma.kv.lambda, kvp->kept_per_head(), kvp->head_dim(),
+          kj["k_bytes"].get<double>(), kj["k_bytes_dense"].get<double>(),
+          kj["k_bytes"].get<double>() / kj["k_bytes_dense"].get<double>(),
+          kj["recon_error_think_mean"].get<double>(), kj["recon_error_grace_mean"].get<double>(),
+          1e3 * kvp->select_seconds(), 1e3 * kvp->gram_seconds());
+    }
     if (tfg)
       log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,
                  tfg->realised(), tfg->decided_tokens());

@@ -7,8 +7,9 @@ namespace sparsim::app {
 void MethodArgs::add_options(po::options_description& d) {
   d.add_options()("method", po::value(&method)->default_value("dense"),
                   "dense, teal (thresholds), wina (TopK on weight-informed scores), topk-guided, "
-                  "token-filter (skip attention of similar tokens), or an activation method and "
-                  "token-filter joined by '+' (e.g. topk-guided+token-filter)")(
+                  "token-filter (skip attention of similar tokens), think or grace (prune K-cache "
+                  "channels after prefill), or one of each family joined by '+' (e.g. "
+                  "topk-guided+token-filter+grace)")(
       "sparsity,s", po::value(&mopt.sparsity)->default_value(0.5),
       "target activation sparsity s in [0, 1) (sparse methods)")(
       "calibration", po::value(&calib_path), "calibration file from sparsim calibrate")(
@@ -55,7 +56,18 @@ void MethodArgs::add_options(po::options_description& d) {
                "Token Filtering: skipped tokens also leave the KV cache and the anchor")(
       "tf-trace", po::value(&tf.trace_sequences)->default_value(4),
       "Token Filtering: sequences whose per-token similarity, threshold and decisions go to the "
-      "run file");
+      "run file")("kv-prune", po::value(&kv.lambda)->default_value(0.5),
+                  "ThinK / GRACE: pruned fraction λ in [0, 1) of every head's key channels "
+                  "(⌈λ·d⌉ channels pruned per head)")(
+      "kv-window", po::value(&kv.window)->default_value(32),
+      "ThinK / GRACE: observation window w, the last w queries of the prompt")(
+      "kv-protect", po::value(&kv_protect)->default_value(kv_protect),
+      "GRACE: bounds a,b of the share of salient key channels protected from pruning "
+      "(0 <= a <= b < 1)")("kv-guard", po::value(&kv_guard)->default_value(kv_guard),
+                           "GRACE: on (take ThinK's choice among the unprotected channels when "
+                           "it scores lower than MIES on the objective) or off (MIES alone)")(
+      "kv-trace", po::value(&kv_trace)->default_value(1),
+      "ThinK / GRACE: sequences whose kept channels go to the run file");
 }
 
 void MethodArgs::resolve(const po::variables_map* vm) {
@@ -70,10 +82,14 @@ void MethodArgs::resolve(const po::variables_map* vm) {
     if (part == "token-filter") {
       require(!token_filter, "--method names token-filter twice");
       token_filter = true;
+    } else if (part == "think" || part == "grace") {
+      require(!kv_prune, "--method names more than one of think and grace");
+      kv_prune = true;
+      kv.method = part == "think" ? pruning::KvMethod::Think : pruning::KvMethod::Grace;
     } else {
       require(act.empty() && !part.empty(),
               "--method '{}': join at most one of dense, teal, wina, topk-guided with "
-              "token-filter by '+'",
+              "token-filter and one of think, grace by '+'",
               method);
       act = part;
     }
@@ -85,6 +101,29 @@ void MethodArgs::resolve(const po::variables_map* vm) {
     for (const auto& [name, value] : *vm)
       require(name.rfind("tf-", 0) != 0 || value.defaulted(),
               "--{} is a Token Filtering option: add token-filter to --method", name);
+  if (vm && !kv_prune)
+    for (const auto& [name, value] : *vm)
+      require(name.rfind("kv-", 0) != 0 || value.defaulted(),
+              "--{} is a K-cache channel pruning option: add think or grace to --method", name);
+  if (kv_prune) {
+    const std::vector<double> ab = parse_double_list(kv_protect, "--kv-protect");
+    require(ab.size() == 2, "--kv-protect takes two numbers a,b, got '{}'", kv_protect);
+    kv.protect_lo = ab[0];
+    kv.protect_hi = ab[1];
+    require(kv_guard == "on" || kv_guard == "off", "--kv-guard must be on or off, got '{}'",
+            kv_guard);
+    kv.guard = kv_guard == "on";
+    require(kv_trace >= 0, "--kv-trace must be non-negative, got {}", kv_trace);
+    // what does not depend on the model (⌈λ·d⌉ < d is checked once the model is loaded)
+    require(std::isfinite(kv.lambda) && kv.lambda >= 0 && kv.lambda < 1,
+            "--kv-prune must be in [0, 1) (the pruned fraction of key channels), got {}",
+            kv.lambda);
+    require(kv.window >= 1, "--kv-window must be at least 1 query, got {}", kv.window);
+    require(std::isfinite(kv.protect_lo) && std::isfinite(kv.protect_hi) && kv.protect_lo >= 0 &&
+                kv.protect_lo <= kv.protect_hi && kv.protect_hi < 1,
+            "--kv-protect a,b must satisfy 0 <= a <= b < 1, got [{}, {}]", kv.protect_lo,
+            kv.protect_hi);
+  }
   if (token_filter) {
     tf.criterion = gating::parse_criterion(tf_criterion);
     tf.anchor = gating::parse_anchor(tf_anchor);

@@ -1,13 +1,15 @@
 #pragma once
 // The method options shared by sparsim eval, bench and generate, and the setup they share:
-// activation sparsity (calibration file -> plan -> (rotated) weights -> masker) and Token
-// Filtering (a token gate before attention). --method joins one of each with '+'.
+// activation sparsity (calibration file -> plan -> (rotated) weights -> masker), Token
+// Filtering (a token gate before attention) and K-cache channel pruning (ThinK or GRACE, a
+// channel selector after prefill). --method joins one of each with '+'.
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "gating/token_filter.hpp"
 #include "model/loader.hpp"
+#include "pruning/kv_channel_pruner.hpp"
 #include "sparsity/calibration.hpp"
 #include "sparsity/masker.hpp"
 #include "sparsity/plan.hpp"
@@ -20,8 +22,8 @@
 
 namespace sparsim::app {
 
-/// --method, --sparsity, --calibration, the Token Filtering options (--tf-*) and the methods'
-/// tuning options.
+/// --method, --sparsity, --calibration, the Token Filtering options (--tf-*), the K-cache
+/// channel pruning options (--kv-*) and the methods' tuning options.
 struct MethodArgs {
   std::string method = "dense";
   std::string calib_path, budget_mode, masking_mode, norms_mode, lookup_mode, rotation_storage;
@@ -31,12 +33,17 @@ struct MethodArgs {
   bool token_filter = false;                 ///< --method includes token-filter
   gating::TokenFilterOptions tf;
   std::string tf_criterion, tf_anchor, tf_keys, tf_layers;
+  bool kv_prune = false;  ///< --method includes think or grace
+  pruning::KvPruneOptions kv;
+  std::string kv_protect = "0.05,0.25", kv_guard = "on";
+  int kv_trace = 1;
 
   /// Adds the options to `d` (in the order eval's --help lists them).
   void add_options(po::options_description& d);
   /// After parsing: checks the values, fills mopt / tf and reads the calibration file (so that
   /// bad arguments fail before the model is loaded). Throws sparsim::Error naming the option;
-  /// with `vm`, a --tf-* option given without token-filter in --method is an error too.
+  /// with `vm`, a --tf-* (--kv-*) option given without token-filter (think or grace) in --method
+  /// is an error too.
   void resolve(const po::variables_map* vm = nullptr);
   bool sparse() const { return mopt.method != sparsity::Method::Dense; }
 };
@@ -56,6 +63,103 @@ std::unique_ptr<gating::TokenFilter<E>> make_token_filter(const MethodArgs& a, E
                                                     sh.qk_dim, sh.v_dim, eng.max_seqs());
   eng.set_token_gate(g.get());
   return g;
+}
+
+/// ThinK / GRACE select the same number of channels in every head: a model whose layers have
+/// their own key widths (RAP / KVPruner-pruned) is refused with a message.
+inline void require_uniform_key_width(const Config& c) {
+  const int d0 = attn_shape(c, 0).qk_dim;
+  for (int l = 1; l < c.n_layer; ++l)
+    require(attn_shape(c, l).qk_dim == d0,
+            "--method think/grace needs one key width in every layer, but layer {} of this "
+            "(pruned) model has {} channels per head and layer 0 has {}",
+            l, attn_shape(c, l).qk_dim, d0);
+}
+
+/// The ThinK / GRACE channel selector for `eng` (nullptr without think or grace), checked against
+/// the model and the shortest prompt it will prefill (`shortest_prefill` tokens: the
+/// observation window must fit).
+template <class E>
+std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a, Engine<E>& eng,
+                                                            int shortest_prefill) {
+  if (!a.kv_prune) return nullptr;
+  require_uniform_key_width(eng.config());
+  const AttnShape sh = eng.cache().shape(0);
+  a.kv.validate(sh.qk_dim);
+  require(a.kv.window <= shortest_prefill,
+          "--kv-window {}: the observation window is longer than the prompt of {} tokens that is "
+          "prefilled before decoding",
+          a.kv.window, shortest_prefill);
+  auto p = std::make_unique<pruning::KvChannelPruner<E>>(a.kv, eng.config().n_layer, sh.n_kv_head,
+                                                         sh.qk_dim, eng.max_seqs(), a.kv_trace);
+  eng.set_channel_selector(p.get());
+  return p;
+}
+
+/// The `kv_prune` object of the JSON summaries: the settings, the K-cache bytes of a dense cache
+/// and what `eng`'s cache allocated at the end of the run (per layer and in total), and the
+/// selector's records.
+template <class E>
+nlohmann::json kv_prune_json(const pruning::KvChannelPruner<E>& p, const Engine<E>& eng) {
+  const auto& o = p.options();
+  const KVCache<E>& kc = eng.cache();
+  double dense = 0, real = 0;
+  nlohmann::json per = nlohmann::json::array();
+  for (int l = 0; l < kc.n_layer(); ++l) {
+    const double d = 4.0 * kc.max_seqs() * kc.max_ctx() * kc.shape(l).k_width();
+    const double b = static_cast<double>(kc.k_bytes(l));
+    dense += d;
+    real += b;
+    double think = 0, grace = 0, mies = 0, prot = 0, kept = 0;
+    std::uint64_t n = 0, guard = 0, worse = 0;
+    for (int h = 0; h < p.n_kv_head(); ++h) {
+      const auto& r = p.record(l, h);
+      think += r.rel_think;
+      grace += r.rel_grace;
+      mies += r.rel_mies;
+      prot += r.protected_share;
+      kept += static_cast<double>(r.kept);
+      n += r.selections;
+      guard += r.guard_used;
+      worse += r.grace_worse;
+    }
+    const double nn = n ? static_cast<double>(n) : 1.0;
+    per.push_back({{"layer", l},
+                   {"k_bytes_dense", d},
+                   {"k_bytes", b},
+                   {"compacted", kc.layer(l).compacted()},
+                   {"kept_channels_mean", kept / nn},
+                   {"recon_error_think", think / nn},
+                   {"recon_error_grace", grace / nn},
+                   {"recon_error_mies", mies / nn},
+                   {"protected_share", prot / nn},
+                   {"guard_used", guard},
+                   {"grace_worse_than_think", worse}});
+  }
+  const double heads = static_cast<double>(p.selections());
+  return {{"method", pruning::to_string(o.method)},
+          {"lambda", o.lambda},
+          {"window", o.window},
+          {"head_dim", p.head_dim()},
+          {"pruned_per_head", pruning::prune_count(o.lambda, p.head_dim())},
+          {"kept_per_head", p.kept_per_head()},
+          {"protect", {o.protect_lo, o.protect_hi}},
+          {"guard", o.guard},
+          {"k_bytes_dense", dense},
+          {"k_bytes", real},
+          {"recon_error_mean", p.recon_error_mean()},
+          {"recon_error_think_mean", p.rel_error_mean(pruning::KvMethod::Think)},
+          {"recon_error_grace_mean", p.rel_error_mean(pruning::KvMethod::Grace)},
+          {"recon_error_mies_mean", p.rel_error_mies_mean()},
+          {"protected_share_mean", p.protected_share_mean()},
+          {"selections", p.selections()},
+          {"prefills", p.prefills()},
+          {"guard_used", p.guard_used()},
+          {"grace_worse_than_think", p.grace_worse()},
+          {"gram_seconds", p.gram_seconds()},
+          {"select_seconds", p.select_seconds()},
+          {"select_seconds_per_head", heads > 0 ? p.select_seconds() / heads : 0.0},
+          {"per_layer", per}};
 }
 
 /// The `token_filter` object of the JSON summaries.

@@ -159,7 +159,7 @@ template <class E, class T>
 void mm_nt(const E& exec, const CMatT<E, T>& x, const CMatT<E, T>& w, const MatT<E, T>& y) {
   if constexpr (std::is_same_v<T, float>) {
     exec.fence();
-    detail::blas_linear<E>(exec, x, w, y);
+    detail::blas_linear<E>(exec, x, w, y, static_cast<int>(x.extent(0)));  // one sequence
   } else {
     matmul_nt_generic<E, T>(exec, x, w, y);
   }

@@ -350,6 +350,8 @@ void Engine<E>::set_positions(int n_seq, int T, int p0) {
   // A call at position 0 starts new sequences: the cache returns to its dense layout.
   if (p0 == 0)
     for (int l = 0; l < cache_.n_layer(); ++l) {
+      // the dense key buffer is reallocated: captured decode graphs hold the old one
+      if (cache_.layer(l).compacted()) graphs_ = std::make_unique<Graphs>();
       cache_.reset_layout(l);
       cache_.clear_dropped(l);
     }
@@ -649,6 +651,7 @@ void Engine<E>::compact_keys(int layer, const KeptChannels& kept, flops::Phase p
           cache_.n_layer() - 1);
   const std::size_t before = cache_.k_bytes(layer);
   cache_.compact_keys(exec_, layer, kept);
+  graphs_ = std::make_unique<Graphs>();  // the full-width key region was reallocated
   mark(flops::Op::ChannelSelect);
   if (ledger_) {  // the selector's own work, plus reading the old keys and writing the new ones
     const double moved = static_cast<double>(before + cache_.k_bytes(layer));

@@ -85,6 +85,7 @@ class Engine {
   TokenGate<E>* token_gate() const { return tgate_; }
   /// K-cache channel selector run after prefill (ThinK, GRACE); not owned; nullptr: none.
   void set_channel_selector(ChannelSelector<E>* s) { selector_ = s; }
+  ChannelSelector<E>* channel_selector() const { return selector_; }
 
   /// The KV cache (layout per layer and head, bytes allocated).
   const KVCache<E>& cache() const { return cache_; }

@@ -111,6 +111,10 @@ class ChannelSelector {
   virtual ~ChannelSelector() = default;
   /// Queries observed per sequence: the last w positions of the prefill (ThinK: 32).
   virtual int observation_window() const { return 32; }
+  /// Whether select() may return channels to compact. False (e.g. nothing to prune): the cache
+  /// stays dense whatever the prompt, so a protocol need not split a call at the prefill and the
+  /// run is the dense run bit for bit.
+  virtual bool compacts() const { return true; }
   /// `cache`: the layer's cache (dense layout; positions 0 … T − 1 hold the prompt's keys
   /// after RoPE); `q_obs` [n_seq·w][n_head·qk]: the queries (after RoPE) of the last
   /// w = min(observation_window(), T) positions of each sequence, row s·w + i (zero rows for

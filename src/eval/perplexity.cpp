@@ -36,6 +36,36 @@ double PplResult::perplexity() const {
 }
 
 template <class E>
+Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int tail) {
+  const int T = static_cast<int>(seqs[0].size()), P = T - tail;
+  ChannelSelector<E>* sel = eng.channel_selector();
+  if (!sel || !sel->compacts()) {
+    eng.set_sparse_from(P);
+    Mat<E> logits = eng.forward_tail(seqs, 0, tail);
+    eng.set_sparse_from(Engine<E>::kDecodeOnly);
+    return logits;
+  }
+  // K-cache channel pruning happens once per prefill: the prefix is prefilled (its attention
+  // reads full keys), the selector compacts its cached keys, and the scored rows then run as
+  // one call against the compacted cache, as decoded tokens do (their own keys full width).
+  require(P >= sel->observation_window(),
+          "K-channel pruning: the observation window of {} queries is longer than the {} "
+          "prefilled tokens before the scored ones",
+          sel->observation_window(), P);
+  std::vector<std::vector<int>> pre, post;
+  for (const auto& s : seqs) {
+    pre.emplace_back(s.begin(), s.begin() + P);
+    post.emplace_back(s.begin() + P, s.end());
+  }
+  eng.set_sparse_from(P);  // no row of the prefix
+  eng.forward_tail(pre, 0, 1);
+  eng.set_sparse_from(0);
+  Mat<E> logits = eng.forward_tail(post, P, tail);
+  eng.set_sparse_from(Engine<E>::kDecodeOnly);
+  return logits;
+}
+
+template <class E>
 PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOptions& o,
                      const Progress& progress, PplResume* resume) {
   o.validate(eng.config().context_length);
@@ -77,9 +107,7 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
     Kokkos::deep_copy(target, h_target);
     // Activation sparsity (when the engine has a masker) applies to the rows whose logits are
     // scored; the context prefix stays dense.
-    eng.set_sparse_from(C - tail);
-    Mat<E> logits = eng.forward_tail(seqs, 0, tail);
-    eng.set_sparse_from(Engine<E>::kDecodeOnly);
+    const Mat<E> logits = run_scored(eng, seqs, tail);
     Kokkos::View<double*, DeviceOf<E>> nll_b(nll.data(), nb * tail);
     IVec<E> tgt_b(target.data(), nb * tail), am_b(amax.data(), nb * tail);
     nll_rows(eng.exec(), CMat<E>(logits), tgt_b, nll_b, am_b);
@@ -120,9 +148,7 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
   auto ht = Kokkos::create_mirror_view(target);
   for (int i = 0; i < tail; ++i) ht(i) = i + 1 < tail ? continuation[i] : -1;
   Kokkos::deep_copy(target, ht);
-  eng.set_sparse_from(T - tail);  // the rows that score the continuation
-  Mat<E> logits = eng.forward_tail({seq}, 0, tail);
-  eng.set_sparse_from(Engine<E>::kDecodeOnly);
+  const Mat<E> logits = run_scored(eng, {seq}, tail);  // the rows that score the continuation
   nll_rows(eng.exec(), CMat<E>(logits), target, nll, amax);
   auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
   auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), amax);
@@ -137,6 +163,7 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
 }
 
 #define SPARSIM_INSTANTIATE_EVAL(E)                                                              \
+  template Mat<E> run_scored<E>(Engine<E>&, const std::vector<std::vector<int>>&, int);          \
   template PplResult perplexity<E>(Engine<E>&, const std::vector<int>&, const PplOptions&,       \
                                    const Progress&, PplResume*);                                 \
   template double loglikelihood<E>(Engine<E>&, const std::vector<int>&, const std::vector<int>&, \

@@ -36,6 +36,14 @@ struct PplResult {
 /// Progress callback: windows done, windows total.
 using Progress = std::function<void(int, int)>;
 
+/// Runs sequences of equal length T and returns the logits of their last `tail` positions
+/// ([n_seq·tail][vocab]), the scored rows: activation sparsity applies to them, the prefix
+/// stays dense. With a K-cache channel selector on the engine, the prefix (T − tail tokens) is
+/// one prefill whose keys the selector compacts, and the scored rows a second call against the
+/// compacted cache; the prefix must hold the selector's observation window.
+template <class E>
+Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int tail);
+
 /// A resumable run: the first windows are taken from `done` (what an earlier run of the same
 /// stream and options computed) instead of being run again, and `after_batch` sees the result
 /// after every batch. Windows do not depend on the batch they ran in (bitwise), so a resumed

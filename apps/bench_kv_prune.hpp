@@ -1,0 +1,349 @@
+#pragma once
+// sparsim bench --method think|grace: what K-cache channel pruning costs and saves at decode.
+//
+// 1. Decode attention, kernel level, in the same run and alternating: every layer's attention of
+//    one decode row per sequence at position P (after a prompt of P tokens) over
+//      dense     the dense cache (attention(), the engine's dense kernel),
+//      method    the cache compacted by the method (cached_attention(), kept channels),
+//      no-K      the same compacted cache read with zero key channels per head: the scores are
+//                all 0, so the kernel does everything but the key-side work (the floor).
+//    K-side time = time − no-K time; the saving the method realises is
+//    (dense − method) / (dense − no-K), to be held against λ.
+// 2. With a real prefill (the default): prefill time of dense and method, the method's own
+//    selection cost (the Gram matrices, then ThinK / GRACE on the host) per head and against the
+//    prefill, and profiled decode steps of both engines (attention op and whole step).
+//    --kv-synthetic-cache skips the model run: the caches are filled with random keys and values
+//    (decode attention time does not depend on their values) and the method selects its channels
+//    from random observed queries — for contexts whose prefill is too slow to run here.
+#include "common.hpp"
+#include "core/timer.hpp"
+#include "engine/engine.hpp"
+#include "io/run_file.hpp"
+#include "kernels/cached_attention.hpp"
+#include "method_setup.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <stdlib.h>
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <random>
+
+namespace sparsim::app {
+
+namespace kvbench {
+
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+inline double load_average() {
+  double l[1] = {0};
+  return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
+}
+
+/// Seconds of the three attention variants over all layers, one repetition each, alternating.
+struct AttnTimes {
+  std::vector<double> dense, method, nok;
+};
+
+/// Times decode attention of `batch` rows (one per sequence, at position `pos`) over every
+/// layer: dense layers `dl`, compacted layers `ml`, and `ml` read with zero key channels.
+template <class E>
+AttnTimes time_attention(const E& exec, const std::vector<KVLayer<E>>& dl,
+                         const std::vector<KVLayer<E>>& ml, const AttnShape& sh, int batch, int pos,
+                         int reps) {
+  const int n_layer = static_cast<int>(dl.size());
+  Mat<E> q("sparsim::bench::q", batch, sh.q_width()),
+      out("sparsim::bench::o", batch, sh.out_width());
+  {
+    auto hq = Kokkos::create_mirror_view(q);
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (std::size_t i = 0; i < hq.size(); ++i) hq.data()[i] = nd(rng);
+    Kokkos::deep_copy(q, hq);
+  }
+  IVec<E> rs("sparsim::bench::rs", batch), rp("sparsim::bench::rp", batch);
+  {
+    auto hs = Kokkos::create_mirror_view(rs);
+    auto hp = Kokkos::create_mirror_view(rp);
+    for (int s = 0; s < batch; ++s) hs(s) = s, hp(s) = pos;
+    Kokkos::deep_copy(rs, hs);
+    Kokkos::deep_copy(rp, hp);
+  }
+  // the no-K variant: every head's compact columns empty
+  std::vector<KVLayer<E>> zl = ml;
+  for (auto& l : zl) {
+    l.koff = IMat<E>("sparsim::bench::koff0", l.koff.extent(0), l.koff.extent(1));
+  }
+  const CMat<E> cq(q);
+  auto dense_pass = [&]() {
+    for (int l = 0; l < n_layer; ++l) {
+      const auto& kv = dl[static_cast<std::size_t>(l)];
+      // the engine's dense kernel reads the query rows of a call at p0 = pos, T = 1
+      attention(exec, cq, kv.k, kv.v, out, batch, 1, pos, sh.n_head, sh.n_kv_head, sh.qk_dim);
+    }
+  };
+  auto cached_pass = [&](const std::vector<KVLayer<E>>& layers) {
+    for (int l = 0; l < n_layer; ++l)
+      cached_attention(exec, cq, rs, rp, layers[static_cast<std::size_t>(l)], sh, out, pos + 1);
+  };
+  AttnTimes t;
+  auto timed = [&](auto&& f) {
+    exec.fence();
+    Stopwatch sw;
+    f();
+    exec.fence();
+    return sw.seconds();
+  };
+  dense_pass();  // warm up
+  cached_pass(ml);
+  cached_pass(zl);
+  for (int r = 0; r < reps; ++r) {
+    t.dense.push_back(timed(dense_pass));
+    t.method.push_back(timed([&] { cached_pass(ml); }));
+    t.nok.push_back(timed([&] { cached_pass(zl); }));
+  }
+  return t;
+}
+
+/// The JSON and text of one attention timing.
+inline nlohmann::json attention_json(const AttnTimes& t, double lambda, int n_layer) {
+  std::vector<double> saved;
+  for (std::size_t r = 0; r < t.dense.size(); ++r) {
+    const double kd = t.dense[r] - t.nok[r];
+    saved.push_back(kd > 0 ? (t.dense[r] - t.method[r]) / kd : 0.0);
+  }
+  const double d = median(t.dense), m = median(t.method), z = median(t.nok);
+  const double s = median(saved);
+  return {{"layers", n_layer},
+          {"dense_seconds", d},
+          {"method_seconds", m},
+          {"no_k_seconds", z},
+          {"dense_seconds_reps", t.dense},
+          {"method_seconds_reps", t.method},
+          {"no_k_seconds_reps", t.nok},
+          {"k_side_dense_seconds", d - z},
+          {"k_side_method_seconds", m - z},
+          {"k_side_saved_fraction", s},
+          {"k_side_saved_fraction_reps", saved},
+          {"required_fraction", 0.8 * lambda},
+          {"meets_requirement", s >= 0.8 * lambda},
+          {"attention_ratio", d > 0 ? m / d : 0.0}};
+}
+
+}  // namespace kvbench
+
+/// sparsim bench for ThinK / GRACE (see the top of this file).
+template <class E>
+int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weights<E>> w,
+                   const ModelInfo& mi, int prompt, int decode, int reps, int batch, bool synthetic,
+                   const std::string& storage, const std::string& backend, int threads,
+                   const std::string& json_out) {
+  using kvbench::median;
+  const Config& c = w->cfg;
+  require_uniform_key_width(c);
+  const AttnShape sh = attn_shape(c, 0);
+  ma.kv.validate(sh.qk_dim);
+  require(ma.kv.window <= prompt, "--kv-window {} is longer than the prompt of {} tokens",
+          ma.kv.window, prompt);
+  const int ctx = prompt + (synthetic ? 1 : decode);
+  const double load_before = kvbench::load_average();
+  nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+                      {"storage", storage},
+                      {"backend", backend},
+                      {"threads", threads},
+                      {"method", ma.method},
+                      {"kv_method", pruning::to_string(ma.kv.method)},
+                      {"lambda", ma.kv.lambda},
+                      {"head_dim", sh.qk_dim},
+                      {"kept_per_head", sh.qk_dim - pruning::prune_count(ma.kv.lambda, sh.qk_dim)},
+                      {"batch", batch},
+                      {"prompt_tokens", prompt},
+                      {"reps", reps},
+                      {"synthetic_cache", synthetic},
+                      {"load_average_before", load_before}};
+  std::vector<std::vector<int>> prompts(static_cast<std::size_t>(batch));
+  for (int s = 0; s < batch; ++s)
+    for (int i = 0; i < prompt; ++i) prompts[s].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
+
+  kvbench::AttnTimes at;
+  std::size_t k_dense = 0, k_method = 0;
+  int timed_layers = c.n_layer;
+  if (synthetic) {
+    // Caches of the model's shape: random keys and values at positions 0 … prompt, the
+    // method's channels chosen from random observed queries, the prompt compacted.
+    // Enough layers that the timed caches stream from memory as the whole model's do (at least
+    // 256 MB of keys and values, or every layer), without allocating the whole model's caches.
+    const double layer_bytes = 4.0 * batch * ctx * (sh.k_width() + sh.v_width());
+    Config cs = c;
+    cs.n_layer = std::min(c.n_layer, std::max(4, static_cast<int>(std::ceil(256e6 / layer_bytes))));
+    KVCache<E> dc(cs, batch, ctx), mc(cs, batch, ctx);
+    const int n = batch * ctx, kw = sh.k_width(), wobs = ma.kv.window;
+    Mat<E> kr("sparsim::bench::k", n, kw), vr("sparsim::bench::v", n, sh.v_width()),
+        qo("sparsim::bench::q_obs", batch * wobs, sh.q_width());
+    {
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (auto* m : {&kr, &vr, &qo}) {
+        auto h = Kokkos::create_mirror_view(*m);
+        for (std::size_t i = 0; i < h.size(); ++i) h.data()[i] = nd(rng);
+        Kokkos::deep_copy(*m, h);
+      }
+    }
+    pruning::KvChannelPruner<E> sel(ma.kv, cs.n_layer, sh.n_kv_head, sh.qk_dim, batch, 0);
+    for (int l = 0; l < cs.n_layer; ++l) {
+      dc.store(exec, l, CMat<E>(kr), CMat<E>(vr), batch, ctx, 0);
+      mc.store(exec, l, CMat<E>(kr), CMat<E>(vr), batch, ctx, 0);
+      const KeptChannels kept = sel.select(exec, l, mc.layer(l), sh, CMat<E>(qo), batch, prompt);
+      if (!kept.empty()) mc.compact_keys(exec, l, kept);
+    }
+    exec.fence();
+    std::vector<KVLayer<E>> dl, ml;
+    for (int l = 0; l < cs.n_layer; ++l) {
+      dl.push_back(dc.layer(l));
+      ml.push_back(mc.layer(l));
+      k_dense += dc.k_bytes(l);
+      k_method += mc.k_bytes(l);
+    }
+    at = kvbench::time_attention(exec, dl, ml, sh, batch, prompt, reps);
+    timed_layers = cs.n_layer;
+    j["selection"] = {
+        {"gram_seconds", sel.gram_seconds()},
+        {"select_seconds", sel.select_seconds()},
+        {"heads", sel.selections()},
+        {"select_seconds_per_head", sel.select_seconds() / std::max<double>(1, sel.selections())}};
+  } else {
+    Engine<E> dense(w, batch, ctx, nullptr, exec), meth(w, batch, ctx, nullptr, exec);
+    auto sel = make_kv_pruner(ma, meth, prompt);
+    struct Run {
+      double prefill = 0, step = 0, attn = 0;
+    };
+    auto run = [&](Engine<E>& e) {
+      Run out;
+      Stopwatch sw;
+      e.forward(prompts, 0, false);
+      out.prefill = sw.seconds();
+      e.clear_op_seconds();
+      e.set_profile(true);
+      std::vector<int> next(static_cast<std::size_t>(batch));
+      for (int s = 0; s < batch; ++s) next[s] = prompts[s].back();
+      std::vector<double> steps;
+      for (int t = 0; t < decode; ++t) {
+        std::vector<std::vector<int>> tok;
+        for (int s = 0; s < batch; ++s) tok.push_back({next[s]});
+        Stopwatch st;
+        e.forward(tok, prompt + t, false);
+        steps.push_back(st.seconds());
+        for (int s = 0; s < batch; ++s) next[s] = (next[s] * 31 + 7 + s) % c.vocab;
+      }
+      e.set_profile(false);
+      out.step = median(steps);
+      out.attn = e.op_seconds()[static_cast<int>(flops::Op::AttnScore)] / decode;
+      return out;
+    };
+    std::vector<double> d_pre, m_pre, d_step, m_step, d_att, m_att, sel_prefill;
+    std::vector<double> sel_head, gram_head;
+    for (int r = 0; r < reps; ++r) {
+      const Run d = run(dense);
+      sel->reset_stats();
+      const Run m = run(meth);
+      d_pre.push_back(d.prefill);
+      m_pre.push_back(m.prefill);
+      d_step.push_back(d.step);
+      m_step.push_back(m.step);
+      d_att.push_back(d.attn);
+      m_att.push_back(m.attn);
+      const double heads = std::max<double>(1, sel->selections());
+      sel_head.push_back(sel->select_seconds() / heads);
+      gram_head.push_back(sel->gram_seconds() / heads);
+      sel_prefill.push_back((sel->select_seconds() + sel->gram_seconds()) / m.prefill);
+      // kernel-level K-side split on the caches as the decode left them
+      std::vector<KVLayer<E>> dl, ml;
+      for (int l = 0; l < c.n_layer; ++l) {
+        dl.push_back(dense.cache().layer(l));
+        ml.push_back(meth.cache().layer(l));
+      }
+      const auto t1 = kvbench::time_attention(exec, dl, ml, sh, batch, prompt, 3);
+      at.dense.push_back(median(t1.dense));
+      at.method.push_back(median(t1.method));
+      at.nok.push_back(median(t1.nok));
+    }
+    for (int l = 0; l < c.n_layer; ++l) {
+      k_dense += dense.cache().k_bytes(l);
+      k_method += meth.cache().k_bytes(l);
+    }
+    j["decode_tokens"] = decode;
+    j["prefill"] = {{"dense_seconds", median(d_pre)},
+                    {"method_seconds", median(m_pre)},
+                    {"dense_seconds_reps", d_pre},
+                    {"method_seconds_reps", m_pre}};
+    j["selection"] = {{"select_seconds_per_head", median(sel_head)},
+                      {"gram_seconds_per_head", median(gram_head)},
+                      {"heads_per_prefill", c.n_layer * sh.n_kv_head * batch},
+                      {"share_of_prefill", median(sel_prefill)},
+                      {"share_of_prefill_reps", sel_prefill}};
+    j["decode"] = {{"dense_step_seconds", median(d_step)},
+                   {"method_step_seconds", median(m_step)},
+                   {"step_ratio", median(m_step) / median(d_step)},
+                   {"dense_attention_seconds_per_step", median(d_att)},
+                   {"method_attention_seconds_per_step", median(m_att)},
+                   {"attention_ratio", median(m_att) / median(d_att)},
+                   {"profiled", true}};
+    j["kv_prune"] = kv_prune_json(*sel, meth);
+  }
+  const double load_after = kvbench::load_average();
+  j["load_average_after"] = load_after;
+  j["k_bytes_dense"] = static_cast<double>(k_dense);
+  j["k_bytes"] = static_cast<double>(k_method);
+  j["attention"] = kvbench::attention_json(at, ma.kv.lambda, timed_layers);
+  const auto& a = j["attention"];
+  std::cout << fmt::format(
+      "model {} ({} storage), backend {}, {} threads; load {:.2f} before, {:.2f} after\n"
+      "{} at λ = {} ({} of {} key channels kept per head), {} sequences, prompt {}{}, median of "
+      "{} repetitions\n"
+      "K cache{}            {:.1f} MB dense, {:.1f} MB compacted ({:.3f})\n"
+      "decode attention, {} layers, kernel level (dense / method / no-K floor)\n"
+      "  time                     {:.3f} / {:.3f} / {:.3f} ms   method vs dense {:.3f}\n"
+      "  K-side time              {:.3f} ms dense, {:.3f} ms method\n"
+      "  K-side saved             {:.3f} of dense (λ = {}; required ≥ 0.8·λ = {:.3f}: {})\n",
+      mi.path, storage, backend, threads, load_before, load_after, ma.method, ma.kv.lambda,
+      j["kept_per_head"].get<int>(), sh.qk_dim, batch, prompt,
+      synthetic ? " (synthetic cache)" : fmt::format(" + {} decode steps", decode), reps,
+      synthetic ? fmt::format(" ({:>2} layers)", timed_layers) : "            ", k_dense / 1e6,
+      k_method / 1e6, static_cast<double>(k_method) / std::max<std::size_t>(1, k_dense),
+      timed_layers, 1e3 * a["dense_seconds"].get<double>(), 1e3 * a["method_seconds"].get<double>(),
+      1e3 * a["no_k_seconds"].get<double>(), a["attention_ratio"].get<double>(),
+      1e3 * a["k_side_dense_seconds"].get<double>(), 1e3 * a["k_side_method_seconds"].get<double>(),
+      a["k_side_saved_fraction"].get<double>(), ma.kv.lambda, 0.8 * ma.kv.lambda,
+      a["meets_requirement"].get<bool>() ? "met" : "NOT met");
+  if (!synthetic) {
+    const auto& p = j["prefill"];
+    const auto& s = j["selection"];
+    const auto& d = j["decode"];
+    std::cout << fmt::format(
+        "prefill                    {:.3f} s dense, {:.3f} s with selection\n"
+        "selection per head         {:.1f} µs ThinK/GRACE on the host (O(d²)), {:.1f} µs Grams; "
+        "{:.2f}% of the prefill\n"
+        "decode step (profiled)     {:.2f} ms dense, {:.2f} ms method ({:.3f})\n"
+        "attention op per step      {:.3f} ms dense, {:.3f} ms method ({:.3f})\n",
+        p["dense_seconds"].get<double>(), p["method_seconds"].get<double>(),
+        1e6 * s["select_seconds_per_head"].get<double>(),
+        1e6 * s["gram_seconds_per_head"].get<double>(), 100 * s["share_of_prefill"].get<double>(),
+        1e3 * d["dense_step_seconds"].get<double>(), 1e3 * d["method_step_seconds"].get<double>(),
+        d["step_ratio"].get<double>(), 1e3 * d["dense_attention_seconds_per_step"].get<double>(),
+        1e3 * d["method_attention_seconds_per_step"].get<double>(),
+        d["attention_ratio"].get<double>());
+  } else {
+    const auto& s = j["selection"];
+    std::cout << fmt::format("selection per head         {:.1f} µs on the host (O(d²))\n",
+                             1e6 * s["select_seconds_per_head"].get<double>());
+  }
+  if (!json_out.empty()) io::write_file_atomically(json_out, j.dump(2) + "\n");
+  return 0;
+}
+
+}  // namespace sparsim::app
