@@ -116,7 +116,9 @@ void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     const double n = static_cast<double>(x.extent(0));
     const double fl = 2.0 * n * w.rows * w.cols;
     const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-    ledger_->add(op, layer, ph, fl, fl * realised_fraction, by, by * realised_fraction);
+    // 16-bit weights over many rows are widened to fp32 first: a second kernel
+    const std::uint64_t launches = w.dtype != DType::F32 && n >= kWidenRows ? 2 : 1;
+    ledger_->add(op, layer, ph, fl, fl * realised_fraction, by, by * realised_fraction, launches);
   }
 }
 
@@ -286,18 +288,23 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
     att_pairs *= n_seq;
     const double hd = c.head_dim, nh = c.n_head;
-    ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
+    // launches: the kernels each entry stands for (two norms, two residual updates; the KV
+    // append and the attention kernel, which computes scores, softmax and the value mix)
+    ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd,
+                 2);
     const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
     ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
                  8.0 * n * (c.q_dim() + c.kv_dim()));
     const double sf = 2.0 * att_pairs * nh * hd;
     const double kvb = 4.0 * att_pairs * c.kv_dim();
-    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
-    ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
-    ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
+    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb, 2);
+    ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0,
+                 0);
+    ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb, 0);
     const double sw = 6.0 * n * c.d_ff;
     ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
-    ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+    ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd,
+                 rot ? 4 : 2);  // rotated: each update is an add and a copy back
   }
 }
 
@@ -362,6 +369,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   }
   embed(exec_, w_->tok_embd, tok, x);
   mark(flops::Op::Embedding);
+  if (ledger_) ledger_->count_call(ph, n);
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
@@ -380,10 +388,16 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
           last(r, j) = xs((r / tail) * T + skip + r % tail, j);
         });
     src = last;
+    if (ledger_)  // the gather of the scored rows: a copy
+      ledger_->add(flops::Op::Other, -1, ph, 0, 0, 8.0 * n_out * d, 8.0 * n_out * d);
   }
   Mat<E> hn = rows(xn_, n_out);
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
+  if (ledger_) {
+    const double od = static_cast<double>(n_out) * c.d_model;
+    ledger_->add(flops::Op::RMSNorm, -1, ph, 4.0 * od, 4.0 * od, 8.0 * od, 8.0 * od);
+  }
   Mat<E> logits = rows(logits_, n_out);
   plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();

@@ -74,9 +74,11 @@ class Engine {
   /// exactly as forward() does, writing that layer's cache. For calibration and profiling.
   void run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0);
 
-  /// Per-op wall time (fences after every kernel, so only for profiling runs).
+  /// Per-op wall time (fences after every kernel, so only for profiling runs), accumulated
+  /// until reset_profile(); see profile_timer() for which timer measures which op.
   void set_profile(bool on) { profile_ = on; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
+  void reset_profile() { op_seconds_.fill(0.0); }
 
  private:
   void ensure_rows(int n, int n_out);
@@ -110,5 +112,12 @@ class Engine {
   std::array<double, flops::kNumOps> op_seconds_{};
   std::chrono::steady_clock::time_point t_mark_;
 };
+
+/// The op whose timer measures `op` in a profiled forward pass: the attention kernel computes
+/// scores, softmax and the value mix in one launch (after the KV-cache append), all timed as
+/// attn_score; every other op has its own timer.
+inline flops::Op profile_timer(flops::Op op) {
+  return op == flops::Op::AttnSoftmax || op == flops::Op::AttnValue ? flops::Op::AttnScore : op;
+}
 
 }  // namespace sparsim
