@@ -6,6 +6,7 @@
 #include "io/run_file.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
+#include "records.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -64,32 +65,49 @@ std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks
   return {pre, median(steps)};
 }
 
-/// One prefill, then the decode steps of timed_run, profiled (per-op times in eng.op_seconds();
-/// the engine must not have been profiled before) and recorded in `ledger` from the second step
-/// on (the first warms up after the prefill).
+/// Per-op times of one profiled prefill and of the decode steps after it.
+struct ProfiledRun {
+  std::array<double, flops::kNumOps> prefill{}, decode{};
+  int decode_steps = 0;  ///< decode steps profiled (the first one warms up after the prefill)
+};
+
+/// One prefill, then the decode steps of timed_run, all profiled (per-op times, fences after
+/// every kernel) except the first decode step, and recorded in `ledger` (nullptr: none).
 template <class E>
-void profiled_decode(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
-                     flops::Ledger* ledger) {
+ProfiledRun profiled_run(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
+                         flops::Ledger* ledger) {
+  ProfiledRun r;
   const int prompt = static_cast<int>(toks.size());
+  eng.reset_profile();
+  eng.set_ledger(ledger);
+  eng.set_profile(true);
   eng.forward({toks}, 0, false);
+  r.prefill = eng.op_seconds();
+  eng.set_profile(false);
+  eng.set_ledger(nullptr);
+  eng.reset_profile();
   int next = toks.back();
+  const int first = std::min(1, decode - 1);
   for (int s = 0; s < decode; ++s) {
-    if (s == std::min(1, decode - 1)) {
+    if (s == first) {
       eng.set_ledger(ledger);
       eng.set_profile(true);
     }
     eng.forward({{next}}, prompt + s, false);
     next = (next * 31 + 7) % vocab;
   }
+  r.decode = eng.op_seconds();
+  r.decode_steps = decode - first;
   eng.set_profile(false);
   eng.set_ledger(nullptr);
+  return r;
 }
 
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, skipping = "on";
+  std::string model, storage, json_out, run_out, skipping = "on";
   int prompt = 512, decode = 128, reps = 3;
   bool profile = false;
   MethodArgs ma;
@@ -101,6 +119,10 @@ int cmd_bench(int argc, char** argv) {
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
+      "out,o", po::value(&run_out),
+      "run file (HDF5) of the engine under test (the method's with --method, else dense): the "
+      "FLOP ledger of one profiled prefill and the profiled decode steps, their per-op times "
+      "(/op_times) and the medians of the timed runs, for sparsim predict to set against")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");
@@ -114,6 +136,8 @@ int cmd_bench(int argc, char** argv) {
              d, vm))
     return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
+  require(run_out.empty() || run_out != json_out, "--out and --json name the same file '{}'",
+          run_out);
   ma.resolve();
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
@@ -123,8 +147,11 @@ int cmd_bench(int argc, char** argv) {
   const ResolvedModel rm = resolve_model(model);
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
+  const double load_start = load_average();
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
+    std::unique_ptr<io::RunFile> rf;
+    if (!run_out.empty()) rf = std::make_unique<io::RunFile>(run_out);
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
     const double bw = copy_bandwidth(exec, std::size_t(128) << 20, 5);
     ModelInfo mi;
@@ -195,26 +222,26 @@ int cmd_bench(int argc, char** argv) {
       }
       prof[what] = op_json(sec);
     };
-    if (profile) {
-      Engine<E> pe(w, 1, prompt + decode, nullptr, exec);
-      pe.set_profile(true);
-      pe.forward({toks}, 0, false);
-      breakdown("prefill", pe.op_seconds());
-    }
-    if (profile || sparse) {
-      profiled_decode(eng, toks, decode, c.vocab, nullptr);
-      if (profile) breakdown("decode", eng.op_seconds());
+    // The profiled runs: dense when --profile asks for its breakdown, when the method needs it
+    // as a baseline, or when it is the engine the run file describes.
+    flops::Ledger ledger(c.n_layer);
+    ProfiledRun pd, ps;
+    if (profile || sparse || rf) {
+      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger);
+      if (profile) {
+        breakdown("prefill", pd.prefill);
+        breakdown("decode", pd.decode);
+      }
     }
     if (sparse) {
-      flops::Ledger ledger(c.n_layer);
       masker.reset_stats();
-      profiled_decode(*se, toks, decode, c.vocab, &ledger);
+      ps = profiled_run(*se, toks, decode, c.vocab, &ledger);
       const std::string mname = sparsity::method_name(plan.opt.method);
-      if (profile) breakdown("decode (" + mname + ")", se->op_seconds());
+      if (profile) breakdown("decode (" + mname + ")", ps.decode);
       // Realised FLOP fraction of every projection over the profiled decode (the same prompt
       // and steps as the timed runs).
-      const auto& td = eng.op_seconds();
-      const auto& tsp = se->op_seconds();
+      const auto& td = pd.decode;
+      const auto& tsp = ps.decode;
       double t_dense = 0, t_dense_proj = 0, t_proj_scaled = 0, fl_dense = 0, fl_real = 0,
              proj_bytes = 0;
       for (int o = 0; o < flops::kNumOps; ++o) {
@@ -279,6 +306,61 @@ int cmd_bench(int argc, char** argv) {
             {"mask_select_time_share", share_mask},
             {"rotation_time_share", share_rot},
             {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}}};
+    }
+    if (rf) {
+      // The engine under test: its ledger (one prefill, the profiled decode steps), per-op times
+      // and the medians of its timed calls.
+      const ProfiledRun& pr = sparse ? ps : pd;
+      const std::vector<double>& tp = sparse ? ts_pre : t_pre;
+      const std::vector<double>& tdec = sparse ? ts_dec : t_dec;
+      io::Group root = rf->root();
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+      io::Group cfg = root.create_group("config");
+      cfg.set_attr("method",
+                   sparse ? std::string(sparsity::method_name(plan.opt.method)) : "dense");
+      cfg.set_attr("sparsity_target", sparse ? plan.opt.sparsity : 0.0);
+      cfg.set_attr("calibration", ma.calib_path);
+      cfg.set_attr("column_skipping", sparse && skipping == "on" ? 1 : 0);
+      cfg.set_attr("prompt", prompt);
+      cfg.set_attr("decode", decode);
+      cfg.set_attr("reps", reps);
+      io::Group pg = root.create_group("op_times");
+      pg.set_attr("load_average_start", load_start);
+      pg.set_attr("load_average_end", load_average());
+      std::vector<std::string> ops, timers;
+      std::vector<double> secs;
+      for (int o = 0; o < flops::kNumOps; ++o) {
+        ops.emplace_back(flops::to_string(static_cast<flops::Op>(o)));
+        timers.emplace_back(flops::to_string(profile_timer(static_cast<flops::Op>(o))));
+      }
+      secs.insert(secs.end(), pr.prefill.begin(), pr.prefill.end());
+      secs.insert(secs.end(), pr.decode.begin(), pr.decode.end());
+      pg.write_strings("phases", {"prefill", "decode"}, {"", "first index of op_seconds"});
+      pg.write_strings("ops", ops, {"", "second index of op_seconds"});
+      pg.write<double>("op_seconds", secs.data(), {2, static_cast<hsize_t>(flops::kNumOps)},
+                       {"s",
+                        "wall time per op over the profiled calls (a fence after every "
+                        "kernel), [phase][op]"});
+      pg.write_strings("timer", timers,
+                       {"",
+                        "for each op, the op whose timer measured it (one kernel computes "
+                        "several ledger ops)"});
+      pg.write<std::int64_t>("calls", {1, pr.decode_steps},
+                             {"1", "profiled forward calls per phase (the ledger's calls)"});
+      pg.write<std::int64_t>("tokens", {prompt, pr.decode_steps},
+                             {"token", "token rows of the profiled calls per phase"});
+      pg.write<double>("call_seconds_median", {median(tp), median(tdec)},
+                       {"s",
+                        "median over the repetitions of the unprofiled calls: the prompt's "
+                        "prefill, one decode step (itself the median of its run's steps)"});
+      pg.write<std::int64_t>("call_tokens", {prompt, 1}, {"token", "token rows of one timed call"});
+      pg.write<double>("prefill_seconds", tp, {"s", "unprofiled prefill of each repetition"});
+      pg.write<double>("decode_step_seconds", tdec,
+                       {"s", "median unprofiled decode step of each repetition"});
+      io::Group fl = root.create_group("flops");
+      ledger.write(fl);
+      rf->commit();
+      std::cout << fmt::format("\nwrote {} (ledger, per-op times, timings)\n", run_out);
     }
     if (!json_out.empty()) {
       nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
