@@ -747,7 +747,76 @@ def block_hardware_table():
                      "L2 MiB", "launch µs"], rows)
 
 
-BLOCKS = {"hardware-table": block_hardware_table}
+def _results(name):
+    return json.load(open(os.path.join(REPO, "docs", "results", name)))
+
+
+def block_bench_vs_llamacpp():
+    j = _results("bench_vs_llamacpp.json")
+    rows, ratios = [], []
+    for st in ("f32", "bf16"):
+        r = j["runs"].get(st)
+        if not r:
+            continue
+        for prog, key in (("sparsim", "sparsim"), ("llama.cpp", "llama_cpp")):
+            x = r[key]
+            rows.append([st.upper(), prog, f"{x['prefill_tokens_per_s']:.0f}", f"{x['decode_tokens_per_s']:.1f}",
+                         f"{x['peak_rss_mib']:.0f}"])
+        ratios.append(f"{st.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f}")
+    return (md_table(["weights", "program", "prefill tok/s", "decode tok/s", "peak RSS MiB"], rows) +
+            "\nRatios sparsim / llama.cpp: " + "; ".join(ratios) + ".\n")
+
+
+def block_decode_methods():
+    j = _results("decode_methods.json")
+    rows = []
+    for r in j["table"]:
+        dash = lambda v: "–" if v == 0 else f"{100 * v:.1f}%"
+        rows.append([r["storage"], r["method"], f"{r['dense_decode_tokens_per_s']:.1f}", f"{r['decode_tokens_per_s']:.1f}",
+                     f"{r['speedup']:.2f}", f"{r['realised_projection_sparsity']:.3f}",
+                     f"{r['ideal_speedup_projections']:.2f}", f"{r['ideal_speedup_decode_step']:.2f}",
+                     dash(r["mask_select_time_share"]), dash(r["rotation_time_share"])])
+    return md_table(["storage", "method", "dense tok/s", "method tok/s", "speedup", "realised s", "ideal (projections)",
+                     "ideal (whole step)", "mask select", "rotation"], rows)
+
+
+def block_sparse_gemv():
+    j = _results("sparse_gemv.json")
+    cold = [r for r in j["rows"] if r["weights"] == "cold"]
+    shapes, svals = [], sorted({r["s"] for r in cold})
+    for r in cold:
+        if (r["shape"], r["wt_in"], r["wt_out"]) not in shapes:
+            shapes.append((r["shape"], r["wt_in"], r["wt_out"]))
+    rows = []
+    for sh in shapes:
+        rs = {r["s"]: r for r in cold if (r["shape"], r["wt_in"], r["wt_out"]) == sh}
+        first = next(iter(rs.values()))
+        cells = []
+        for sv in svals:
+            r = rs.get(sv)
+            cells.append("" if r is None else f"{r['speedup']:.2f} ({r['speedup_over_ideal']:.2f})" +
+                         (" ✗" if r["goal_met"] is False else ""))
+        rows.append([f"{sh[0]} {sh[1]}×{sh[2]}", f"{first['dense_us']:.0f}"] + cells)
+    return md_table(["shape (Wt in×out)", "dense µs"] + [f"s={sv:g}" for sv in svals], rows)
+
+
+def block_llamacpp_agreement():
+    out = []
+    for name in ("llamacpp_smollm2_f32.json", "llamacpp_smollm2_f32_ctx2048.json"):
+        j = _results(name)
+        pr, pp = j["protocol"], j["perplexity"]
+        g = j["greedy"]
+        out.append([f"{pr['windows']} × {pr['context']} (stride {pr['stride']}, {pr['tokens_scored']} scored)",
+                    f"{pp['sparsim']:.6f}", f"{pp['llama_cpp']:.6f}", f"{pp['relative_difference']:.1e}",
+                    f"{j['window_nll_max_abs_difference_nats']:.1e}",
+                    f"{'identical' if g['identical'] else 'differ'} ({g['n']})", f"`results/{name}`"])
+    return md_table(["windows", "sparsim PPL", "llama.cpp PPL", "relative difference", "largest window NLL difference (nats)",
+                     "greedy tokens", "file"], out)
+
+
+BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_bench_vs_llamacpp,
+          "decode-methods": block_decode_methods, "sparse-gemv": block_sparse_gemv,
+          "llamacpp-agreement": block_llamacpp_agreement}
 
 
 def cmd_docs_blocks(a):
