@@ -49,15 +49,15 @@ bool is_projection(flops::Op o) {
 /// Prefill of `toks`, then `decode` single-token steps; returns (prefill seconds, median step).
 template <class E>
 std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
-                                    int vocab) {
+                                    int vocab, Clock clock) {
   const int prompt = static_cast<int>(toks.size());
-  Stopwatch sw;
+  Stopwatch sw(clock);
   eng.forward({toks}, 0, false);
   const double pre = sw.seconds();
   int next = toks.back();
   std::vector<double> steps;
   for (int s = 0; s < decode; ++s) {
-    Stopwatch st;
+    Stopwatch st(clock);
     eng.forward({{next}}, prompt + s, false);
     steps.push_back(st.seconds());
     next = (next * 31 + 7) % vocab;
@@ -75,8 +75,9 @@ struct ProfiledRun {
 /// every kernel) except the first decode step, and recorded in `ledger` (nullptr: none).
 template <class E>
 ProfiledRun profiled_run(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
-                         flops::Ledger* ledger) {
+                         flops::Ledger* ledger, Clock clock) {
   ProfiledRun r;
+  eng.set_profile_clock(clock);
   const int prompt = static_cast<int>(toks.size());
   eng.reset_profile();
   eng.set_ledger(ledger);
@@ -107,7 +108,7 @@ ProfiledRun profiled_run(Engine<E>& eng, const std::vector<int>& toks, int decod
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, run_out, skipping = "on";
+  std::string model, storage, json_out, run_out, skipping = "on", clock_name = "wall";
   int prompt = 512, decode = 128, reps = 3;
   bool profile = false;
   MethodArgs ma;
@@ -126,6 +127,9 @@ int cmd_bench(int argc, char** argv) {
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");
+  d.add_options()("clock", po::value(&clock_name)->default_value("wall"),
+                  "what timings measure: wall (elapsed time) or cpu (the process's CPU time: with "
+                  "--threads 1, the work's own time on a machine shared with other jobs)");
   ma.add_options(d);
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
@@ -136,6 +140,9 @@ int cmd_bench(int argc, char** argv) {
              d, vm))
     return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
+  require(clock_name == "wall" || clock_name == "cpu", "--clock must be wall or cpu, got '{}'",
+          clock_name);
+  const Clock clock = clock_name == "cpu" ? Clock::ProcessCpu : Clock::Wall;
   require(run_out.empty() || run_out != json_out, "--out and --json name the same file '{}'",
           run_out);
   ma.resolve();
@@ -177,11 +184,11 @@ int cmd_bench(int argc, char** argv) {
     // machine hit both alike.
     std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
     for (int r = 0; r < reps; ++r) {
-      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab);
+      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, clock);
       t_pre.push_back(pre);
       t_dec.push_back(dec);
       if (se) {
-        const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab);
+        const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab, clock);
         ts_pre.push_back(spre);
         ts_dec.push_back(sdec);
       }
@@ -227,7 +234,7 @@ int cmd_bench(int argc, char** argv) {
     flops::Ledger ledger(c.n_layer);
     ProfiledRun pd, ps;
     if (profile || sparse || rf) {
-      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger);
+      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger, clock);
       if (profile) {
         breakdown("prefill", pd.prefill);
         breakdown("decode", pd.decode);
@@ -235,7 +242,7 @@ int cmd_bench(int argc, char** argv) {
     }
     if (sparse) {
       masker.reset_stats();
-      ps = profiled_run(*se, toks, decode, c.vocab, &ledger);
+      ps = profiled_run(*se, toks, decode, c.vocab, &ledger, clock);
       const std::string mname = sparsity::method_name(plan.opt.method);
       if (profile) breakdown("decode (" + mname + ")", ps.decode);
       // Realised FLOP fraction of every projection over the profiled decode (the same prompt
@@ -326,6 +333,7 @@ int cmd_bench(int argc, char** argv) {
       cfg.set_attr("reps", reps);
       io::Group pg = root.create_group("op_times");
       pg.set_attr("load_average_start", load_start);
+      pg.set_attr("clock", clock_name);
       pg.set_attr("load_average_end", load_average());
       std::vector<std::string> ops, timers;
       std::vector<double> secs;
@@ -370,6 +378,7 @@ int cmd_bench(int argc, char** argv) {
                           {"prompt_tokens", prompt},
                           {"decode_tokens", decode},
                           {"reps", reps},
+                          {"clock", clock_name},
                           {"prefill_tokens_per_s", pre_tps},
                           {"decode_tokens_per_s", dec_tps},
                           {"decode_step_seconds_reps", t_dec},

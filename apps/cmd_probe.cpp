@@ -76,7 +76,7 @@ std::string utc_now() {
 /// The measurements at the current thread count, as the JSON of one ThreadRates row plus
 /// details.
 template <class E>
-nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps) {
+nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps, Clock clock) {
   using Dev = DeviceOf<E>;
   nlohmann::json j;
   j["threads"] = threads;
@@ -90,7 +90,7 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps)
     float sink = 0;
     for (int r = 0; r < reps + 1; ++r) {
       exec.fence();
-      Stopwatch sw;
+      Stopwatch sw(clock);
       Kokkos::parallel_for(
           "sparsim::probe::copy", Kokkos::RangePolicy<E>(exec, 0, n),
           KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
@@ -152,7 +152,7 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps)
       std::vector<double> t;
       for (int r = 0; r < reps + 1; ++r) {
         exec.fence();
-        Stopwatch sw;
+        Stopwatch sw(clock);
         linear(exec, CMat<E>(x), w, y, scratch);
         exec.fence();
         if (r > 0) t.push_back(sw.seconds());
@@ -178,7 +178,7 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps)
     std::vector<double> t;
     for (int r = 0; r < reps + 1; ++r) {
       exec.fence();
-      Stopwatch sw;
+      Stopwatch sw(clock);
       for (const Matrix<E>& w : ws) linear(exec, CMat<E>(x), w, y, scratch);
       exec.fence();
       if (r > 0) t.push_back(sw.seconds() / copies);
@@ -192,7 +192,7 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps)
     const int batch = 200;
     for (int r = 0; r < 5 * reps + 1; ++r) {
       exec.fence();
-      Stopwatch sw;
+      Stopwatch sw(clock);
       for (int i = 0; i < batch; ++i) {
         Kokkos::parallel_for("sparsim::probe::empty", Kokkos::RangePolicy<E>(exec, 0, threads),
                              KOKKOS_LAMBDA(const int){});
@@ -229,7 +229,7 @@ std::string run_child(const std::string& cmd) {
 
 int cmd_probe(int argc, char** argv) {
   CommonOptions co;
-  std::string out, threads_s, name = "local";
+  std::string out, threads_s, name = "local", clock_name = "wall";
   int reps = 7;
   double size_mb = 0;
   bool single = false;
@@ -243,6 +243,9 @@ int cmd_probe(int argc, char** argv) {
       "bytes of each streaming array and of the GEMV weights in MiB (0: 4 x the last-level "
       "cache, within 256 ... 1024)")("name", po::value(&name)->default_value("local"),
                                      "profile name written into the file")(
+      "clock", po::value(&clock_name)->default_value("wall"),
+      "what the timings measure: wall (elapsed time) or cpu (the process's CPU time; with one "
+      "thread, the work's own time on a machine shared with other jobs)")(
       "single", po::bool_switch(&single),
       "measure at --threads only and print that row as JSON (what each child process does)");
   add_common_options(d, co);
@@ -255,6 +258,9 @@ int cmd_probe(int argc, char** argv) {
              "the largest count; predict takes the row of the run's thread count.",
              d, vm))
     return 0;
+  require(clock_name == "wall" || clock_name == "cpu", "--clock must be wall or cpu, got '{}'",
+          clock_name);
+  const Clock clock = clock_name == "cpu" ? Clock::ProcessCpu : Clock::Wall;
   require(reps >= 1 && reps <= 1000, "--reps must be between 1 and 1000, got {}", reps);
   require(size_mb >= 0 && size_mb <= 65536, "--size-mb must be between 0 and 65536, got {}",
           size_mb);
@@ -267,7 +273,7 @@ int cmd_probe(int argc, char** argv) {
   if (single) {
     Runtime rt(co);
     return with_backend(co.backend, [&](auto exec) {
-      std::cout << measure(exec, rt.threads(), array_bytes, reps).dump() << "\n";
+      std::cout << measure(exec, rt.threads(), array_bytes, reps, clock).dump() << "\n";
       return 0;
     });
   }
@@ -288,8 +294,9 @@ int cmd_probe(int argc, char** argv) {
   nlohmann::json rows = nlohmann::json::array();
   for (int t : counts) {
     const std::string cmd = fmt::format(
-        "'{}' probe --single --threads {} --reps {} --size-mb {} --backend {} --log-level error",
-        exe, t, reps, array_bytes / (1024 * 1024), backend);
+        "'{}' probe --single --threads {} --reps {} --size-mb {} --backend {} --clock {} "
+        "--log-level error",
+        exe, t, reps, array_bytes / (1024 * 1024), backend, clock_name);
     std::cerr << fmt::format("probe: {} thread{} ...\n", t, t == 1 ? "" : "s");
     const nlohmann::json r = nlohmann::json::parse(run_child(cmd));
     std::cerr << fmt::format(
@@ -309,8 +316,9 @@ int cmd_probe(int argc, char** argv) {
   char host[256] = {0};
   ::gethostname(host, sizeof host - 1);
   const std::string when = utc_now();
-  const std::string how = fmt::format("measured by `{}` on {} at {} (load average {:.2f} → {:.2f})",
-                                      command_line(argc, argv), host, when, load_start, load_end);
+  const std::string how =
+      fmt::format("measured by `{}` on {} at {} ({} clock; load average {:.2f} → {:.2f})",
+                  command_line(argc, argv), host, when, clock_name, load_start, load_end);
   const std::string resolved = resolve_backend(co.backend);
   nlohmann::json j;
   j["format"] = "sparsim-hardware";
@@ -349,7 +357,8 @@ int cmd_probe(int argc, char** argv) {
                 {"load_average_start", load_start},
                 {"load_average_end", load_end},
                 {"array_bytes", array_bytes},
-                {"reps", reps}};
+                {"reps", reps},
+                {"clock", clock_name}};
   // What predict will read back must be a valid profile.
   cost::parse_hardware_profile(j.dump(), out);
   file << j.dump(2) << "\n";

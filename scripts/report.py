@@ -662,7 +662,10 @@ def cmd_validation_page(a):
              f"launch {fmt_num(m['launch_overhead_s'] * 1e6)} µs at {m['threads']} threads). Model {val['model']}, "
              f"{val['storage']} weights, prompt {val['prompt']} tokens, {val['decode']} decode steps, "
              f"{val['reps']} repetitions per run, {val['runs']} runs per configuration (medians). "
-             f"Load average during the runs: {val['load_min']:.2f} to {val['load_max']:.2f} on {m['cores']} cores.\n",
+             f"Load average during the runs: {val['load_min']:.2f} to {val['load_max']:.2f} on {m['cores']} cores. "
+             + ("Timings are the process's CPU time (`--clock cpu`; with one thread, the work's own time while other jobs "
+                "share the cores), for the probe's roofs and the measured runs alike.\n" if val.get("clock") == "cpu"
+                else "Timings are wall-clock time.\n"),
              "## Whole call\n",
              "Predicted time of one prefill of the prompt and of one decode step against the median of the "
              "unprofiled timings (error = predicted / measured − 1).\n"]

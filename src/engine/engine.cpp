@@ -74,8 +74,8 @@ template <class E>
 void Engine<E>::mark(flops::Op op) {
   if (!profile_) return;
   exec_.fence();
-  const auto now = std::chrono::steady_clock::now();
-  op_seconds_[static_cast<int>(op)] += std::chrono::duration<double>(now - t_mark_).count();
+  const double now = clock_seconds(profile_clock_);
+  op_seconds_[static_cast<int>(op)] += now - t_mark_;
   t_mark_ = now;
 }
 
@@ -322,7 +322,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
   set_positions(n_seq, T, p0);
   if (profile_) {
     exec_.fence();
-    t_mark_ = std::chrono::steady_clock::now();
+    t_mark_ = clock_seconds(profile_clock_);
   }
   block(layer, x, n_seq, T, p0, T > 1 ? flops::Phase::Prefill : flops::Phase::Decode);
   exec_.fence();
@@ -365,7 +365,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
 
   if (profile_) {
     exec_.fence();
-    t_mark_ = std::chrono::steady_clock::now();
+    t_mark_ = clock_seconds(profile_clock_);
   }
   embed(exec_, w_->tok_embd, tok, x);
   mark(flops::Op::Embedding);

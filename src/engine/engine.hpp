@@ -10,6 +10,7 @@
 ///
 /// Prefill runs many tokens of several sequences at once (GEMM); decode runs one token per
 /// sequence (GEMV). Both write the same cache and produce the same logits.
+#include "core/timer.hpp"
 #include "engine/hooks.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
@@ -77,6 +78,8 @@ class Engine {
   /// Per-op wall time (fences after every kernel, so only for profiling runs), accumulated
   /// until reset_profile(); see profile_timer() for which timer measures which op.
   void set_profile(bool on) { profile_ = on; }
+  /// The clock of the per-op times: wall (default) or the process's CPU time.
+  void set_profile_clock(Clock c) { profile_clock_ = c; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
   void reset_profile() { op_seconds_.fill(0.0); }
 
@@ -110,7 +113,8 @@ class Engine {
   LinearScratch<E> scratch_;
   bool profile_ = false;
   std::array<double, flops::kNumOps> op_seconds_{};
-  std::chrono::steady_clock::time_point t_mark_;
+  Clock profile_clock_ = Clock::Wall;
+  double t_mark_ = 0;
 };
 
 /// The op whose timer measures `op` in a profiled forward pass: the attention kernel computes
