@@ -75,6 +75,60 @@ def median(v):
     return statistics.median(v) if v else None
 
 
+def calibration_info(path):
+    """What made the calibration file (its own record of the command), for the page."""
+    if not path:
+        return None
+    info = {"file": os.path.basename(path)}
+    try:
+        import h5py
+        with h5py.File(path, "r") as f:
+            for k in ("command", "model_fingerprint", "corpus_path"):
+                if k in f.attrs:
+                    v = f.attrs[k]
+                    info[k] = v.decode() if isinstance(v, bytes) else str(v)
+    except (ImportError, OSError):
+        pass
+    return info
+
+
+def gpu_comparison(a, rows):
+    """The GPU run's measured tokens/s of this model and storage against the predictions of the
+    same configurations' ledgers on the GPU's profiles."""
+    if not a.gpu_results or not os.path.exists(a.gpu_results):
+        return None
+    g = json.load(open(a.gpu_results))
+    bench = g.get("bench", {})
+    model = "smollm2" if a.model == "smollm2" else os.path.splitext(os.path.basename(a.model))[0]
+    profiles = [h for h in a.gpu_profiles.split(",") if h]
+    out = []
+    for r in rows:
+        if r["method"] == "dense":
+            cands = [(f"{model}_{a.storage}_ops", "dense, op by op", None),
+                     (f"{model}_{a.storage}_fused", "dense, fused decode blocks", None),
+                     (f"{model}_{a.storage}_graph", "dense, fused + CUDA graphs", None)]
+        else:
+            cands = [(f"{model}_{a.storage}_{r['method']}", r["method"], "sparse")]
+        for key, what, side in cands:
+            b = bench.get(key)
+            if not b:
+                continue
+            m = b.get(side, {}) if side else b
+            if "decode_tokens_per_s" not in m:
+                continue
+            preds = {e["hardware"]: e for e in r["elsewhere"] if e["hardware"] in profiles}
+            out.append({"configuration": r["label"], "gpu_run": key, "what": what,
+                        "prompt_tokens": b.get("prompt_tokens"), "decode_tokens": b.get("decode_tokens"),
+                        "decode_path": b.get("decode_path"), "graph": b.get("graph"),
+                        "measured_prefill_tokens_per_s": m.get("prefill_tokens_per_s"),
+                        "measured_decode_tokens_per_s": m["decode_tokens_per_s"],
+                        "predicted": {h: {"prefill_tokens_per_s": e["prefill_tokens_per_s"],
+                                          "decode_tokens_per_s": e["decode_tokens_per_s"],
+                                          "decode_bound": e["decode_bound"]} for h, e in preds.items()}})
+    return {"file": os.path.relpath(a.gpu_results, ROOT), "gpu": g.get("gpu"), "commit": g.get("commit"),
+            "profiles": profiles, "rows": out}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
@@ -99,6 +153,10 @@ def main():
     ap.add_argument("--figures", default=os.path.join(ROOT, "docs", "figures"))
     ap.add_argument("--predict-on", default="a100-40gb,a100-80gb,h100-sxm,h200,h200-measured",
                     help="also predict every configuration on these profiles (what the GPU would take)")
+    ap.add_argument("--gpu-results", default=os.path.join(ROOT, "docs", "results", "gpu_h200_first.json"),
+                    help="a GPU run's results (scripts/gpu/check.sh): its measured tokens/s of the same model, "
+                         "storage and methods are set against the predictions on --gpu-profiles ('' : none)")
+    ap.add_argument("--gpu-profiles", default="h200,h200-measured")
     a = ap.parse_args()
     methods = [m for m in a.methods.split(",") if m]
     if methods and not a.calibration:
@@ -183,6 +241,8 @@ def main():
                                        "decode_bound": j["phases"]["decode"]["bound"]})
         rows.append(entry)
 
+    gpu = gpu_comparison(a, rows)
+
     # Discussion: every op off by more than 25% in some configuration, with why.
     off = {}
     for r in rows:
@@ -210,10 +270,12 @@ def main():
                     "sgemm_flops": row["sgemm_flops"], "memory_bandwidth": max(row["copy_bandwidth"], row["read_bandwidth"]),
                     "copy_bandwidth": row["copy_bandwidth"], "read_bandwidth": row["read_bandwidth"],
                     "gemv_bandwidth": row["gemv_bandwidth"], "launch_overhead_s": row["launch_overhead_s"]},
+        "calibration": calibration_info(a.calibration),
         "model": a.model, "storage": a.storage, "prompt": a.prompt, "decode": a.decode, "reps": a.reps,
         "runs": a.runs, "sparsity": a.sparsity,
         "load_min": min(loads), "load_max": max(loads), "loads": loads,
         "rows": rows,
+        "gpu": gpu,
         "discussion": "\n".join(text),
     }
     tmp = a.json + ".tmp"

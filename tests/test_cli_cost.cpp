@@ -4,6 +4,7 @@
 #include "flops/ledger_file.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
+#include "io/run_file.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace sparsim::test {
@@ -315,6 +317,25 @@ TEST_F(CliCost, BadInputFailsWithAReasonAndWritesNothing) {
     f.root().set_attr("format", "sparsim-calibration");
     f.close();
   }
+  // a run file of this program without a ledger
+  const std::string noledger = dir_->file("noledger.h5");
+  {
+    io::H5File f = io::H5File::create(noledger);
+    io::Group run = f.root().create_group("run");
+    run.set_attr("format", io::kRunFormat);
+    run.set_attr("schema_version", io::kRunSchemaVersion);
+    run.set_attr("command", "sparsim calibrate ...");
+    run.set_attr("version", "test");
+    f.close();
+  }
+  // a real run file cut short (as when a copy is interrupted)
+  const std::string cut = dir_->file("truncated.h5");
+  {
+    std::ifstream in(fwd("f32"), std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSERT_GT(bytes.size(), 4096u);
+    std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  }
   struct Case {
     std::string args, needle;
   };
@@ -332,6 +353,11 @@ TEST_F(CliCost, BadInputFailsWithAReasonAndWritesNothing) {
       {"predict " + run + " --hardware h200 --precision fp8", "no peak FLOP/s for precision 'fp8'"},
       {"predict " + cal + " --hardware h200", "not a run file"},
       {"predict --hardware h200", "no run file given"},
+      {"flops " + noledger, "no FLOP ledger"},
+      {"predict " + noledger + " --hardware h200", "no FLOP ledger"},
+      {"flops " + cut, "truncated.h5"},
+      {"predict " + cut + " --hardware a100-80gb --json", "truncated.h5"},
+      {"flops " + run + " " + cut, "truncated.h5"},
   };
   for (const Case& c : cases) {
     const RunResult r = run_cmd(sparsim_bin() + " " + c.args + " --out " + out);

@@ -137,6 +137,11 @@ TEST_F(Report, DocsGeneratedBlocksAgreeWithTheCommittedFiles) {
   const RunResult r = run_cmd(report("docs-blocks --check " + docs + "cost-model.md " + docs +
                                      "performance.md " + docs + "eval.md"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  // the validation page is generated whole from its summary
+  const RunResult v =
+      run_cmd(report("validation-page " + docs + "results/cost_validation.json --page " + docs +
+                     "cost-validation.md --figures " + docs + "figures --check"));
+  EXPECT_EQ(v.exit_code, 0) << v.output;
 }
 
 TEST_F(Report, BadInputFailsWithAReason) {
