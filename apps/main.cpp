@@ -19,6 +19,7 @@ int cmd_profile(int argc, char** argv);
 int cmd_flops(int argc, char** argv);
 int cmd_predict(int argc, char** argv);
 int cmd_probe(int argc, char** argv);
+int cmd_prune(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -36,6 +37,8 @@ const Command kCommands[] = {
      "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
     {"profile", sparsim::app::cmd_profile,
      "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
+    {"prune", sparsim::app::cmd_prune,
+     "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
      "show a model file's metadata, tensors and memory needs"},
