@@ -363,6 +363,18 @@ int cmd_bench(int argc, char** argv) {
       "CUDA: replay each dense decode step as a captured CUDA graph")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
+      "kernel)")("baseline", po::value(&baseline),
+                 "time the attention module (q, k, v, o projections, RoPE, cache store, "
+                 "attention) of --model against this model in the same run, repetitions "
+                 "interleaved, e.g. a pruned model against the dense one it came from; replaces "
+                 "the throughput runs")(
+      "decode-only", po::bool_switch(&decode_only),
+      "with --baseline: time only the decode steps, at positions --prompt onwards, over a cache "
+      "that was never filled (the same work as after a prefill; for long prompts at large "
+      "batches, whose prefill would dominate the run)");
+  d.add_options()("clock", po::value(&clock_name)->default_value("wall"),
+                  "what timings measure: wall (elapsed time) or cpu (the process's CPU time: with "
+                  "--threads 1, the work's own time on a machine shared with other jobs)");
   ma.add_options(d);
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
@@ -390,6 +402,8 @@ int cmd_bench(int argc, char** argv) {
           "--out: not written for --method token-filter (its --json has the figures)");
   require(baseline.empty() || !ma.sparse(), "--baseline and --method cannot be combined");
   require(!decode_only || !baseline.empty(), "--decode-only needs --baseline");
+  require(run_out.empty() || baseline.empty(),
+          "--out: not written for --baseline (its --json has the figures)");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
