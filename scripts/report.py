@@ -414,6 +414,9 @@ def fig_validation(val, outdir, name="validation.png"):
     ax.fill_between(xs, xs * 0.75, xs * 1.25, color="gray", alpha=0.2, label="±25%")
     ax.set_xlabel("measured ms per call (median)")
     ax.set_ylabel("predicted ms per call")
+    from matplotlib.ticker import NullFormatter
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left")
     ax.set_title("whole call: predicted against measured")
