@@ -11,6 +11,7 @@
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
+#include "records.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -70,17 +71,17 @@ std::vector<std::vector<int>> batch_of(const std::vector<int>& toks, int batch, 
 /// returns (prefill seconds, median step).
 template <class E>
 std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
-                                    int vocab, int batch = 1) {
+                                    int vocab, Clock clock, int batch = 1) {
   const int prompt = static_cast<int>(toks.size());
   const auto seqs = batch_of(toks, batch, vocab);
-  Stopwatch sw;
+  Stopwatch sw(clock);
   eng.forward(seqs, 0, false);
   const double pre = sw.seconds();
   std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
   for (int b = 0; b < batch; ++b) next[static_cast<std::size_t>(b)] = {seqs[b].back()};
   std::vector<double> steps;
   for (int s = 0; s < decode; ++s) {
-    Stopwatch st;
+    Stopwatch st(clock);
     eng.forward(next, prompt + s, false);
     steps.push_back(st.seconds());
     for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
@@ -88,30 +89,43 @@ std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks
   return {pre, median(steps)};
 }
 
-/// One prefill, then the decode steps of timed_run, profiled (per-op times in eng.op_seconds();
-/// the engine must not have been profiled before) and recorded in `ledger` from the second step
-/// on (the first warms up after the prefill).
+/// Per-op times of one profiled prefill and of the decode steps after it.
+struct ProfiledRun {
+  std::array<double, flops::kNumOps> prefill{}, decode{};
+  int decode_steps = 0;  ///< decode steps profiled (the first one warms up after the prefill)
+};
+
+/// One prefill, then the decode steps of timed_run, all profiled (per-op times, fences after
+/// every kernel) except the first decode step, and recorded in `ledger` (nullptr: none).
 template <class E>
-void profiled_decode(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
-                     flops::Ledger* ledger) {
+ProfiledRun profiled_run(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
+                         flops::Ledger* ledger, Clock clock) {
+  ProfiledRun r;
+  eng.set_profile_clock(clock);
   const int prompt = static_cast<int>(toks.size());
+  eng.clear_op_seconds();
+  eng.set_ledger(ledger);
+  eng.set_profile(true);
   eng.forward({toks}, 0, false);
+  r.prefill = eng.op_seconds();
+  eng.set_profile(false);
+  eng.set_ledger(nullptr);
+  eng.clear_op_seconds();
   int next = toks.back();
+  const int first = std::min(1, decode - 1);
   for (int s = 0; s < decode; ++s) {
-    if (s == std::min(1, decode - 1)) {
+    if (s == first) {
       eng.set_ledger(ledger);
       eng.set_profile(true);
     }
     eng.forward({{next}}, prompt + s, false);
     next = (next * 31 + 7) % vocab;
   }
+  r.decode = eng.op_seconds();
+  r.decode_steps = decode - first;
   eng.set_profile(false);
   eng.set_ledger(nullptr);
-}
-
-double load_average() {
-  double l[1] = {0};
-  return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
+  return r;
 }
 
 /// Token Filtering (optionally with an activation method) against dense, decoding `batch`
@@ -325,7 +339,8 @@ void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, skipping = "on", decode_path = "fused", baseline;
+  std::string model, storage, json_out, run_out, skipping = "on", decode_path = "fused",
+                                                 clock_name = "wall", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
   bool profile = false, graph = false, decode_only = false, kv_synthetic = false;
   MethodArgs ma;
@@ -337,6 +352,10 @@ int cmd_bench(int argc, char** argv) {
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
+      "out,o", po::value(&run_out),
+      "run file (HDF5) of the engine under test (the method's with --method, else dense): the "
+      "FLOP ledger of one profiled prefill and the profiled decode steps, their per-op times "
+      "(/op_times) and the medians of the timed runs, for sparsim predict to set against")(
       "batch", po::value(&batch)->default_value(1),
       "sequences decoded together (each prefilled with the prompt); tokens/s count all of "
       "them; dense, token-filter, think and grace benchmarks (activation-sparsity methods decode "
@@ -357,6 +376,9 @@ int cmd_bench(int argc, char** argv) {
       "with --baseline: time only the decode steps, at positions --prompt onwards, over a cache "
       "that was never filled (the same work as after a prefill; for long prompts at large "
       "batches, whose prefill would dominate the run)");
+  d.add_options()("clock", po::value(&clock_name)->default_value("wall"),
+                  "what timings measure: wall (elapsed time) or cpu (the process's CPU time: with "
+                  "--threads 1, the work's own time on a machine shared with other jobs)");
   ma.add_options(d);
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
@@ -371,12 +393,21 @@ int cmd_bench(int argc, char** argv) {
              d, vm))
     return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
+  require(clock_name == "wall" || clock_name == "cpu", "--clock must be wall or cpu, got '{}'",
+          clock_name);
+  const Clock clock = clock_name == "cpu" ? Clock::ProcessCpu : Clock::Wall;
+  require(run_out.empty() || run_out != json_out, "--out and --json name the same file '{}'",
+          run_out);
   require(batch >= 1 && batch <= 64, "--batch must be in 1 … 64, got {}", batch);
+  require(run_out.empty() || batch == 1,
+          "--out: the run file's profiled calls decode one sequence; leave --batch at 1");
   require(decode_path == "fused" || decode_path == "ops",
           "--decode-path must be fused or ops, got '{}'", decode_path);
   ma.resolve(&vm);
   require(batch == 1 || ma.token_filter || !ma.sparse(),
           "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
+  require(run_out.empty() || !ma.token_filter,
+          "--out: not written for --method token-filter (its --json has the figures)");
   require(baseline.empty() || !ma.sparse(), "--baseline and --method cannot be combined");
   require(!decode_only || !baseline.empty(), "--decode-only needs --baseline");
   require(!ma.kv_prune || (!ma.token_filter && !ma.sparse()),
@@ -384,17 +415,23 @@ int cmd_bench(int argc, char** argv) {
   require(baseline.empty() || !ma.kv_prune,
           "--baseline and --method think/grace cannot be combined");
   require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
+  require(run_out.empty() || baseline.empty(),
+          "--out: not written for --baseline (its --json has the figures)");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   const ResolvedModel rm = resolve_model(model);
-  io::guard_run({{"--model", rm.path}, {"--calibration", ma.calib_path}}, {{"--json", json_out}});
+  io::guard_run({{"--model", rm.path}, {"--calibration", ma.calib_path}},
+                {{"--json", json_out}, {"--out", run_out}});
   Runtime rt(co);
   const std::string backend = resolve_backend(co.backend);
+  const double load_start = load_average();
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
+    std::unique_ptr<io::RunFile> rf;
+    if (!run_out.empty()) rf = std::make_unique<io::RunFile>(run_out);
     if (!baseline.empty()) {
       const ResolvedModel rb = resolve_model(baseline);
       ModelInfo ma_, mb_;
@@ -503,11 +540,11 @@ int cmd_bench(int argc, char** argv) {
     // machine hit both alike.
     std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
     for (int r = 0; r < reps; ++r) {
-      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, batch);
+      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, clock, batch);
       t_pre.push_back(pre);
       t_dec.push_back(dec);
       if (se) {
-        const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab);
+        const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab, clock);
         ts_pre.push_back(spre);
         ts_dec.push_back(sdec);
       }
@@ -550,26 +587,26 @@ int cmd_bench(int argc, char** argv) {
       }
       prof[what] = op_json(sec);
     };
-    if (profile) {
-      Engine<E> pe(w, 1, prompt + decode, nullptr, exec);
-      pe.set_profile(true);
-      pe.forward({toks}, 0, false);
-      breakdown("prefill", pe.op_seconds());
-    }
-    if (profile || sparse) {
-      profiled_decode(eng, toks, decode, c.vocab, nullptr);
-      if (profile) breakdown("decode", eng.op_seconds());
+    // The profiled runs: dense when --profile asks for its breakdown, when the method needs it
+    // as a baseline, or when it is the engine the run file describes.
+    flops::Ledger ledger(c.n_layer);
+    ProfiledRun pd, ps;
+    if (profile || sparse || rf) {
+      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger, clock);
+      if (profile) {
+        breakdown("prefill", pd.prefill);
+        breakdown("decode", pd.decode);
+      }
     }
     if (sparse) {
-      flops::Ledger ledger(c.n_layer);
       masker.reset_stats();
-      profiled_decode(*se, toks, decode, c.vocab, &ledger);
+      ps = profiled_run(*se, toks, decode, c.vocab, &ledger, clock);
       const std::string mname = sparsity::method_name(plan.opt.method);
-      if (profile) breakdown("decode (" + mname + ")", se->op_seconds());
+      if (profile) breakdown("decode (" + mname + ")", ps.decode);
       // Realised FLOP fraction of every projection over the profiled decode (the same prompt
       // and steps as the timed runs).
-      const auto& td = eng.op_seconds();
-      const auto& tsp = se->op_seconds();
+      const auto& td = pd.decode;
+      const auto& tsp = ps.decode;
       double t_dense = 0, t_dense_proj = 0, t_proj_scaled = 0, fl_dense = 0, fl_real = 0,
              proj_bytes = 0;
       for (int o = 0; o < flops::kNumOps; ++o) {
@@ -626,11 +663,12 @@ int cmd_bench(int argc, char** argv) {
           step.bytes_realised / nsteps / 1e6, step.bytes_dense / nsteps / 1e6,
           step.bytes_realised / step.bytes_dense, step.flops_realised / nsteps / 1e6,
           step.flops_dense / nsteps / 1e6, step.flops_realised / step.flops_dense,
-          plan.rotated ? fmt::format("; the online re-rotation ({}) adds {:.1f} MB and {:.1f} MFLOP",
-                                     to_string(plan.opt.rotation_storage),
-                                     rot_t.bytes_realised / nsteps / 1e6,
-                                     rot_t.flops_realised / nsteps / 1e6)
-                       : "");
+          plan.rotated
+              ? fmt::format("; the online re-rotation ({}) adds {:.1f} MB and {:.1f} MFLOP",
+                            to_string(plan.opt.rotation_storage),
+                            rot_t.bytes_realised / nsteps / 1e6,
+                            rot_t.flops_realised / nsteps / 1e6)
+              : "");
       mj = {{"method", mname},
             {"sparsity_target", plan.opt.sparsity},
             {"calibration", ma.calib_path},
@@ -658,6 +696,62 @@ int cmd_bench(int argc, char** argv) {
               {"flops_rotation", rot_t.flops_realised / nsteps}}},
             {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}}};
     }
+    if (rf) {
+      // The engine under test: its ledger (one prefill, the profiled decode steps), per-op times
+      // and the medians of its timed calls.
+      const ProfiledRun& pr = sparse ? ps : pd;
+      const std::vector<double>& tp = sparse ? ts_pre : t_pre;
+      const std::vector<double>& tdec = sparse ? ts_dec : t_dec;
+      io::Group root = rf->root();
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+      io::Group cfg = root.create_group("config");
+      cfg.set_attr("method",
+                   sparse ? std::string(sparsity::method_name(plan.opt.method)) : "dense");
+      cfg.set_attr("sparsity_target", sparse ? plan.opt.sparsity : 0.0);
+      cfg.set_attr("calibration", ma.calib_path);
+      cfg.set_attr("column_skipping", sparse && skipping == "on" ? 1 : 0);
+      cfg.set_attr("prompt", prompt);
+      cfg.set_attr("decode", decode);
+      cfg.set_attr("reps", reps);
+      io::Group pg = root.create_group("op_times");
+      pg.set_attr("load_average_start", load_start);
+      pg.set_attr("clock", clock_name);
+      pg.set_attr("load_average_end", load_average());
+      std::vector<std::string> ops, timers;
+      std::vector<double> secs;
+      for (int o = 0; o < flops::kNumOps; ++o) {
+        ops.emplace_back(flops::to_string(static_cast<flops::Op>(o)));
+        timers.emplace_back(flops::to_string(profile_timer(static_cast<flops::Op>(o))));
+      }
+      secs.insert(secs.end(), pr.prefill.begin(), pr.prefill.end());
+      secs.insert(secs.end(), pr.decode.begin(), pr.decode.end());
+      pg.write_strings("phases", {"prefill", "decode"}, {"", "first index of op_seconds"});
+      pg.write_strings("ops", ops, {"", "second index of op_seconds"});
+      pg.write<double>("op_seconds", secs.data(), {2, static_cast<hsize_t>(flops::kNumOps)},
+                       {"s",
+                        "wall time per op over the profiled calls (a fence after every "
+                        "kernel), [phase][op]"});
+      pg.write_strings("timer", timers,
+                       {"",
+                        "for each op, the op whose timer measured it (one kernel computes "
+                        "several ledger ops)"});
+      pg.write<std::int64_t>("calls", {1, pr.decode_steps},
+                             {"1", "profiled forward calls per phase (the ledger's calls)"});
+      pg.write<std::int64_t>("tokens", {prompt, pr.decode_steps},
+                             {"token", "token rows of the profiled calls per phase"});
+      pg.write<double>("call_seconds_median", {median(tp), median(tdec)},
+                       {"s",
+                        "median over the repetitions of the unprofiled calls: the prompt's "
+                        "prefill, one decode step (itself the median of its run's steps)"});
+      pg.write<std::int64_t>("call_tokens", {prompt, 1}, {"token", "token rows of one timed call"});
+      pg.write<double>("prefill_seconds", tp, {"s", "unprofiled prefill of each repetition"});
+      pg.write<double>("decode_step_seconds", tdec,
+                       {"s", "median unprofiled decode step of each repetition"});
+      io::Group fl = root.create_group("flops");
+      ledger.write(fl);
+      rf->commit();
+      std::cout << fmt::format("\nwrote {} (ledger, per-op times, timings)\n", run_out);
+    }
     if (!json_out.empty()) {
       nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                           {"storage", storage},
@@ -669,6 +763,7 @@ int cmd_bench(int argc, char** argv) {
                           {"graph", eng.graph()},
                           {"decode_tokens", decode},
                           {"reps", reps},
+                          {"clock", clock_name},
                           {"prefill_tokens_per_s", pre_tps},
                           {"decode_tokens_per_s", dec_tps},
                           {"decode_step_seconds_reps", t_dec},

@@ -1,18 +1,19 @@
 // sparsim profile: the block sensitivity profile e_i (paper 000, Sec. 2.2, Figure 1) and the
 // sensitivity-aware block budgets s_i = clamp(s + λ(ē − e_i), 0.05, 0.95) it implies, from a
-// calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot.
+// calibration file or measured afresh; written to an HDF5 file, a table and optionally a PNG plot
+// (drawn by the report generator, scripts/report.py).
 #include "calibrate_options.hpp"
 #include "common.hpp"
 #include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
-#include "io/png_plot.hpp"
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "records.hpp"
+#include "report_tool.hpp"
 #include "sparsity/calibrate.hpp"
 #include "sparsity/rotation.hpp"
 
@@ -101,25 +102,6 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
     budget_mean[j] = mean_of(budgets[j]);
   }
 
-  // The plot is rendered and staged before the run file exists; both are published at the end.
-  std::unique_ptr<io::AtomicTextFile> png;
-  if (!plot.empty()) {
-    std::vector<io::Series> series;
-    for (std::size_t i = 0; i < P; ++i) {
-      io::Series s;
-      s.label = fmt::format("s\u0304={:g}", p.probe_levels[i]);
-      for (std::size_t l = 0; l < L; ++l) {
-        s.x.push_back(static_cast<double>(l));
-        s.y.push_back(p.sensitivity[i][l]);
-      }
-      series.push_back(std::move(s));
-    }
-    const std::string title = fmt::format("Block sensitivity ({} model)", p.variant);
-    const std::string bytes = io::render_line_plot(title, "layer", "sensitivity e_i", series);
-    png = std::make_unique<io::AtomicTextFile>(plot);
-    png->stream().write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  }
-
   io::RunFile rf(out);
   io::Group root = rf.root();
   header(root);
@@ -160,7 +142,9 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
           {"1", "[s] realised mean of the budgets (the clamp can move it away from s)"});
   interruption_point("write");
   rf.commit();
-  if (png) png->commit();
+  // The plot comes from the report generator, from the run file just written (which stays,
+  // complete, if the plot fails).
+  if (!plot.empty()) run_report_tool({"sensitivity-plot", out, "--png", plot});
 
   // stdout: layer × probe, then the budgets at the chosen probe
   std::cout << fmt::format("block sensitivity profile, {} model ({})\n", p.variant,
@@ -216,7 +200,9 @@ int cmd_profile(int argc, char** argv) {
       "probe", po::value(&br.probe)->default_value(0.4),
       "probe level s̄ whose sensitivities set the budgets (one of the measured levels)")(
       "out,o", po::value(&out), "HDF5 file to write (required)")(
-      "plot", po::value(&plot), "PNG line plot of e_i over the layers, one line per probe level")(
+      "plot", po::value(&plot),
+      "PNG: e_i over the layers, one line per probe level, and the budgets (drawn by "
+      "scripts/report.py from the run file; needs the Python environment of scripts/setup.sh)")(
       "corpus,c", po::value(&corpus_arg)->default_value("default"),
       "calibration text when computing afresh: a file, a directory, JSONL, or 'default'")(
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
@@ -307,6 +293,7 @@ int cmd_profile(int argc, char** argv) {
   require(probe_index(p.probe_levels, br.probe) >= 0,
           "--probe {} is not among the probe levels ({}){}", br.probe, join_levels(p.probe_levels),
           from_file ? " of " + calib_path : "");
+  if (!plot.empty()) check_report_tool();
 
   if (!load) {
     // The calibration file alone: no model, no Kokkos. /run and /model come from the file.

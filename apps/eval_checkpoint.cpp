@@ -150,6 +150,12 @@ bool EvalCheckpoint::read(EvalProgress& into, int n_layer) const {
         t.launches = ln[i];
         into.ledger.set(ph, static_cast<flops::Op>(o), l, t);
       }
+  if (lg.has("calls")) {  // forward calls and token rows per phase
+    const auto calls = lg.read<std::int64_t>("calls"), toks = lg.read<std::int64_t>("tokens");
+    require(calls.size() == 2 && toks.size() == 2, "checkpoint '{}': bad ledger call counts",
+            path_);
+    for (std::size_t p = 0; p < 2; ++p) into.ledger.set_calls(kPhases[p], calls[p], toks[p]);
+  }
 
   into.masker.reset();
   if (root.has_group("masker")) {
@@ -220,6 +226,13 @@ void EvalCheckpoint::write(const EvalProgress& p) const {
   lg.write<double>("bytes_dense", bd);
   lg.write<double>("bytes_realised", br);
   lg.write<std::uint64_t>("launches", ln);
+  std::vector<std::int64_t> calls, toks;
+  for (flops::Phase ph : kPhases) {
+    calls.push_back(p.ledger.calls(ph));
+    toks.push_back(p.ledger.tokens(ph));
+  }
+  lg.write<std::int64_t>("calls", calls);
+  lg.write<std::int64_t>("tokens", toks);
 
   if (p.masker) {
     std::vector<std::uint64_t> tokens, kept, total, hist;

@@ -17,6 +17,9 @@ int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
 int cmd_profile(int argc, char** argv);
+int cmd_flops(int argc, char** argv);
+int cmd_predict(int argc, char** argv);
+int cmd_probe(int argc, char** argv);
 int cmd_prune(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 }  // namespace sparsim::app
@@ -48,6 +51,12 @@ const Command kCommands[] = {
      "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
     {"bench", sparsim::app::cmd_bench,
      "prefill and decode speed, and decode against memory bandwidth"},
+    {"flops", sparsim::app::cmd_flops,
+     "FLOP accounting of run files: dense vs realised FLOPs and bytes per phase, op and layer"},
+    {"predict", sparsim::app::cmd_predict,
+     "predicted time, tokens/s and speedup of a run on a hardware profile (roofline)"},
+    {"probe", sparsim::app::cmd_probe,
+     "measure this machine's bandwidth, GEMM/GEMV rates and launch cost: a hardware profile"},
 };
 
 void usage(std::ostream& os) {

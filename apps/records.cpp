@@ -1,10 +1,12 @@
 #include "records.hpp"
 
+#include "io/run_file.hpp"
 #include "pruning/kv_prune.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <ctime>
+#include <fstream>
 
 namespace sparsim::app {
 
@@ -14,8 +16,17 @@ std::string command_line(int argc, char** argv) {
   return cmd;
 }
 
+double load_average() {
+  std::ifstream f("/proc/loadavg");
+  double one = -1;
+  if (!(f >> one)) return -1;
+  return one;
+}
+
 void write_run_group(io::Group root, int argc, char** argv) {
   io::Group run = root.create_group("run");
+  run.set_attr("format", io::kRunFormat);
+  run.set_attr("schema_version", io::kRunSchemaVersion);
   run.set_attr("command", command_line(argc, argv));
   run.set_attr("version", SPARSIM_VERSION);
   const std::time_t now = std::time(nullptr);
@@ -32,6 +43,7 @@ void write_run_header(io::Group root, int argc, char** argv, const std::string& 
   be.set_attr("name", backend);
   be.set_attr("threads", threads);
   be.set_attr("kokkos_version", static_cast<std::int64_t>(KOKKOS_VERSION));
+  be.set_attr("load_average", load_average());
 
   io::Group m = root.create_group("model");
   m.set_attr("path", mi.path);

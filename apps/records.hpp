@@ -11,10 +11,14 @@ namespace sparsim::app {
 /// The command line as one string (arguments joined by spaces).
 std::string command_line(int argc, char** argv);
 
+/// The machine's 1-minute load average (/proc/loadavg), -1 where it cannot be read.
+double load_average();
+
 /// Writes /run: command line, version, start time (UTC).
 void write_run_group(io::Group root, int argc, char** argv);
 
-/// Writes /run (command line, version, time), /backend (name, threads, Kokkos version) and
+/// Writes /run (command line, version, time), /backend (name, threads, Kokkos version, load
+/// average at the time of writing) and
 /// /model (path, fingerprint, hyper-parameters, storage type).
 void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
                       int threads, const ModelInfo& mi, const Config& cfg, DType storage);

@@ -6,6 +6,8 @@
 #   scripts/setup.sh --deps-only     # stop after the dependencies
 #   scripts/setup.sh --no-run        # build, but do not run the main job
 #   scripts/setup.sh --with-llamacpp # also build llama-cpp-python (the reference scripts; ~20 min)
+#   scripts/setup.sh --with-chromium # also install Debian's chromium (the report page test opens
+#                                    # the generated HTML headless; skipped without it)
 #
 # Environment:
 #   SPARSIM_DEPS   prefix for the bootstrapped Kokkos / Kokkos Kernels (default ~/.cache/sparsim-deps)
@@ -19,12 +21,14 @@ jobs="${JOBS:-$(nproc)}"
 deps_only=0
 run_main=1
 with_llamacpp=0
+with_chromium=0
 for a in "$@"; do
   case "$a" in
     --deps-only) deps_only=1 ;;
     --no-run) run_main=0 ;;
     --with-llamacpp) with_llamacpp=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --with-chromium) with_chromium=1 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
@@ -55,8 +59,17 @@ if [ ! -x "$venv/bin/python" ]; then
   log "creating Python environment for scripts in $venv"
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, gguf, h5py, matplotlib' 2>/dev/null; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py matplotlib
+# numpy, gguf, h5py: reference tools; pandas, matplotlib, jinja2: the report generator
+# (scripts/report.py, also behind `sparsim profile --plot`).
+if ! "$venv/bin/python" -c 'import numpy, gguf, h5py, pandas, matplotlib, jinja2' 2>/dev/null; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py pandas \
+    matplotlib jinja2
+fi
+# Chromium (large) only on request: the report test then opens the generated page headless.
+if [ "$with_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  log "installing chromium (headless check of the report pages)"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends chromium
 fi
 
 # llama.cpp through llama-cpp-python, built from its PyPI source: the independent reference of

@@ -150,8 +150,8 @@ template <class E>
 void Engine<E>::mark(flops::Op op) {
   if (!profile_) return;
   exec_.fence();
-  const auto now = std::chrono::steady_clock::now();
-  op_seconds_[static_cast<int>(op)] += std::chrono::duration<double>(now - t_mark_).count();
+  const double now = clock_seconds(profile_clock_);
+  op_seconds_[static_cast<int>(op)] += now - t_mark_;
   t_mark_ = now;
 }
 
@@ -207,7 +207,9 @@ void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     const double br =
         n > 0 ? (static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols)) * realised_fraction
               : 0.0;
-    ledger_->add(op, layer, ph, fl, fr, by, br);
+    // 16-bit weights over many rows are widened to fp32 first: a second kernel
+    const std::uint64_t launches = n == 0 ? 0 : w.dtype != DType::F32 && n >= kWidenRows ? 2 : 1;
+    ledger_->add(op, layer, ph, fl, fr, by, br, launches);
   }
 }
 
@@ -536,19 +538,33 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
 
 template <class E>
 void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                             const int* skip) {
+                             const int* skip, bool fused) {
   if (!ledger_) return;
   const Config& c = w_->cfg;
   const AttnShape& sh = cache_.shape(l);
   const double nd = static_cast<double>(n) * c.d_model;
-  ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
+  // launches: the kernels each entry stands for. Op by op: two norms, the K and Q rotations,
+  // the KV append and the attention kernel (scores, softmax and value mix in one), SwiGLU, two
+  // residual updates (rotated model: each an add and a copy back). Fused decode: norms, RoPE,
+  // SwiGLU and the residual updates run inside the projections' kernels; attention is the
+  // split-K kernel and its combine.
+  const bool rot = w_->rotated();
+  ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd,
+               fused ? 0 : 2);
   const double qw = sh.q_width(), kw = sh.k_width();
   const double rf = 6.0 * n * (qw + kw) / 2, rr = 6.0 * (n_keep * qw + n * kw) / 2;
-  ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw));
+  ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw),
+               fused        ? 0
+               : n_keep > 0 ? 2
+                            : 1);
   attention_ledger(l, ph, n_seq, T, p0, skip);
   const double sw = 6.0 * n * c.d_ff;
-  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
-  ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff,
+               fused ? 0 : 1);
+  ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd,
+               fused ? 0
+               : rot ? 4
+                     : 2);
 }
 
 template <class E>
@@ -612,10 +628,10 @@ void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p
     }
   }
   const double sf = 2.0 * pairs * nh * qk, kb = 4.0 * pairs * kw;
-  ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real);
-  ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * pairs * nh, 5.0 * pairs_real * nh, 0, 0);
+  ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real, 2);
+  ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * pairs * nh, 5.0 * pairs_real * nh, 0, 0, 0);
   ledger_->add(flops::Op::AttnValue, l, ph, 2.0 * pairs * nh * vd, 2.0 * pairs_real * nh * vd,
-               4.0 * pairs * vw, 4.0 * pairs_real * vw);
+               4.0 * pairs * vw, 4.0 * pairs_real * vw, 0);
 }
 
 template <class E>
@@ -702,7 +718,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
   set_positions(n_seq, T, p0);
   if (profile_) {
     exec_.fence();
-    t_mark_ = std::chrono::steady_clock::now();
+    t_mark_ = clock_seconds(profile_clock_);
   }
   block(layer, x, n_seq, T, p0, T > 1 ? flops::Phase::Prefill : flops::Phase::Decode);
   if (tgate_) tgate_->end_call(exec_);
@@ -748,9 +764,10 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
 
   if (profile_) {
     exec_.fence();
-    t_mark_ = std::chrono::steady_clock::now();
+    t_mark_ = clock_seconds(profile_clock_);
   }
   Mat<E> logits = rows(logits_, n_out);
+  if (ledger_) ledger_->count_call(ph, n);
   if (T == 1 && use_fused(1)) {  // device decode: five kernels a block, or a replayed graph
     bool all = true;
     for (int l = 0; l < c.n_layer && all; ++l) all = fusable(l);
@@ -787,11 +804,17 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
           last(r, j) = xs((r / tail) * T + skip + r % tail, j);
         });
     src = last;
+    if (ledger_)  // the gather of the scored rows: a copy
+      ledger_->add(flops::Op::Other, -1, ph, 0, 0, 8.0 * n_out * d, 8.0 * n_out * d);
   }
   Mat<E> hn = rows(xn_, n_out);
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
   seg_ = tail;  // the LM head sees `tail` rows per sequence
+  if (ledger_) {
+    const double od = static_cast<double>(n_out) * c.d_model;
+    ledger_->add(flops::Op::RMSNorm, -1, ph, 4.0 * od, 4.0 * od, 8.0 * od, 8.0 * od);
+  }
   plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();
   finish_call();
@@ -863,10 +886,12 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
       const Matrix<E>& w = lw.proj(p);
       const double fl = 2.0 * n * w.rows * w.cols;
       const double b = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-      ledger_->add(op_of(p), l, ph, fl, fl, b, b);
+      // Q, K and V in one kernel, gate and up in another
+      const bool own = p == Proj::Q || p == Proj::O || p == Proj::Gate || p == Proj::Down;
+      ledger_->add(op_of(p), l, ph, fl, fl, b, b, own ? 1 : 0);
     }
   }
-  block_ledger(l, n, n, n_seq, 1, p0, ph, nullptr);
+  block_ledger(l, n, n, n_seq, 1, p0, ph, nullptr, true);
 }
 
 template <class E>
@@ -879,6 +904,10 @@ void Engine<E>::decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits,
                  4.0 * n_seq * c.d_model * 2);
   for (int l = 0; l < c.n_layer; ++l) block_fused(l, x, n_seq, p0, ph);
   // the final RMSNorm inside the LM head's GEMV
+  if (ledger_) {
+    const double od = static_cast<double>(n_seq) * c.d_model;
+    ledger_->add(flops::Op::RMSNorm, -1, ph, 4.0 * od, 4.0 * od, 8.0 * od, 8.0 * od, 0);
+  }
   const CVec<E> on(w_->out_norm);
   with_view(w_->output, [&](const auto& w) {
     gemv_warp(exec_, CMat<E>(x), w, logits, GemvOut::Store, on, c.rms_eps);

@@ -16,6 +16,7 @@
 /// qk_head_dim(l) wide, v heads v_head_dim(l) wide, a per-layer KV cache of those widths, RoPE
 /// by rotation units at each kept pair's original frequency (Config::rope_units), and the full
 /// model's softmax scale 1/√head_dim.
+#include "core/timer.hpp"
 #include "engine/hooks.hpp"
 #include "engine/kv_cache.hpp"
 #include "flops/ledger.hpp"
@@ -127,8 +128,11 @@ class Engine {
   /// always run them.
   void set_device_path(bool on);
 
-  /// Per-op wall time (fences after every kernel, so only for profiling runs).
+  /// Per-op time (fences after every kernel, so only for profiling runs), accumulated until
+  /// clear_op_seconds(); see profile_timer() for which timer measures which op.
   void set_profile(bool on) { profile_ = on; }
+  /// The clock of the per-op times: wall (default) or the process's CPU time.
+  void set_profile_clock(Clock c) { profile_clock_ = c; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
   void clear_op_seconds() { op_seconds_.fill(0.0); }
 
@@ -155,7 +159,7 @@ class Engine {
   bool fusable(int l) const;
   void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
   void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                    const int* skip);
+                    const int* skip, bool fused = false);
   void finish_call();
   void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
   bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);
@@ -209,7 +213,15 @@ class Engine {
   LinearScratch<E> scratch_;
   bool profile_ = false;
   std::array<double, flops::kNumOps> op_seconds_{};
-  std::chrono::steady_clock::time_point t_mark_;
+  Clock profile_clock_ = Clock::Wall;
+  double t_mark_ = 0;
 };
+
+/// The op whose timer measures `op` in a profiled forward pass: the attention kernel computes
+/// scores, softmax and the value mix in one launch (after the KV-cache append), all timed as
+/// attn_score; every other op has its own timer.
+inline flops::Op profile_timer(flops::Op op) {
+  return op == flops::Op::AttnSoftmax || op == flops::Op::AttnValue ? flops::Op::AttnScore : op;
+}
 
 }  // namespace sparsim

@@ -94,6 +94,7 @@ void Ledger::grow(int layer) {
 
 void Ledger::reset() {
   std::fill(cells_.begin(), cells_.end(), Totals{});
+  for (int p = 0; p < kNumPhases; ++p) calls_[p] = tokens_[p] = 0;
 }
 
 Ledger::Totals Ledger::at(Phase phase, Op op, int layer) const {
@@ -146,6 +147,10 @@ void Ledger::merge(const Ledger& other) {
   // Both tables are laid out with the layer slot outermost, so other's cells map 1:1 onto the
   // first other.cells_.size() cells of this one.
   for (std::size_t i = 0; i < other.cells_.size(); ++i) cells_[i] += other.cells_[i];
+  for (int p = 0; p < kNumPhases; ++p) {
+    calls_[p] += other.calls_[p];
+    tokens_[p] += other.tokens_[p];
+  }
 }
 
 void Ledger::merge(const Ledger& other, Op except) {
@@ -211,7 +216,11 @@ void Ledger::write(io::Group& g) const {
     g.set_attr(prefix + "_launches", static_cast<std::int64_t>(t.launches));
   };
   put("total", total());
-  for (Phase p : kPhases) put(to_string(p), total(p));
+  for (Phase p : kPhases) {
+    put(to_string(p), total(p));
+    g.set_attr(std::string(to_string(p)) + "_calls", calls(p));
+    g.set_attr(std::string(to_string(p)) + "_tokens", tokens(p));
+  }
   g.set_attr("num_layers", static_cast<std::int64_t>(num_layers()));
 }
 

@@ -73,17 +73,19 @@ class Ledger {
   /// `n_layers`: transformer layers the tables cover from the start (they grow on demand).
   explicit Ledger(int n_layers = 0);
 
-  /// Records one launch. `layer` is the transformer layer (0-based) or -1 for ops outside the
-  /// layers (embedding, final norm, LM head).
+  /// Records the work of `launches` kernel launches (one by default; several when one entry
+  /// covers several kernels, 0 when the op is computed inside another op's kernel). `layer` is
+  /// the transformer layer (0-based) or -1 for ops outside the layers (embedding, final norm,
+  /// LM head).
   void add(Op op, int layer, Phase phase, double flops_dense, double flops_realised,
-           double bytes_dense, double bytes_realised) {
+           double bytes_dense, double bytes_realised, std::uint64_t launches = 1) {
     if (layer + 1 >= slots_ || layer < -1) grow(layer);
     Totals& c = cells_[index(phase, op, layer)];
     c.flops_dense += flops_dense;
     c.flops_realised += flops_realised;
     c.bytes_dense += bytes_dense;
     c.bytes_realised += bytes_realised;
-    ++c.launches;
+    c.launches += launches;
   }
 
   /// Replaces one table entry (restoring a saved ledger).
@@ -92,7 +94,22 @@ class Ledger {
     cells_[index(phase, op, layer)] = t;
   }
 
-  /// Zeroes every entry; the layer extent and the storage are kept.
+  /// Records one forward call of `tokens` token rows (all sequences together) in `phase`: the
+  /// denominators of tokens/s and of per-step figures in reports and predictions.
+  void count_call(Phase phase, std::int64_t tokens) {
+    calls_[static_cast<int>(phase)] += 1;
+    tokens_[static_cast<int>(phase)] += tokens;
+  }
+  /// Sets the call and token counts of `phase` (restoring a saved ledger).
+  void set_calls(Phase phase, std::int64_t calls, std::int64_t tokens) {
+    calls_[static_cast<int>(phase)] = calls;
+    tokens_[static_cast<int>(phase)] = tokens;
+  }
+  /// Forward calls and token rows recorded with count_call().
+  std::int64_t calls(Phase phase) const { return calls_[static_cast<int>(phase)]; }
+  std::int64_t tokens(Phase phase) const { return tokens_[static_cast<int>(phase)]; }
+
+  /// Zeroes every entry (and the call and token counts); the layer extent and storage are kept.
   void reset();
 
   Totals total() const;
@@ -116,7 +133,7 @@ class Ledger {
   /// Writes the tables into `g` (the run writer passes /flops); see docs/run-file-schema.md:
   /// datasets flops_dense, flops_realised, bytes_dense, bytes_realised (float64) and launches
   /// (uint64), each of shape [phase][op][layer + 1]; string datasets phases, ops, layers;
-  /// int64 dataset layer_index; totals as attributes of `g`.
+  /// int64 dataset layer_index; totals, call and token counts as attributes of `g`.
   void write(io::Group& g) const;
 
   /// Human-readable per-op summary (GFLOP, GB, share of the realised FLOP total) for stdout.
@@ -134,6 +151,8 @@ class Ledger {
 
   int slots_ = 1;  ///< layer slots: index 0 is layer -1
   std::vector<Totals> cells_;
+  std::int64_t calls_[kNumPhases] = {};
+  std::int64_t tokens_[kNumPhases] = {};
 };
 
 }  // namespace sparsim::flops

@@ -22,6 +22,56 @@ void refuse_existing(const std::string& path) {
 
 }  // namespace
 
+std::int64_t check_run_schema(const H5File& f) {
+  const Group root = f.root();
+  const std::string& path = f.path();
+  if (root.has_attr("format") && !root.has_group("run")) {
+    std::string fmt_name;
+    try {
+      fmt_name = root.get_attr<std::string>("format");
+    } catch (const Error&) {
+      fmt_name = "?";
+    }
+    fail("'{}' is not a run file but a '{}' file (no /run group)", path, fmt_name);
+  }
+  require(root.has_group("run"),
+          "'{}' is not a sparsim run file: it has no /run group (is it another program's HDF5 "
+          "file?)",
+          path);
+  const Group run = root.open_group("run");
+  if (!run.has_attr("schema_version")) {
+    require(run.has_attr("command") && run.has_attr("version"),
+            "'{}' is not a sparsim run file: its /run group has no schema_version, command or "
+            "version attribute",
+            path);
+    fail(
+        "'{}' was written by sparsim {} with run-file schema 1 (before /run carried "
+        "schema_version); this sparsim reads schema {}: run the command again to regenerate "
+        "it",
+        path, run.get_attr<std::string>("version"), kRunSchemaVersion);
+  }
+  std::int64_t v = 0;
+  std::string fmt_name;
+  try {
+    v = run.get_attr<std::int64_t>("schema_version");
+    fmt_name = run.get_attr<std::string>("format");
+  } catch (const Error& e) {
+    fail("'{}' is not a valid sparsim run file: {}", path, e.what());
+  }
+  require(fmt_name == kRunFormat, "'{}' is not a sparsim run file: /run format is '{}', not '{}'",
+          path, fmt_name, kRunFormat);
+  require(v >= 1 && v <= kRunSchemaVersion,
+          "'{}' has run-file schema {}, newer than the {} this sparsim reads: use the sparsim "
+          "that wrote it ({})",
+          path, v, kRunSchemaVersion,
+          run.has_attr("version") ? run.get_attr<std::string>("version") : "unknown");
+  require(v == kRunSchemaVersion,
+          "'{}' has run-file schema {}; this sparsim reads schema {}: run the command again to "
+          "regenerate it",
+          path, v, kRunSchemaVersion);
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 // RunFile
 

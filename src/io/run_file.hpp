@@ -6,10 +6,22 @@
 #include "io/hdf5.hpp"
 #include "io/temp_file.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <string>
 
 namespace sparsim::io {
+
+/// Every run file says what it is on its /run group: attribute `format` = kRunFormat and
+/// `schema_version` = the layout version it follows (docs/run-file-schema.md).
+inline constexpr const char* kRunFormat = "sparsim-run";
+/// Version 2: /run carries format and schema_version; /flops carries call and token counts.
+inline constexpr std::int64_t kRunSchemaVersion = 2;
+
+/// Checks that the open file `f` is a sparsim run file of a schema this build reads; returns
+/// its schema version. Throws sparsim::Error saying what the file is instead (another
+/// program's HDF5 file, a calibration file, a run file of an older or newer schema).
+std::int64_t check_run_schema(const H5File& f);
 
 /// The HDF5 run file of one simulation run.
 class RunFile {

@@ -1,0 +1,373 @@
+// sparsim probe: a hardware profile of the machine at hand for sparsim predict, measured at each
+// thread count: STREAM-like copy and read bandwidth (arrays past the last-level cache), the
+// prefill GEMM and decode GEMV rates of sparsim's own linear() kernel, and the cost of an empty
+// kernel launch. Each thread count runs in a child process (Kokkos fixes its thread count at
+// start-up); medians of repetitions.
+#include "common.hpp"
+#include "core/timer.hpp"
+#include "cost/hardware.hpp"
+#include "io/run_file.hpp"
+#include "kernels/linear.hpp"
+#include "model/weights.hpp"
+#include "records.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+namespace sparsim::app {
+
+namespace {
+
+constexpr int kLanes = 16;
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Size in bytes of the largest cache level sysfs lists for cpu0 (0 when unknown).
+std::pair<double, std::string> last_level_cache() {
+  double best = 0;
+  std::string where;
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+    std::ifstream sz(dir + "/size"), lv(dir + "/level");
+    std::string s;
+    int level = 0;
+    if (!(sz >> s) || !(lv >> level)) continue;
+    double v = std::atof(s.c_str());
+    if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) v *= 1024;
+    if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) v *= 1024 * 1024;
+    if (v > best) {
+      best = v;
+      where = fmt::format("{}/size (L{} of cpu0: {})", dir, level, s);
+    }
+  }
+  return {best, where};
+}
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t c = line.find(':');
+      return c == std::string::npos ? line : line.substr(c + 2);
+    }
+  return "unknown CPU";
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return buf;
+}
+
+/// The measurements at the current thread count, as the JSON of one ThreadRates row plus
+/// details.
+template <class E>
+nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps, Clock clock) {
+  using Dev = DeviceOf<E>;
+  nlohmann::json j;
+  j["threads"] = threads;
+  // --- copy and read bandwidth over arrays of array_bytes each
+  {
+    const std::size_t n = static_cast<std::size_t>(array_bytes / sizeof(float));
+    Kokkos::View<float*, Dev> a("sparsim::probe::a", n), b("sparsim::probe::b", n);
+    Kokkos::deep_copy(a, 1.0f);
+    Kokkos::deep_copy(b, 0.0f);
+    std::vector<double> tc, tr;
+    float sink = 0;
+    for (int r = 0; r < reps + 1; ++r) {
+      exec.fence();
+      Stopwatch sw(clock);
+      Kokkos::parallel_for(
+          "sparsim::probe::copy", Kokkos::RangePolicy<E>(exec, 0, n),
+          KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+      exec.fence();
+      const double c = sw.seconds();
+      // the sum runs 16 independent lanes per block, so that it streams at memory speed
+      // rather than at the latency of one dependent addition per element
+      float s = 0;
+      const std::size_t blocks = n / kLanes;
+      sw.reset();
+      Kokkos::parallel_reduce(
+          "sparsim::probe::read", Kokkos::RangePolicy<E>(exec, 0, blocks),
+          KOKKOS_LAMBDA(const std::size_t blk, float& acc) {
+            float lane[kLanes];
+            for (int k = 0; k < kLanes; ++k) lane[k] = b(blk * kLanes + k);
+            float t = 0;
+            for (int k = 0; k < kLanes; ++k) t += lane[k];
+            acc += t;
+          },
+          s);
+      exec.fence();
+      const double rd = sw.seconds();
+      sink += s;
+      if (r > 0) {  // the first repetition warms up (page faults, frequency)
+        tc.push_back(c);
+        tr.push_back(rd);
+      }
+    }
+    j["copy_bandwidth"] = 2.0 * static_cast<double>(n) * sizeof(float) / median_of(tc);
+    j["read_bandwidth"] = static_cast<double>(n / kLanes * kLanes) * sizeof(float) / median_of(tr);
+    j["read_checksum"] = sink;
+  }
+  LinearScratch<E> scratch;
+  auto make_w = [](int out, int in, std::uint64_t seed) {
+    Matrix<E> w;
+    w.dtype = DType::F32;
+    w.rows = out;
+    w.cols = in;
+    w.f32 = decltype(w.f32)("sparsim::probe::w", out, in);
+    auto h = Kokkos::create_mirror_view(w.f32);
+    std::uint64_t s = seed;
+    for (int r = 0; r < out; ++r)
+      for (int c = 0; c < in; ++c) {
+        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+        h(r, c) = static_cast<float>(static_cast<std::int64_t>(s >> 40) % 2001 - 1000) * 1e-3f;
+      }
+    Kokkos::deep_copy(w.f32, h);
+    return w;
+  };
+  // --- prefill GEMM through linear(): 512 token rows against W[2048][in], in = 576 and 2048
+  {
+    nlohmann::json shapes = nlohmann::json::array();
+    double best = 0;
+    const int rows = 512, out = 2048;
+    for (int in : {576, 2048}) {
+      const Matrix<E> w = make_w(out, in, 7);
+      Mat<E> x("sparsim::probe::x", rows, in), y("sparsim::probe::y", rows, out);
+      Kokkos::deep_copy(x, 0.5f);
+      std::vector<double> t;
+      for (int r = 0; r < reps + 1; ++r) {
+        exec.fence();
+        Stopwatch sw(clock);
+        linear(exec, CMat<E>(x), w, y, scratch);
+        exec.fence();
+        if (r > 0) t.push_back(sw.seconds());
+      }
+      const double rate = 2.0 * rows * out * in / median_of(t);
+      shapes.push_back({{"rows", rows}, {"out", out}, {"in", in}, {"flops_per_s", rate}});
+      best = std::max(best, rate);
+    }
+    j["sgemm_flops"] = best;
+    j["sgemm_shapes"] = shapes;
+  }
+  // --- decode GEMV through linear(): one row against W[2048][2048] copies spanning
+  // array_bytes, taken in turn so that each comes from memory
+  {
+    const int out = 2048, in = 2048;
+    const double wbytes = 4.0 * out * in;
+    const int copies = std::max(2, static_cast<int>(array_bytes / wbytes) + 1);
+    std::vector<Matrix<E>> ws;
+    for (int k = 0; k < copies; ++k)
+      ws.push_back(make_w(out, in, 11 + static_cast<std::uint64_t>(k)));
+    Mat<E> x("sparsim::probe::xv", 1, in), y("sparsim::probe::yv", 1, out);
+    Kokkos::deep_copy(x, 0.5f);
+    std::vector<double> t;
+    for (int r = 0; r < reps + 1; ++r) {
+      exec.fence();
+      Stopwatch sw(clock);
+      for (const Matrix<E>& w : ws) linear(exec, CMat<E>(x), w, y, scratch);
+      exec.fence();
+      if (r > 0) t.push_back(sw.seconds() / copies);
+    }
+    j["gemv_bandwidth"] = (wbytes + 4.0 * (in + out)) / median_of(t);
+    j["gemv_shape"] = {{"out", out}, {"in", in}, {"copies", copies}};
+  }
+  // --- launch overhead: an empty kernel and a fence, in batches of 200
+  {
+    std::vector<double> t;
+    const int batch = 200;
+    for (int r = 0; r < 5 * reps + 1; ++r) {
+      exec.fence();
+      Stopwatch sw(clock);
+      for (int i = 0; i < batch; ++i) {
+        Kokkos::parallel_for("sparsim::probe::empty", Kokkos::RangePolicy<E>(exec, 0, threads),
+                             KOKKOS_LAMBDA(const int){});
+        exec.fence();
+      }
+      if (r > 0) t.push_back(sw.seconds() / batch);
+    }
+    j["launch_overhead_s"] = median_of(t);
+  }
+  return j;
+}
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  require(n > 0, "cannot find the sparsim executable (/proc/self/exe)");
+  buf[n] = 0;
+  return buf;
+}
+
+std::string run_child(const std::string& cmd) {
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  require(p != nullptr, "cannot start '{}'", cmd);
+  std::string out;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = ::pclose(p);
+  require(st == 0, "the probe at one thread count failed ({}): {}", cmd, out);
+  return out;
+}
+
+}  // namespace
+
+int cmd_probe(int argc, char** argv) {
+  CommonOptions co;
+  std::string out, threads_s, name = "local", clock_name = "wall";
+  int reps = 7;
+  double size_mb = 0;
+  bool single = false;
+  po::options_description d("sparsim probe options");
+  d.add_options()("out,o", po::value(&out), "hardware profile to write (JSON)")(
+      "thread-counts", po::value(&threads_s),
+      "thread counts to measure, comma separated (default: 1, 2, 4, … up to all cores, and all "
+      "cores)")("reps", po::value(&reps)->default_value(7),
+                "repetitions of each measurement (medians are kept; one more warms up)")(
+      "size-mb", po::value(&size_mb)->default_value(0),
+      "bytes of each streaming array and of the GEMV weights in MiB (0: 4 x the last-level "
+      "cache, within 256 ... 1024)")("name", po::value(&name)->default_value("local"),
+                                     "profile name written into the file")(
+      "clock", po::value(&clock_name)->default_value("wall"),
+      "what the timings measure: wall (elapsed time) or cpu (the process's CPU time; with one "
+      "thread, the work's own time on a machine shared with other jobs)")(
+      "single", po::bool_switch(&single),
+      "measure at --threads only and print that row as JSON (what each child process does)");
+  add_common_options(d, co);
+  po::variables_map vm;
+  if (!parse(argc, argv,
+             "usage: sparsim probe --out PROFILE.json [--thread-counts 1,2] [--reps 7]\n\n"
+             "Measures this machine for sparsim predict: copy and read bandwidth, the GEMM rate "
+             "of sparsim's prefill kernel, the bandwidth of its decode GEMV and the cost of a "
+             "kernel launch, at each thread count. The profile's headline roofs are those at "
+             "the largest count; predict takes the row of the run's thread count.",
+             d, vm))
+    return 0;
+  require(clock_name == "wall" || clock_name == "cpu", "--clock must be wall or cpu, got '{}'",
+          clock_name);
+  const Clock clock = clock_name == "cpu" ? Clock::ProcessCpu : Clock::Wall;
+  require(reps >= 1 && reps <= 1000, "--reps must be between 1 and 1000, got {}", reps);
+  require(size_mb >= 0 && size_mb <= 65536, "--size-mb must be between 0 and 65536, got {}",
+          size_mb);
+  const auto [llc, llc_where] = last_level_cache();
+  // 4 x the last-level cache, within [256 MiB, 1 GiB]: virtual machines may report the host's
+  // whole (shared) cache
+  const double array_bytes =
+      size_mb > 0 ? size_mb * 1024 * 1024
+                  : std::min(1024.0 * 1024 * 1024, std::max(256.0 * 1024 * 1024, 4 * llc));
+  if (single) {
+    Runtime rt(co);
+    return with_backend(co.backend, [&](auto exec) {
+      std::cout << measure(exec, rt.threads(), array_bytes, reps, clock).dump() << "\n";
+      return 0;
+    });
+  }
+  require(!out.empty(), "--out is required: the profile file to write");
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<int> counts;
+  if (threads_s.empty()) {
+    for (int t = 1; t < cores; t *= 2) counts.push_back(t);
+    counts.push_back(cores);
+  } else {
+    counts = parse_int_list(threads_s, "--thread-counts");
+    for (int t : counts) require(t >= 1 && t <= 4096, "--thread-counts: {} is out of range", t);
+  }
+  io::AtomicTextFile file(out);  // fails now, not after the measurements, if out is unwritable
+  const double load_start = load_average();
+  const std::string exe = self_exe();
+  const std::string backend = co.backend.empty() ? "default" : co.backend;
+  nlohmann::json rows = nlohmann::json::array();
+  for (int t : counts) {
+    const std::string cmd = fmt::format(
+        "'{}' probe --single --threads {} --reps {} --size-mb {} --backend {} --clock {} "
+        "--log-level error",
+        exe, t, reps, array_bytes / (1024 * 1024), backend, clock_name);
+    std::cerr << fmt::format("probe: {} thread{} ...\n", t, t == 1 ? "" : "s");
+    const nlohmann::json r = nlohmann::json::parse(run_child(cmd));
+    std::cerr << fmt::format(
+        "  copy {:.2f} GB/s, read {:.2f} GB/s, GEMM {:.2f} GFLOP/s, GEMV {:.2f} GB/s, launch "
+        "{:.2f} us\n",
+        r["copy_bandwidth"].get<double>() / 1e9, r["read_bandwidth"].get<double>() / 1e9,
+        r["sgemm_flops"].get<double>() / 1e9, r["gemv_bandwidth"].get<double>() / 1e9,
+        r["launch_overhead_s"].get<double>() * 1e6);
+    rows.push_back(r);
+  }
+  const double load_end = load_average();
+  // Headline roofs: the row of the largest thread count.
+  std::size_t top = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (rows[i]["threads"].get<int>() > rows[top]["threads"].get<int>()) top = i;
+  const nlohmann::json& t = rows[top];
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string when = utc_now();
+  const std::string how =
+      fmt::format("measured by `{}` on {} at {} ({} clock; load average {:.2f} → {:.2f})",
+                  command_line(argc, argv), host, when, clock_name, load_start, load_end);
+  const std::string resolved = resolve_backend(co.backend);
+  nlohmann::json j;
+  j["format"] = "sparsim-hardware";
+  j["version"] = 1;
+  j["name"] = name;
+  j["description"] =
+      fmt::format("{}, {} cores ({} backend; measured)", cpu_model(), cores, resolved);
+  j["kind"] = "measured";
+  j["peak_flops"] = {{"fp32", t["sgemm_flops"]}};
+  j["memory_bandwidth"] =
+      std::max(t["copy_bandwidth"].get<double>(), t["read_bandwidth"].get<double>());
+  j["l2_bytes"] = llc > 0 ? llc : 1.0;
+  j["launch_overhead_s"] = t["launch_overhead_s"];
+  j["sources"] = {
+      {"peak_flops.fp32",
+       fmt::format("{}: sparsim's linear() on 512 rows x W[2048][576 or 2048] (prefill GEMM, "
+                   "OpenBLAS tiles), the faster shape, median of {}, at {} threads",
+                   how, reps, t["threads"].get<int>())},
+      {"memory_bandwidth",
+       fmt::format("{}: the faster of STREAM copy (bytes read + written) and a streaming sum, "
+                   "over arrays of {:.0f} MiB, median of {}, at {} threads",
+                   how, array_bytes / (1024 * 1024), reps, t["threads"].get<int>())},
+      {"l2_bytes", llc > 0 ? fmt::format("the last-level cache from sysfs: {}", llc_where)
+                           : std::string("unknown (sysfs lists no cache); 1 byte recorded")},
+      {"launch_overhead_s",
+       fmt::format("{}: an empty parallel_for and a fence, median of batches of 200, at {} "
+                   "threads",
+                   how, t["threads"].get<int>())}};
+  j["threads"] = rows;
+  j["probe"] = {{"command", command_line(argc, argv)},
+                {"date_utc", when},
+                {"host", host},
+                {"cpu", cpu_model()},
+                {"cores", cores},
+                {"backend", resolved},
+                {"load_average_start", load_start},
+                {"load_average_end", load_end},
+                {"array_bytes", array_bytes},
+                {"reps", reps},
+                {"clock", clock_name}};
+  // What predict will read back must be a valid profile.
+  cost::parse_hardware_profile(j.dump(), out);
+  file << j.dump(2) << "\n";
+  file.commit();
+  std::cout << fmt::format(
+      "wrote {}: {} at {} threads: {:.2f} GFLOP/s, {:.2f} GB/s, launch {:.2f} us\n", out, name,
+      t["threads"].get<int>(), t["sgemm_flops"].get<double>() / 1e9,
+      j["memory_bandwidth"].get<double>() / 1e9, t["launch_overhead_s"].get<double>() * 1e6);
+  return 0;
+}
+
+}  // namespace sparsim::app
