@@ -49,6 +49,7 @@ int cmd_calibrate(int argc, char** argv) {
   CalibrateCli cc;
   cc.add(d);
   add_common_options(d, co);
+  add_check_option(d);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim calibrate --out FILE [--model M] [--corpus C] [options]",
              d, vm))
@@ -71,6 +72,8 @@ int cmd_calibrate(int argc, char** argv) {
       progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
+  require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
+  if (options_checked(vm)) return 0;
   lo.strict = strict;
   const ResolvedModel rm = resolve_model(model_arg);
   const Corpus corpus = load_corpus(corpus_arg, CorpusOptions{text_field});

@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <cmath>
 #include <iostream>
+#include <limits>
 
 namespace sparsim::app {
 
@@ -63,12 +64,16 @@ int cmd_eval(int argc, char** argv) {
       "progress bar on stderr: auto (when a terminal), always, never");
   da.add_options(d);
   add_common_options(d, co);
+  add_check_option(d);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim eval [--model smollm2] [--corpus default] [options]", d,
              vm))
     return 0;
-  ma.resolve();
-  da.resolve(vm, ma.sparse(), !out.empty(), ma.cal ? ma.cal->n_layer : 0);
+  const bool check_only = vm["check-options"].as<bool>();
+  ma.resolve(/*read_calibration=*/!check_only);
+  // Without the calibration file (--check-options) the layer count is not known yet.
+  da.resolve(vm, ma.sparse(), !out.empty(),
+             ma.cal ? ma.cal->n_layer : (check_only ? std::numeric_limits<int>::max() : 0));
   const std::string& method = ma.method;
   const std::string& calib_path = ma.calib_path;
   require(bos_mode == "auto" || bos_mode == "yes" || bos_mode == "no",
@@ -87,6 +92,8 @@ int cmd_eval(int argc, char** argv) {
     require(po_.stride >= 1 && po_.batch >= 1 && po_.max_windows >= 0 && po_.context >= 2,
             "--context, --stride, --batch must be positive and --max-windows non-negative");
   }
+  require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
+  if (options_checked(vm)) return 0;
   const ResolvedModel rm = resolve_model(model_arg);
   log().info("model {} ({})", rm.path, rm.origin);
   Stopwatch wall;

@@ -16,6 +16,8 @@ int cmd_eval(int argc, char** argv);
 int cmd_generate(int argc, char** argv);
 int cmd_calibrate(int argc, char** argv);
 int cmd_profile(int argc, char** argv);
+int cmd_sweep(int argc, char** argv);
+int cmd_collect(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -41,6 +43,10 @@ const Command kCommands[] = {
      "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
     {"bench", sparsim::app::cmd_bench,
      "prefill and decode speed, and decode against memory bandwidth"},
+    {"sweep", sparsim::app::cmd_sweep,
+     "run a grid of evaluations from a spec: resumable, under MPI or as a Slurm job array"},
+    {"collect", sparsim::app::cmd_collect,
+     "merge a sweep's finished points into results.h5 and results.csv"},
 };
 
 void usage(std::ostream& os) {
@@ -52,6 +58,15 @@ void usage(std::ostream& os) {
 }
 
 }  // namespace
+
+namespace sparsim::app {
+/// The function of a subcommand, or null (sparsim sweep runs other subcommands' option checks).
+int (*command_function(const std::string& name))(int, char**) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return c.run;
+  return nullptr;
+}
+}  // namespace sparsim::app
 
 int main(int argc, char** argv) {
   sparsim::select_blas_core(argv);

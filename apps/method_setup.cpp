@@ -23,7 +23,7 @@ void MethodArgs::add_options(po::options_description& d) {
       "projections scored with column norms: kg (k and gate, WINA's choice) or all");
 }
 
-void MethodArgs::resolve() {
+void MethodArgs::resolve(bool read_calibration) {
   mopt.method = sparsity::parse_method(method);
   mopt.validate();
   require(budget_mode == "sensitivity" || budget_mode == "uniform",
@@ -40,7 +40,7 @@ void MethodArgs::resolve() {
           "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
   require(mopt.needs_calibration() || calib_path.empty(),
           "--calibration is only used by the sparse methods (--method teal, wina, topk-guided)");
-  if (!calib_path.empty()) cal = sparsity::read_calibration(calib_path);
+  if (!calib_path.empty() && read_calibration) cal = sparsity::read_calibration(calib_path);
 }
 
 }  // namespace sparsim::app

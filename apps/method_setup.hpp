@@ -27,8 +27,9 @@ struct MethodArgs {
   /// Adds the options to `d` (in the order eval's --help lists them).
   void add_options(po::options_description& d);
   /// After parsing: checks the values, fills mopt and reads the calibration file (so that bad
-  /// arguments fail before the model is loaded). Throws sparsim::Error naming the option.
-  void resolve();
+  /// arguments fail before the model is loaded; `read_calibration` false skips the reading).
+  /// Throws sparsim::Error naming the option.
+  void resolve(bool read_calibration = true);
   bool sparse() const { return mopt.method != sparsity::Method::Dense; }
 };
 
