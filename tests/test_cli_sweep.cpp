@@ -170,6 +170,19 @@ TEST(SweepCli, PlanRunStatusCollectAndBitwiseEqualToDirectRuns) {
                         "context", "wall_seconds", "bytes_dense", "tasks_acc", "calibration"})
     EXPECT_TRUE(g.has_dataset(c)) << c;
 
+  // h5py and pandas read the table, and it is the CSV's (scripts/sweep_results.py)
+  const char* home = std::getenv("HOME");
+  const std::string py = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
+  if (fs::exists(py) && run_cmd(py + " -c 'import h5py, pandas'").exit_code == 0) {
+    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/sweep_results.py " +
+                                 s.out() + "/results.h5 --check-csv " + s.out() + "/results.csv");
+    EXPECT_EQ(pd.exit_code, 0) << pd.output;
+    EXPECT_NE(pd.output.find("7 rows"), std::string::npos) << pd.output;
+  } else {
+    std::cout << "[ NOTE ] pandas check skipped: no " << py << " with h5py and pandas "
+              << "(scripts/setup.sh makes it)\n";
+  }
+
   // a rerun has nothing to do
   const RunResult again = s.sweep();
   ASSERT_EQ(again.exit_code, 0) << again.output;

@@ -43,9 +43,9 @@ std::vector<std::string> with_owned(std::vector<std::string> args, bool calibrat
   return args;
 }
 
-/// A spec path: joined to the spec's folder when relative.
+/// A spec path: variables expanded, joined to the spec's folder when relative.
 std::string spec_relative(const Spec& s, const std::string& p) {
-  const fs::path fp(p);
+  const fs::path fp(expand_vars(p));
   return (fp.is_absolute() ? fp : fs::path(s.dir) / fp).lexically_normal().string();
 }
 
@@ -133,7 +133,7 @@ Plan make_plan(const Spec& spec, const PlanHooks& hooks) {
       if (fs::exists(joined, ec))
         path = joined;
       else if (hooks.resolve_model)
-        path = hooks.resolve_model(written);
+        path = hooks.resolve_model(expand_vars(written));
       else
         fail("model file '{}' does not exist", joined);
       in.shape[name] = read_model_shape(path);
@@ -161,7 +161,13 @@ Plan make_plan(const Spec& spec, const PlanHooks& hooks) {
       }
       path = *d;
     } else {
-      path = spec_relative(spec, written);
+      try {
+        path = spec_relative(spec, written);
+      } catch (const Error& e) {
+        problems.push_back(fmt::format("[corpora] {} = \"{}\": {}", name, written, e.what()));
+        in.bad.insert("corpus:" + name);
+        return nullptr;
+      }
       std::error_code ec;
       if (!fs::exists(path, ec)) {
         problems.push_back(
@@ -183,9 +189,14 @@ Plan make_plan(const Spec& spec, const PlanHooks& hooks) {
     pc.model = m;
     int result = -2;
     if (!c.file.empty()) {
-      pc.file = spec_relative(spec, c.file);
       pc.config = {{"file", c.file}};
       std::error_code ec;
+      try {
+        pc.file = spec_relative(spec, c.file);
+      } catch (const Error& e) {
+        problems.push_back(fmt::format("[calibration.{}] file: {}", m, e.what()));
+        return cal_index[m] = -2;
+      }
       if (!fs::is_regular_file(pc.file, ec))
         problems.push_back(
             fmt::format("[calibration.{}] file = \"{}\": '{}' does not exist", m, c.file, pc.file));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -140,6 +141,26 @@ const std::vector<std::string>& reserved_option_keys() {
   return keys;
 }
 
+std::string expand_vars(const std::string& s) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const std::size_t a = s.find("${", i);
+    if (a == std::string::npos) {
+      out += s.substr(i);
+      break;
+    }
+    const std::size_t b = s.find('}', a + 2);
+    require(b != std::string::npos, "'{}': unterminated ${{…}}", s);
+    const std::string name = s.substr(a + 2, b - a - 2);
+    const char* v = std::getenv(name.c_str());
+    require(v != nullptr && *v != '\0', "'{}': the environment variable {} is not set", s, name);
+    out += s.substr(i, a - i) + v;
+    i = b + 1;
+  }
+  return out;
+}
+
 std::string option_text(const nlohmann::json& v) {
   if (v.is_string()) return v.get<std::string>();
   if (v.is_boolean()) return v.get<bool>() ? "true" : "false";
@@ -249,6 +270,11 @@ Spec load_spec(const std::string& path) {
   require(have_sweep, "{}: no [sweep] table (it needs at least name and output)", f);
   require(!s.name.empty(), "{}: [sweep] name is required (it identifies the output folder)", f);
   require(!s.output.empty(), "{}: [sweep] output is required (the folder for the results)", f);
+  try {
+    s.output = expand_vars(s.output);
+  } catch (const Error& e) {
+    fail("{}: [sweep] output {}", f, e.what());
+  }
   s.output = (fs::path(s.output).is_absolute() ? fs::path(s.output) : fs::path(s.dir) / s.output)
                  .lexically_normal()
                  .string();

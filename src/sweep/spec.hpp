@@ -79,6 +79,11 @@ Spec load_spec(const std::string& path);
 /// Keys the sweep sets itself; they may not appear among a point's options.
 const std::vector<std::string>& reserved_option_keys();
 
+/// Replaces every `${NAME}` in a path written in the spec by the environment variable NAME
+/// (a spec can then name files under $HOME or a scratch folder and stay the same for every
+/// user). Throws sparsim::Error naming the variable when it is not set.
+std::string expand_vars(const std::string& s);
+
 /// `value` as a command-line argument: shortest round-trip decimal for numbers, the text of a
 /// string, "true"/"false" for booleans.
 std::string option_text(const nlohmann::json& value);

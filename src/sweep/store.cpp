@@ -39,7 +39,11 @@ void Store::check_owner() const {
   require(fs::is_directory(root_, ec), "output '{}' exists and is not a folder", root_);
   const std::string stamp = root_ + "/sweep.json";
   if (!fs::exists(stamp, ec)) {
-    require(fs::is_empty(root_, ec),
+    // Empty, or holding only the stamp another sweep is writing right now: free to take.
+    bool foreign = false;
+    for (const auto& e : fs::directory_iterator(root_, ec))
+      if (e.path().filename().string().rfind("sweep.json.tmp.", 0) != 0) foreign = true;
+    require(!foreign,
             "output folder '{}' exists, is not empty and was not made by sparsim sweep (no "
             "sweep.json): choose another [sweep] output",
             root_);
@@ -62,24 +66,27 @@ void Store::check_owner() const {
 void Store::create() const {
   check_owner();
   std::error_code ec;
-  fs::create_directories(root_ + "/points", ec);
+  fs::create_directories(root_, ec);
   if (ec) fail("cannot create the output folder '{}': {}", root_, ec.message());
-  fs::create_directories(root_ + "/calibrations", ec);
-  fs::create_directories(root_ + "/journal", ec);
-  if (ec) fail("cannot create folders in '{}': {}", root_, ec.message());
-  if (fs::exists(root_ + "/sweep.json", ec)) return;
-  const json j = {{"name", spec_.name},
-                  {"spec", spec_.path},
-                  {"created_utc", utc_now()},
-                  {"host", host_name()},
-                  {"sparsim_version", SPARSIM_VERSION}};
-  try {
-    write_atomically(root_ + "/sweep.json", j.dump(2) + "\n", /*overwrite=*/false);
-  } catch (const Error&) {
-    // Another sweep created it at the same moment: fine if it is ours.
-    if (!fs::exists(root_ + "/sweep.json", ec)) throw;
+  // The stamp first (published with a hard link, so two sweeps starting together agree on
+  // one), the subfolders after it: a folder without a stamp is never half-populated.
+  if (!fs::exists(root_ + "/sweep.json", ec)) {
+    const json j = {{"name", spec_.name},
+                    {"spec", spec_.path},
+                    {"created_utc", utc_now()},
+                    {"host", host_name()},
+                    {"sparsim_version", SPARSIM_VERSION}};
+    try {
+      write_atomically(root_ + "/sweep.json", j.dump(2) + "\n", /*overwrite=*/false);
+    } catch (const Error&) {
+      if (!fs::exists(root_ + "/sweep.json", ec)) throw;  // not a concurrent creation
+    }
   }
   check_owner();
+  for (const char* sub : {"/points", "/calibrations", "/journal"}) {
+    fs::create_directories(root_ + sub, ec);
+    if (ec) fail("cannot create '{}': {}", root_ + sub, ec.message());
+  }
 }
 
 std::string Store::point_dir(const std::string& id) const {
