@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
+#include "sweep/lock.hpp"
 #include "sweep/plan.hpp"
 #include "sweep/store.hpp"
 
@@ -120,7 +121,7 @@ inline bool wait_for(const std::function<bool()>& cond, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   while (std::chrono::steady_clock::now() < end) {
     if (cond()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return cond();
 }
@@ -167,6 +168,17 @@ class Study {
     int count(sweep::State s) const {
       int n = 0;
       for (const auto& p : plan.points) n += store->status(p).state == s;
+      return n;
+    }
+    /// Cheap counts for polling (no hashing): manifests present, locks held.
+    int manifests() const {
+      int n = 0;
+      for (const auto& p : plan.points) n += fs::exists(store->point_manifest(p.id));
+      return n;
+    }
+    int locked() const {
+      int n = 0;
+      for (const auto& p : plan.points) n += sweep::FileLock::held(store->point_lock(p.id));
       return n;
     }
   };

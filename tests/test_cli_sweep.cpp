@@ -224,18 +224,15 @@ TEST(SweepCli, KilledHalfwayResumesWithoutLosingOrRedoingAPoint) {
   {
     Background bg("exec " + sparsim_bin() + " sweep " + s.spec() + " --threads 1",
                   s.file("run1.log"));
-    ASSERT_TRUE(wait_for(
-        [&] {
-          return bg.exited() || (v->count(State::Done) >= 2 && v->count(State::Running) >= 1);
-        },
-        120))
+    ASSERT_TRUE(
+        wait_for([&] { return bg.exited() || (v->manifests() >= 2 && v->locked() >= 1); }, 120))
         << read_file(s.file("run1.log"));
     ASSERT_FALSE(bg.exited()) << "the sweep finished before it could be killed halfway";
     ::kill(bg.pid(), SIGKILL);
     EXPECT_EQ(bg.wait(30), 128 + SIGKILL);
   }
   // the killed point's command dies with its sweep and leaves no lock behind
-  ASSERT_TRUE(wait_for([&] { return v->count(State::Running) == 0; }, 20));
+  ASSERT_TRUE(wait_for([&] { return v->locked() == 0; }, 20));
   const int done = v->count(State::Done);
   EXPECT_GE(done, 2);
   EXPECT_LT(done, 10);

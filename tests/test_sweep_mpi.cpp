@@ -113,11 +113,13 @@ TEST_F(SweepMpi, AKilledRankCostsOnlyThePointsInFlight) {
     ASSERT_TRUE(wait_for(
         [&] {
           if (bg.exited()) return true;
-          if (v->count(State::Done) < 2) return false;
+          if (v->manifests() < 2) return false;
           for (const auto& p : v->plan.points) {
-            const auto st = v->store->status(p);
-            if (st.state == State::Running && st.message.find("rank=1") != std::string::npos) {
-              victim_note = st.message;
+            const std::string lock = v->store->point_lock(p.id);
+            if (!sweep::FileLock::held(lock)) continue;
+            const std::string note = sweep::FileLock::note(lock);
+            if (note.find("rank=1") != std::string::npos) {
+              victim_note = note;
               return true;
             }
           }
@@ -135,7 +137,7 @@ TEST_F(SweepMpi, AKilledRankCostsOnlyThePointsInFlight) {
     EXPECT_NE(code, 0) << "mpirun should report the killed rank\n" << read_file(s.file("mpi1.log"));
     EXPECT_NE(code, -1) << "mpirun did not end after a rank was killed";
   }
-  ASSERT_TRUE(wait_for([&] { return v->count(State::Running) == 0; }, 30));
+  ASSERT_TRUE(wait_for([&] { return v->locked() == 0; }, 30));
   const auto before = done_files(s.out(), all);
   EXPECT_GE(before.size(), 2u);
   EXPECT_LT(before.size(), all.size());

@@ -113,13 +113,12 @@ TEST_F(SweepSlurm, JobArrayKilledTaskRequeueAndResubmission) {
   std::string note;
   ASSERT_TRUE(wait_for(
       [&] {
-        if (v->count(State::Done) < 2) return false;
+        if (v->manifests() < 2) return false;
         for (const auto& p : v->plan.points) {
-          const auto st = v->store->status(p);
-          if (st.state == State::Running && st.message.find("slurm=") != std::string::npos) {
-            note = st.message;
-            return true;
-          }
+          const std::string lock = v->store->point_lock(p.id);
+          if (!sweep::FileLock::held(lock)) continue;
+          note = sweep::FileLock::note(lock);
+          if (note.find("slurm=") != std::string::npos) return true;
         }
         return false;
       },
@@ -130,7 +129,7 @@ TEST_F(SweepSlurm, JobArrayKilledTaskRequeueAndResubmission) {
   ASSERT_EQ(::kill(static_cast<pid_t>(std::stol(note.substr(at + 4))), SIGKILL), 0) << note;
   // the other task finishes its chunk; the killed one fails
   ASSERT_TRUE(wait_for([&] { return cluster.queue().empty(); }, 180)) << cluster.queue();
-  ASSERT_TRUE(wait_for([&] { return v->count(State::Running) == 0; }, 30));
+  ASSERT_TRUE(wait_for([&] { return v->locked() == 0; }, 30));
   auto before = done_files(s.out(), all);
   EXPECT_GE(before.size(), 2u);
   ASSERT_LT(before.size(), all.size()) << "nothing was left for the resubmission";
@@ -151,8 +150,7 @@ TEST_F(SweepSlurm, JobArrayKilledTaskRequeueAndResubmission) {
   bool requeued = false;
   if (wait_for(
           [&] {
-            return static_cast<std::size_t>(v->count(State::Done)) > done_at_submit &&
-                   v->count(State::Running) >= 1;
+            return static_cast<std::size_t>(v->manifests()) > done_at_submit && v->locked() >= 1;
           },
           120)) {
     const RunResult rq = run_cmd(cluster.env() + "scontrol requeue " + job + "_0");
@@ -171,7 +169,7 @@ TEST_F(SweepSlurm, JobArrayKilledTaskRequeueAndResubmission) {
         60))
         << cluster.queue();
   }
-  ASSERT_TRUE(wait_for([&] { return v->count(State::Done) == 10; }, 240))
+  ASSERT_TRUE(wait_for([&] { return v->manifests() == 10 && v->locked() == 0; }, 240))
       << cluster.queue() << read_file(s.out() + "/slurm/1/logs/task-" + job + "_0.out");
   ASSERT_TRUE(wait_for([&] { return cluster.queue().empty(); }, 60)) << cluster.queue();
 

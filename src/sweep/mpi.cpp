@@ -78,9 +78,23 @@ SweepResult worker_loop(const Plan& plan, const Store& store, const LoopOptions&
   Journal journal(store.root() + "/journal", opt.worker.rank);
   SweepResult mine;
   while (true) {
+    // Waiting for work by polling with sleeps: a blocking receive would spin a core that the
+    // other ranks' tasks (or a calibration being made) need.
     MPI_Status st;
     int buf[2] = {0, 0};
-    MPI_Recv(buf, 2, MPI_INT, 0, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+    MPI_Request req;
+    MPI_Irecv(buf, 2, MPI_INT, 0, MPI_ANY_TAG, MPI_COMM_WORLD, &req);
+    int arrived = 0;
+    while (true) {
+      MPI_Test(&req, &arrived, &st);
+      if (arrived) break;
+      if (interrupted()) {
+        MPI_Cancel(&req);
+        MPI_Request_free(&req);
+        return mine;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     if (st.MPI_TAG == kTagStop) break;
     const TaskRef t{buf[0] != 0, buf[1]};
     Job job(plan, store, opt.worker, journal, t);

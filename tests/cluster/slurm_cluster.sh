@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A one-node Slurm cluster in a folder, for the tests: munge with its own key and socket,
 # slurmctld and slurmd from Debian's packages, configured for a container (no cgroups, Linux
-# process tracking, root as the Slurm user), listening on loopback ports.
+# process tracking, the current user as the Slurm user), listening on loopback ports.
 #
 #   slurm_cluster.sh start DIR [OWNER_PID]   start; prints the SLURM_CONF path on success
 #   slurm_cluster.sh stop DIR                stop every daemon started in DIR
@@ -92,6 +92,7 @@ set -- $ports
 ctld_port="$1"
 d_port="$2"
 host="$(hostname -s)"
+user="$(id -un)"
 cpus="$(nproc)"
 mem=$(( $(awk '/MemTotal/ {print $2}' /proc/meminfo) / 1024 / 2 ))
 cat >"$dir/slurm.conf" <<EOF
@@ -99,8 +100,8 @@ ClusterName=sparsimtest
 SlurmctldHost=$host(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$d_port
-SlurmUser=root
-SlurmdUser=root
+SlurmUser=$user
+SlurmdUser=$user
 AuthType=auth/munge
 AuthInfo=socket=$dir/munge.sock
 CredType=cred/munge
