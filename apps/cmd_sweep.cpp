@@ -516,10 +516,8 @@ int cmd_sweep(int argc, char** argv) {
     if (world.rank() == 0) summarize(r, wall.seconds(), quiet);
     world.abort(128 + interrupt_signal());
   }
-  const int rc = world.rank() == 0 ? summarize(r, wall.seconds(), quiet) : 0;
-  int all = rc;
-  (void)all;
-  return rc;
+  // Rank 0 speaks for the job (mpirun exits non-zero when any rank does).
+  return world.rank() == 0 ? summarize(r, wall.seconds(), quiet) : 0;
 }
 
 int cmd_collect(int argc, char** argv) {
