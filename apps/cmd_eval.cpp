@@ -91,6 +91,7 @@ int cmd_eval(int argc, char** argv) {
   if (!no_ppl) {
     require(po_.stride >= 1 && po_.batch >= 1 && po_.max_windows >= 0 && po_.context >= 2,
             "--context, --stride, --batch must be positive and --max-windows non-negative");
+    po_.validate(std::numeric_limits<int>::max());  // the model's own limit is checked later
   }
   require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
   if (options_checked(vm)) return 0;

@@ -49,7 +49,7 @@ def timed(cmd, env=None, cwd=None):
     before = loadavg()
     t0 = time.perf_counter()
     r = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True)
+                       text=True, shell=isinstance(cmd, str))
     dt = time.perf_counter() - t0
     if r.returncode != 0:
         sys.exit(f"failed ({r.returncode}): {' '.join(cmd) if isinstance(cmd, list) else cmd}\n"
@@ -78,6 +78,14 @@ def main():
         sys.exit(f"only {len(plays)} plays in {corpus_dir}")
     work = args.keep or tempfile.mkdtemp(prefix="sparsim-bench-sweep-")
     os.makedirs(work, exist_ok=True)
+    try:
+        run(args, sparsim, corpus_dir, plays, work)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args, sparsim, corpus_dir, plays, work):
     spec = os.path.join(work, "spec.toml")
     corpora = "\n".join(f'c{i} = "{os.path.join(corpus_dir, p)}"' for i, p in enumerate(plays))
     names = ", ".join(f'"c{i}"' for i in range(len(plays)))
@@ -92,6 +100,7 @@ smollm2 = "smollm2"
 [options]
 context = {args.context}
 stride = {args.context}
+score = {args.context // 2}
 max-windows = {args.windows}
 [run]
 threads = 1
@@ -177,8 +186,6 @@ method = ["dense"]
                                           "mpi_over_ideal", "mpi_over_xargs")}, indent=1))
     if args.page:
         write_page(args.page, args.json, res)
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 def write_page(page, json_path, r):
