@@ -320,6 +320,9 @@ struct Job::Impl {
       const FileDigest d = digest(dst);
       files[name] = {{"bytes", d.bytes}, {"hash", d.hash}};
     }
+    // The work folder goes before the manifest: a worker killed in between leaves a pending
+    // point (run again), never a done point with an attempt's folder beside it.
+    remove_tree(work);
     json m = {{"status", "done"},
               {"kind", "point"},
               {"id", p.id},
@@ -352,6 +355,7 @@ struct Job::Impl {
     remove_file(base + ".json");
     move_into_place(out, base + ".h5");
     const FileDigest d = digest(base + ".h5");
+    remove_tree(work);  // before the manifest, as for a point
     const std::string fname = fs::path(base + ".h5").filename().string();
     json m = {{"status", "done"},
               {"kind", "calibration"},
