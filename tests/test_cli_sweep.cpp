@@ -317,6 +317,109 @@ TEST(SweepCli, TwoSweepsOnTheSameFolderRunEveryPointOnce) {
   EXPECT_EQ(pids.size(), 2u) << "both sweeps should have run points";
 }
 
+TEST(SweepCli, StatusNamesRunningAndFailedPointsAndARerunCompletesOnlyThose) {
+  Study s;
+  s.add_model("a", 45);
+  s.add_model("b", 46);
+  // c.gguf: b's header and half its tensors, so the plan reads it and the points fail when run
+  const std::string b = read_file(s.file("b.gguf"));
+  write_text(s.file("c.gguf"), b.substr(0, b.size() / 2));
+  s.write_spec(R"(
+[sweep]
+name = "status"
+output = "out"
+
+[models]
+a = "a.gguf"
+c = "c.gguf"
+
+[corpora]
+text = "corpus.txt"
+
+[options]
+context = 128
+stride = 64
+max-windows = 2
+
+[grid]
+model = ["a", "c"]
+corpus = ["text"]
+method = ["dense"]
+score = [8, 12]
+)");
+  const json plan = s.plan_json();
+  ASSERT_EQ(plan["points"].size(), 4u);
+  std::vector<std::string> ok, bad;
+  for (const auto& p : plan["points"])
+    (p["config"]["model"].get<std::string>().find("c.gguf") != std::string::npos ? bad : ok)
+        .push_back(p["id"]);
+  ASSERT_EQ(ok.size(), 2u);
+  ASSERT_EQ(bad.size(), 2u);
+
+  // 1. the broken model's points fail; the sweep says which and why, and exits non-zero
+  const RunResult r = s.sweep("--threads 1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  for (const auto& id : bad) EXPECT_NE(r.output.find("failed " + id), std::string::npos) << r.output;
+  json st = s.status();
+  EXPECT_EQ(st["points"], 4);
+  EXPECT_EQ(st["done"], 2);
+  EXPECT_EQ(st["failed"], 2);
+  EXPECT_EQ(st["running"], 0);
+  EXPECT_EQ(st["pending"], 0);
+  ASSERT_EQ(st["failures"].size(), 2u);
+  for (const auto& f : st["failures"]) {
+    EXPECT_NE(std::find(bad.begin(), bad.end(), f["id"].get<std::string>()), bad.end());
+    const std::string msg = f["message"];
+    EXPECT_NE(msg.find("exit code"), std::string::npos) << msg;
+    EXPECT_GT(msg.size(), std::string("exit code 1").size()) << "no reason given: " << msg;
+  }
+  const RunResult text = s.sweep("--status");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  for (const auto& id : bad) EXPECT_NE(text.output.find("failed  " + id), std::string::npos);
+  const auto before = done_files(s.out(), ok);
+  ASSERT_EQ(before.size(), 2u);
+  // collect takes the finished points only
+  ASSERT_EQ(run_cmd(sparsim_bin() + " collect " + s.spec()).exit_code, 0);
+  EXPECT_EQ(read_csv(s.out() + "/results.csv").size(), 2u);
+
+  // 2. the model is repaired; another process holds one failed point: status says running,
+  //    with the holder's note, and a sweep leaves that point alone
+  write_text(s.file("c.gguf"), b);
+  auto v = s.view();
+  auto held = sweep::FileLock::try_acquire(v->store->point_lock(bad[0]),
+                                           "host=elsewhere pid=4242 since=now");
+  ASSERT_TRUE(held.has_value());
+  st = s.status();
+  EXPECT_EQ(st["running"], 1);
+  ASSERT_EQ(st["running_points"].size(), 1u);
+  EXPECT_EQ(st["running_points"][0]["id"], bad[0]);
+  EXPECT_NE(st["running_points"][0]["holder"].get<std::string>().find("pid=4242"),
+            std::string::npos);
+  const RunResult r2 = s.sweep("--threads 1");
+  EXPECT_NE(r2.output.find("1 running elsewhere"), std::string::npos) << r2.output;
+  st = s.status();
+  EXPECT_EQ(st["done"], 3);
+  EXPECT_EQ(st["running"], 1);
+  auto n = starts(s.out());
+  EXPECT_EQ(n[bad[0]], 1) << "a point held elsewhere was started";
+
+  // 3. the holder is gone: the last point runs; finished points are neither rerun nor rewritten
+  held.reset();
+  const RunResult r3 = s.sweep("--threads 1");
+  ASSERT_EQ(r3.exit_code, 0) << r3.output;
+  st = s.status();
+  EXPECT_EQ(st["done"], 4);
+  EXPECT_EQ(st["failed"], 0);
+  EXPECT_EQ(st["failures"].size(), 0u);
+  n = starts(s.out());
+  for (const auto& id : ok) EXPECT_EQ(n[id], 1) << id;
+  for (const auto& id : bad) EXPECT_EQ(n[id], 2) << id;
+  const auto after = done_files(s.out(), ok);
+  for (const auto& [id, files] : before)
+    EXPECT_TRUE(files == after.at(id)) << "finished point " << id << " was rewritten";
+  expect_same_as_direct(s, plan, s.out());
+}
+
 /// A small tmpfs mounted for the test (skips when this machine does not allow mounting).
 class SmallFs {
  public:
@@ -428,7 +531,7 @@ class SweepBadInput : public ::testing::Test {
       for (const auto& e : fs::recursive_directory_iterator(s_.out()))
         listing_before.insert(e.path().string() + ":" +
                               std::to_string(e.is_regular_file() ? fs::file_size(e.path()) : 0));
-    for (const std::string mode : {"--plan", ""}) {
+    for (const std::string mode : {"--plan", "", "--slurm --no-submit --time 00:10:00"}) {
       const RunResult r = s_.sweep(mode);
       EXPECT_NE(r.exit_code, 0) << mode << ": " << r.output;
       for (const auto& n : needles)
@@ -538,6 +641,33 @@ calibration = true
 sparsity = [0.5]
 )",
                  {"[calibration.a] file", "does not exist"});
+}
+
+TEST_F(SweepBadInput, NonsenseOptionsNameTheOptionAndWriteNothing) {
+  s_.write_spec(dense_spec("opts", "out", 2));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--plan --status", "exclude each other"},
+      {"--collect --slurm", "exclude each other"},
+      {"--json", "--json goes with --plan or --status"},
+      {"--jobs 0", "--jobs 0"},
+      {"--threads -3", "--threads -3"},
+      {"--chunk 1", "--chunk-file and --chunk go together"},
+      {"--slurm --no-submit --time soon", "soon"},
+      {"--slurm --no-submit --chunks -1", "--chunks"},
+      {"--no-such-option", "no-such-option"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const RunResult r = s_.sweep(args);
+    EXPECT_NE(r.exit_code, 0) << args << ": " << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << args << ": " << r.output;
+    EXPECT_FALSE(fs::exists(s_.out())) << args << " created the output folder";
+  }
+  const RunResult none = run_cmd(sparsim_bin() + " sweep");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.output.find("give the spec file"), std::string::npos) << none.output;
+  const RunResult missing = run_cmd(sparsim_bin() + " sweep " + s_.file("nope.toml"));
+  EXPECT_NE(missing.exit_code, 0);
+  EXPECT_NE(missing.output.find("nope.toml"), std::string::npos) << missing.output;
 }
 
 TEST_F(SweepBadInput, OutputFolderOfAnotherSpec) {
