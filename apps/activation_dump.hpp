@@ -61,8 +61,8 @@ class DumpingMasker final : public ProjectionMasker<E> {
   bool active(int layer, Proj p) const override { return inner_.active(layer, p); }
 
   CMat<E> apply(const E& exec, int layer, Proj p, const CMat<E>& x, const SparseRows<E>& rows,
-                long long& kept) override {
-    const CMat<E> y = inner_.apply(exec, layer, p, x, rows, kept);
+                int& ticket) override {
+    const CMat<E> y = inner_.apply(exec, layer, p, x, rows, ticket);
     Slot* s = wanted(layer, p);
     if (!s) return y;
     if (full(*s)) {
@@ -70,20 +70,21 @@ class DumpingMasker final : public ProjectionMasker<E> {
       return y;
     }
     const int n = static_cast<int>(x.extent(0));
-    auto hf = Kokkos::create_mirror_view(rows.flags);
-    Kokkos::deep_copy(exec, hf, rows.flags);
     exec.fence();
     for (int r = 0; r < n; ++r)
-      if (hf(r)) capture(exec, *s, x, r, &y);
+      if (rows.host_flags(r)) capture(exec, *s, x, r, &y);
     return y;
   }
 
-  int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
-              const Vec<E>& xm) override {
-    const int nnz = inner_.indices(exec, layer, p, x, idx, xm);
+  IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
+                  const Vec<E>& xm, int& ticket) override {
+    const IVec<E> count = inner_.indices(exec, layer, p, x, idx, xm, ticket);
     if (Slot* s = wanted(layer, p)) capture(exec, *s, x, 0, nullptr);
-    return nnz;
+    return count;
   }
+
+  void end_call(const E& exec) override { inner_.end_call(exec); }
+  long long kept(int ticket) const override { return inner_.kept(ticket); }
 
   /// Writes /activations into a run file.
   void write(io::Group root, const sparsity::Plan& plan) const;

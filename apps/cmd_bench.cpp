@@ -3,12 +3,14 @@
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
+#include "flops/ledger.hpp"
 #include "io/run_file.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <stdlib.h>
 #include <algorithm>
 #include <iostream>
 
@@ -29,12 +31,17 @@ double copy_bandwidth(const E& exec, std::size_t bytes, int reps) {
   Kokkos::View<float*, DeviceOf<E>> a("sparsim::bench::a", n), b("sparsim::bench::b", n);
   Kokkos::deep_copy(a, 1.0f);
   std::vector<double> t;
+  constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
   for (int r = 0; r < reps + 1; ++r) {
     exec.fence();
     Stopwatch sw;
-    Kokkos::parallel_for(
-        "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
-        KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+    if constexpr (host)
+      Kokkos::parallel_for(
+          "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
+          KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
+    else  // the device's own copy engine path (cudaMemcpy device to device)
+      Kokkos::deep_copy(exec, b, a);
     exec.fence();
     if (r > 0) t.push_back(sw.seconds());  // first run warms up
   }
@@ -45,21 +52,33 @@ bool is_projection(flops::Op o) {
   return o >= flops::Op::QProj && o <= flops::Op::DownProj;
 }
 
-/// Prefill of `toks`, then `decode` single-token steps; returns (prefill seconds, median step).
+/// `batch` sequences of the prompt `toks` (sequence b's tokens shifted by b), as the engine
+/// takes them.
+std::vector<std::vector<int>> batch_of(const std::vector<int>& toks, int batch, int vocab) {
+  std::vector<std::vector<int>> seqs(static_cast<std::size_t>(batch), toks);
+  for (int b = 1; b < batch; ++b)
+    for (int& t : seqs[static_cast<std::size_t>(b)]) t = (t + 101 * b) % vocab;
+  return seqs;
+}
+
+/// Prefill of `batch` sequences of the prompt, then `decode` single-token steps of all of them;
+/// returns (prefill seconds, median step).
 template <class E>
 std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
-                                    int vocab) {
+                                    int vocab, int batch = 1) {
   const int prompt = static_cast<int>(toks.size());
+  const auto seqs = batch_of(toks, batch, vocab);
   Stopwatch sw;
-  eng.forward({toks}, 0, false);
+  eng.forward(seqs, 0, false);
   const double pre = sw.seconds();
-  int next = toks.back();
+  std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
+  for (int b = 0; b < batch; ++b) next[static_cast<std::size_t>(b)] = {seqs[b].back()};
   std::vector<double> steps;
   for (int s = 0; s < decode; ++s) {
     Stopwatch st;
-    eng.forward({{next}}, prompt + s, false);
+    eng.forward(next, prompt + s, false);
     steps.push_back(st.seconds());
-    next = (next * 31 + 7) % vocab;
+    for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
   }
   return {pre, median(steps)};
 }
@@ -85,13 +104,169 @@ void profiled_decode(Engine<E>& eng, const std::vector<int>& toks, int decode, i
   eng.set_ledger(nullptr);
 }
 
+double load_average() {
+  double l[1] = {0};
+  return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
+}
+
+/// Token Filtering (optionally with an activation method) against dense, decoding `batch`
+/// sequences: every repetition decodes the same prompts with both engines, profiled (fences
+/// after each kernel), and compares the attention stage (Q projection, attention, O
+/// projection) and the whole step.
+template <class E>
+int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan& plan,
+                       std::shared_ptr<const Weights<E>> w, std::shared_ptr<const Weights<E>> ws,
+                       const ModelInfo& mi, int prompt, int decode, int reps, int batch,
+                       bool skipping, const std::string& storage, const std::string& backend,
+                       int threads, double bw, const std::string& json_out) {
+  const Config& c = w->cfg;
+  const int ctx = prompt + decode;
+  Engine<E> dense(w, batch, ctx, nullptr, exec), meth(ws, batch, ctx, nullptr, exec);
+  sparsity::ActivationMasker<E> masker(c.n_layer);
+  attach_masker(meth, masker, plan);
+  if (ma.sparse() && skipping && batch == 1) meth.use_column_skipping(true);
+  auto tfg = make_token_filter(ma, meth, ctx);
+  std::vector<std::vector<int>> prompts(static_cast<std::size_t>(batch));
+  for (int s = 0; s < batch; ++s)
+    for (int i = 0; i < prompt; ++i) prompts[s].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
+  struct Run {
+    double prefill = 0, step = 0;
+    std::array<double, flops::kNumOps> ops{};
+  };
+  auto run = [&](Engine<E>& e, flops::Ledger* ledger) {
+    Run out;
+    Stopwatch sw;
+    e.forward(prompts, 0, false);
+    out.prefill = sw.seconds();
+    e.clear_op_seconds();
+    e.set_profile(true);
+    e.set_ledger(ledger);
+    std::vector<int> next(static_cast<std::size_t>(batch));
+    for (int s = 0; s < batch; ++s) next[s] = prompts[s].back();
+    std::vector<double> steps;
+    for (int t = 0; t < decode; ++t) {
+      std::vector<std::vector<int>> tok;
+      for (int s = 0; s < batch; ++s) tok.push_back({next[s]});
+      Stopwatch st;
+      e.forward(tok, prompt + t, false);
+      steps.push_back(st.seconds());
+      for (int s = 0; s < batch; ++s) next[s] = (next[s] * 31 + 7 + s) % c.vocab;
+    }
+    e.set_profile(false);
+    e.set_ledger(nullptr);
+    out.step = median(steps);
+    out.ops = e.op_seconds();
+    return out;
+  };
+  auto at = [](const Run& r, flops::Op o) { return r.ops[static_cast<int>(o)]; };
+  auto attn_stage = [&](const Run& r) {
+    return at(r, flops::Op::QProj) + at(r, flops::Op::AttnScore) + at(r, flops::Op::OProj);
+  };
+  auto gate_cost = [&](const Run& r) {
+    return at(r, flops::Op::GateSimilarity) + at(r, flops::Op::GatherScatter);
+  };
+  auto layer_time = [&](const Run& r) {
+    double t = 0;
+    for (int o = 0; o < flops::kNumOps; ++o) {
+      const auto op = static_cast<flops::Op>(o);
+      if (op != flops::Op::Embedding && op != flops::Op::LMHead) t += r.ops[o];
+    }
+    return t;
+  };
+  const double load_before = load_average();
+  flops::Ledger ledger(c.n_layer);
+  std::vector<double> r_att, r_att_gate, r_step, d_step, m_step, gate_share, d_att_share, realised;
+  nlohmann::json per_rep = nlohmann::json::array();
+  for (int r = 0; r < reps; ++r) {
+    const Run d = run(dense, nullptr);
+    tfg->reset_stats();
+    if (r + 1 == reps) ledger.reset();
+    const Run m = run(meth, r + 1 == reps ? &ledger : nullptr);
+    r_att.push_back(attn_stage(m) / attn_stage(d));
+    r_att_gate.push_back((attn_stage(m) + gate_cost(m)) / attn_stage(d));
+    r_step.push_back(m.step / d.step);
+    d_step.push_back(d.step);
+    m_step.push_back(m.step);
+    gate_share.push_back(at(m, flops::Op::GateSimilarity) / layer_time(m));
+    double total = 0;
+    for (double x : d.ops) total += x;
+    d_att_share.push_back(attn_stage(d) / total);
+    realised.push_back(tfg->realised());
+    per_rep.push_back({{"dense_step_seconds", d.step},
+                       {"method_step_seconds", m.step},
+                       {"dense_attention_stage_seconds", attn_stage(d)},
+                       {"method_attention_stage_seconds", attn_stage(m)},
+                       {"method_gate_seconds", gate_cost(m)},
+                       {"realised", tfg->realised()}});
+  }
+  const double load_after = load_average();
+  const double att = median(r_att), step = median(r_step), share = median(d_att_share);
+  // If only the attention stage changed, the step would take 1 − share·(1 − att) of dense.
+  const double implied = 1.0 - share * (1.0 - att);
+  std::cout << fmt::format(
+      "model {} ({} storage), backend {}, {} threads; load {:.2f} before, {:.2f} after\n"
+      "{} at r = {:.2f} ({} gated layers, {}), {} sequences, prompt {} + {} decode steps, "
+      "median of {} profiled repetitions\n"
+      "realised model-wide skip ratio          {:.4f}\n"
+      "attention stage (q_proj + attention + o_proj) time vs dense   {:.3f}  (falls {:.1f}%)\n"
+      "  with the gate's own work (similarity, gather/scatter)       {:.3f}\n"
+      "decode step time vs dense                                     {:.3f}  (falls {:.1f}%)\n"
+      "  implied by the attention stage alone ({:.1f}% of the dense step)  {:.3f}\n"
+      "similarity test share of the layers' time                     {:.2f}%\n"
+      "dense step {:.2f} ms, method step {:.2f} ms\n",
+      mi.path, storage, backend, threads, load_before, load_after, ma.method, ma.tf.ratio,
+      tfg->layers().size(), gating::to_string(ma.tf.layers), batch, prompt, decode, reps,
+      median(realised), att, 100 * (1 - att), median(r_att_gate), step, 100 * (1 - step),
+      100 * share, implied, 100 * median(gate_share), 1e3 * median(d_step), 1e3 * median(m_step));
+  if (!json_out.empty()) {
+    nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+                        {"storage", storage},
+                        {"backend", backend},
+                        {"threads", threads},
+                        {"load_average_before", load_before},
+                        {"load_average_after", load_after},
+                        {"copy_bandwidth_bytes_per_s", bw},
+                        {"method", ma.method},
+                        {"batch", batch},
+                        {"prompt_tokens", prompt},
+                        {"decode_tokens", decode},
+                        {"reps", reps},
+                        {"profiled", true},
+                        {"token_filter", token_filter_json(*tfg)},
+                        {"attention_stage_ratio", att},
+                        {"attention_stage_ratio_reps", r_att},
+                        {"attention_stage_with_gate_ratio", median(r_att_gate)},
+                        {"step_ratio", step},
+                        {"step_ratio_reps", r_step},
+                        {"step_ratio_implied", implied},
+                        {"dense_attention_stage_share", share},
+                        {"gate_similarity_share_of_layers", median(gate_share)},
+                        {"dense_step_seconds", median(d_step)},
+                        {"method_step_seconds", median(m_step)},
+                        {"realised_reps", realised},
+                        {"per_rep", per_rep}};
+    nlohmann::json fl = nlohmann::json::object();
+    for (int o = 0; o < flops::kNumOps; ++o) {
+      const auto t = ledger.by_op(static_cast<flops::Op>(o), flops::Phase::Decode);
+      if (t.launches > 0)
+        fl[flops::to_string(static_cast<flops::Op>(o))] = {{"flops_dense", t.flops_dense},
+                                                           {"flops_realised", t.flops_realised},
+                                                           {"bytes_dense", t.bytes_dense},
+                                                           {"bytes_realised", t.bytes_realised}};
+    }
+    j["decode_ledger_last_rep"] = fl;
+    io::write_file_atomically(json_out, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, skipping = "on";
-  int prompt = 512, decode = 128, reps = 3;
-  bool profile = false;
+  std::string model, storage, json_out, skipping = "on", decode_path = "fused";
+  int prompt = 512, decode = 128, reps = 3, batch = 1;
+  bool profile = false, graph = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -101,6 +276,14 @@ int cmd_bench(int argc, char** argv) {
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
+      "batch", po::value(&batch)->default_value(1),
+      "sequences decoded together (each prefilled with the prompt); tokens/s count all of "
+      "them; dense and token-filter benchmarks (activation-sparsity methods decode one)")(
+      "decode-path", po::value(&decode_path)->default_value("fused"),
+      "devices: fused (five kernels per block for single-token steps) or ops (one kernel per "
+      "op); host backends always run op by op")(
+      "graph", po::bool_switch(&graph),
+      "CUDA: replay each dense decode step as a captured CUDA graph")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
       "kernel)");
@@ -114,7 +297,12 @@ int cmd_bench(int argc, char** argv) {
              d, vm))
     return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
-  ma.resolve();
+  require(batch >= 1 && batch <= 64, "--batch must be in 1 … 64, got {}", batch);
+  require(decode_path == "fused" || decode_path == "ops",
+          "--decode-path must be fused or ops, got '{}'", decode_path);
+  ma.resolve(&vm);
+  require(batch == 1 || ma.token_filter || !ma.sparse(),
+          "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
@@ -126,7 +314,9 @@ int cmd_bench(int argc, char** argv) {
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
-    const double bw = copy_bandwidth(exec, std::size_t(128) << 20, 5);
+    constexpr bool host =
+        Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+    const double bw = copy_bandwidth(exec, std::size_t(host ? 128 : 1024) << 20, 5);
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
@@ -136,10 +326,16 @@ int cmd_bench(int argc, char** argv) {
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
-    Engine<E> eng(w, 1, prompt + decode, nullptr, exec);
+    if (ma.token_filter)
+      return bench_token_filter(exec, ma, plan, w, ws, mi, prompt, decode, reps, batch,
+                                skipping == "on", storage, backend, rt.threads(), bw, json_out);
+    Engine<E> eng(w, batch, prompt + decode, nullptr, exec);
+    eng.set_fused_decode(decode_path == "fused");
+    eng.set_graph(graph);
     std::unique_ptr<Engine<E>> se;
     sparsity::ActivationMasker<E> masker(c.n_layer);
     if (sparse) {
+      require(batch == 1, "--method decodes one sequence: leave --batch at 1");
       se = std::make_unique<Engine<E>>(ws, 1, prompt + decode, nullptr, exec);
       attach_masker(*se, masker, plan);
       if (skipping == "on") se->use_column_skipping(true);
@@ -150,7 +346,7 @@ int cmd_bench(int argc, char** argv) {
     // machine hit both alike.
     std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
     for (int r = 0; r < reps; ++r) {
-      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab);
+      const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, batch);
       t_pre.push_back(pre);
       t_dec.push_back(dec);
       if (se) {
@@ -164,17 +360,19 @@ int cmd_bench(int argc, char** argv) {
     for (const auto& l : w->layers)
       for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
         wbytes += static_cast<double>(m->bytes());
-    const double pre_tps = prompt / median(t_pre);
-    const double dec_tps = 1.0 / median(t_dec);
-    const double ideal_tps = bw / wbytes;
+    const double pre_tps = static_cast<double>(prompt) * batch / median(t_pre);
+    const double dec_tps = static_cast<double>(batch) / median(t_dec);
+    // every step reads the weights once, whatever the batch
+    const double ideal_tps = bw / wbytes * batch;
     std::cout << fmt::format(
-        "model {} ({} params, {} storage), backend {}, {} threads\n"
+        "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
         "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
         "decode   {:>9.1f} tokens/s  (median step of {} after the prompt)\n"
         "bandwidth {:>8.2f} GB/s copy; decode reads {:.1f} MB/token; ideal {:.1f} tokens/s\n"
         "decode / ideal = {:.3f}\n",
-        mi.path, c.n_params(), storage, backend, rt.threads(), pre_tps, prompt, reps, dec_tps,
-        decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
+        mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
+        eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps, prompt,
+        reps, dec_tps, decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -286,6 +484,9 @@ int cmd_bench(int argc, char** argv) {
                           {"backend", backend},
                           {"threads", rt.threads()},
                           {"prompt_tokens", prompt},
+                          {"batch", batch},
+                          {"decode_path", decode_path},
+                          {"graph", eng.graph()},
                           {"decode_tokens", decode},
                           {"reps", reps},
                           {"prefill_tokens_per_s", pre_tps},

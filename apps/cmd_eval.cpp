@@ -7,6 +7,7 @@
 #include "engine/engine.hpp"
 #include "eval/corpus.hpp"
 #include "eval/perplexity.hpp"
+#include "eval/retrieval.hpp"
 #include "eval/tasks.hpp"
 #include "io/run_file.hpp"
 #include "method_setup.hpp"
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <limits>
@@ -31,7 +33,9 @@ int cmd_eval(int argc, char** argv) {
       progress_mode;
   PplOptions po_;
   int score = -1;
-  bool strict = false, no_ppl = false, save_tokens = false;
+  bool strict = false, no_ppl = false, save_tokens = false, tf_mass = false;
+  std::string task, ret_lengths = "2048,4096,8192", ret_depths = "0,0.25,0.5,0.75,1";
+  RetrievalOptions ro;
   MethodArgs ma;
   DumpArgs da;
   po::options_description d("sparsim eval options");
@@ -51,8 +55,25 @@ int cmd_eval(int argc, char** argv) {
       "bos", po::value(&bos_mode)->default_value("auto"),
       "prepend BOS to each window: auto (the model's add_bos setting), yes or no")(
       "no-perplexity", po::bool_switch(&no_ppl), "skip perplexity (tasks only)")(
-      "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}");
+      "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")(
+      "task", po::value(&task),
+      "generated long-context retrieval task: passkey (a number hidden in corpus text) or "
+      "kv-needle (the value of a named key); scored by exact match of the greedy answer")(
+      "retrieval-lengths", po::value(&ret_lengths)->default_value(ret_lengths),
+      "retrieval prompt lengths in tokens, comma separated")(
+      "retrieval-depths", po::value(&ret_depths)->default_value(ret_depths),
+      "retrieval needle depths in [0, 1], comma separated")(
+      "retrieval-samples", po::value(&ro.samples)->default_value(1),
+      "retrieval prompts per (length, depth) cell")("retrieval-seed",
+                                                    po::value(&ro.seed)->default_value(1),
+                                                    "retrieval keys, names and filler offsets")(
+      "retrieval-digits", po::value(&ro.digits)->default_value(5),
+      "digits of the retrieved number");
   ma.add_options(d);
+  d.add_options()("tf-attention-mass", po::bool_switch(&tf_mass),
+                  "Token Filtering: also run the dense model over the first window and record, "
+                  "per layer and position, the similarity S and the attention the token receives "
+                  "from later tokens (run file /token_filter/attention_mass; needs --out)");
   d.add_options()("storage", po::value(&storage)->default_value("f32"),
                   "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
@@ -70,17 +91,34 @@ int cmd_eval(int argc, char** argv) {
              vm))
     return 0;
   const bool check_only = vm["check-options"].as<bool>();
-  ma.resolve(/*read_calibration=*/!check_only);
+  ma.resolve(&vm, /*read_calibration=*/!check_only);
   // Without the calibration file (--check-options) the layer count is not known yet.
   da.resolve(vm, ma.sparse(), !out.empty(),
              ma.cal ? ma.cal->n_layer : (check_only ? std::numeric_limits<int>::max() : 0));
+  const bool retrieval = !task.empty();
+  if (retrieval) {
+    require(task == "passkey" || task == "kv-needle",
+            "--task must be passkey or kv-needle, got '{}'", task);
+    ro.kind = task == "passkey" ? "passkey" : "kv";
+    ro.lengths.clear();
+    for (double x : parse_double_list(ret_lengths, "--retrieval-lengths")) {
+      require(x == std::floor(x) && x >= 1 && x < 1e9,
+              "--retrieval-lengths: {} is not a token count", x);
+      ro.lengths.push_back(static_cast<int>(x));
+    }
+    ro.depths = parse_double_list(ret_depths, "--retrieval-depths");
+    ro.batch = po_.batch;
+    ro.validate(1 << 30);  // the model's context is checked once it is loaded
+  }
+  require(!tf_mass || (ma.token_filter && !out.empty() && !no_ppl),
+          "--tf-attention-mass needs --method with token-filter, perplexity and --out");
   const std::string& method = ma.method;
   const std::string& calib_path = ma.calib_path;
   require(bos_mode == "auto" || bos_mode == "yes" || bos_mode == "no",
           "--bos must be auto, yes or no, got '{}'", bos_mode);
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
           "--progress must be auto, always or never, got '{}'", progress_mode);
-  require(!(no_ppl && tasks_path.empty()), "--no-perplexity needs --tasks");
+  require(!(no_ppl && tasks_path.empty() && !retrieval), "--no-perplexity needs --tasks or --task");
   po_.score = score < 0 ? po_.stride : score;
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
@@ -100,7 +138,7 @@ int cmd_eval(int argc, char** argv) {
   Stopwatch wall;
   Corpus corpus;
   std::vector<TaskItem> tasks;
-  if (!no_ppl) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
+  if (!no_ppl || retrieval) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
   if (!tasks_path.empty()) tasks = load_tasks(tasks_path);
 
   Runtime rt(co);
@@ -123,14 +161,18 @@ int cmd_eval(int argc, char** argv) {
     require(!(bos_mode == "yes" && tok.bos_id() < 0), "--bos yes: the model has no BOS token");
     po_.bos_id = add_bos ? tok.bos_id() : -1;
     if (!no_ppl) po_.validate(c.context_length);
+    if (retrieval) ro.validate(c.context_length);
+    if (ma.token_filter) ma.tf.validate(c.n_layer);
 
     sw.reset();
     std::vector<int> stream;
     std::uint64_t corpus_tokens = 0;
-    if (!no_ppl) {
+    if (!no_ppl || retrieval) {
       stream = corpus_stream(corpus, tok);
       corpus_tokens = stream.size();
     }
+    std::vector<RetrievalItem> ritems;
+    if (retrieval) ritems = build_retrieval(ro, tok, stream, add_bos);
     const double t_tok = sw.seconds();
 
     // The cache must hold a whole window, and the longest context + choice of any task item.
@@ -143,8 +185,17 @@ int cmd_eval(int argc, char** argv) {
                 c.context_length);
         ctx_needed = std::max(ctx_needed, len);
       }
+    int shortest = no_ppl ? 0 : po_.context;  // the sequences the token gate sees
+    if (retrieval) {
+      for (int L : ro.lengths) ctx_needed = std::max(ctx_needed, L + ro.answer_tokens());
+      const int mn = *std::min_element(ro.lengths.begin(), ro.lengths.end());
+      shortest = shortest ? std::min(shortest, mn) : mn;
+    }
+    if (shortest == 0) shortest = ctx_needed;  // tasks only: the longest item
     flops::Ledger ledger(c.n_layer);
-    Engine<E> eng(w, no_ppl ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger, exec);
+    Engine<E> eng(w, (no_ppl && !retrieval) ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger,
+                  exec);
+    std::unique_ptr<gating::TokenFilter<E>> tfg = make_token_filter(ma, eng, shortest);
     sparsity::ActivationMasker<E> masker(c.n_layer);
     attach_masker(eng, masker, plan);
     std::unique_ptr<DumpingMasker<E>> dumper;
@@ -173,6 +224,45 @@ int cmd_eval(int argc, char** argv) {
       bar.finish();
     }
     const double t_tasks = sw.seconds();
+    RetrievalResult rr;
+    sw.reset();
+    if (retrieval) {
+      ProgressBar bar("retrieval", show_progress);
+      rr = run_retrieval(eng, tok, ritems, ro,
+                         [&](int done, int total) { bar.update(done, total); });
+      bar.finish();
+    }
+    const double t_ret = sw.seconds();
+    // The dense model's similarity and received attention over the first window (Figure 2).
+    std::vector<float> fig_s, fig_mass;
+    if (tf_mass) {
+      gating::TokenFilterOptions fo = ma.tf;
+      fo.ratio = 0;
+      fo.layers = gating::LayerSet::Uniform;
+      fo.num_layers = c.n_layer;
+      fo.observe_only = true;
+      fo.trace_sequences = 1;
+      fo.drop_skipped = false;
+      Engine<E> de(w, 1, po_.context, nullptr, exec);
+      const AttnShape sh = de.cache().shape(0);
+      gating::TokenFilter<E> obs(fo, c.n_layer, sh.n_kv_head, sh.qk_dim, sh.v_dim, 1);
+      de.set_token_gate(&obs);
+      de.record_attention_mass(true);
+      std::vector<int> win;
+      if (po_.bos_id >= 0) win.push_back(po_.bos_id);
+      win.insert(win.end(), stream.begin(), stream.begin() + (po_.context - win.size()));
+      de.forward_tail({win}, 0, 1);
+      for (int l = 0; l < c.n_layer; ++l) {
+        const auto& trace = obs.traces().at(0).at(static_cast<std::size_t>(l));
+        fig_s.insert(fig_s.end(), trace.similarity.begin(), trace.similarity.end());
+        const auto m = de.attention_mass(l), q = de.attention_mass_queries(l);
+        for (int p = 0; p < po_.context; ++p)
+          fig_mass.push_back(q[static_cast<std::size_t>(p)] > 0
+                                 ? static_cast<float>(m[static_cast<std::size_t>(p)] /
+                                                      (q[static_cast<std::size_t>(p)] * c.n_head))
+                                 : std::numeric_limits<float>::quiet_NaN());
+      }
+    }
     const double wall_s = wall.seconds();
     const auto tot = ledger.total();
     const std::vector<double>& token_sp = masker.token_sparsity();
@@ -200,6 +290,13 @@ int cmd_eval(int argc, char** argv) {
           static_cast<double>(ppl.argmax_hits) / std::max<std::uint64_t>(1, ppl.tokens_scored));
     }
     if (sparse) std::cout << report.table() << "\n";
+    if (tfg) {
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter target", ma.tf.ratio);
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter realised", tfg->realised());
+    }
+    if (retrieval)
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", fmt::format("{} accuracy", task),
+                               rr.accuracy);
     if (!tasks.empty()) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc", tr.acc);
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc_norm", tr.acc_norm);
@@ -237,6 +334,20 @@ int cmd_eval(int argc, char** argv) {
       j["tokens_scored"] = 0;
       j["windows"] = 0;
       j["corpus"] = {{"fingerprint", nullptr}};
+    }
+    if (tfg) j["token_filter"] = token_filter_json(*tfg);
+    if (retrieval) {
+      nlohmann::json cells = nlohmann::json::array();
+      for (std::size_t li = 0; li < ro.lengths.size(); ++li)
+        for (std::size_t di = 0; di < ro.depths.size(); ++di)
+          cells.push_back({{"length", ro.lengths[li]},
+                           {"depth", ro.depths[di]},
+                           {"accuracy", rr.cell_accuracy[li * ro.depths.size() + di]},
+                           {"items", ro.samples}});
+      j["retrieval"] = {
+          {"task", task},          {"accuracy", rr.accuracy}, {"items", ritems.size()},
+          {"lengths", ro.lengths}, {"depths", ro.depths},     {"samples", ro.samples},
+          {"seed", ro.seed},       {"digits", ro.digits},     {"cells", cells}};
     }
     if (!tasks.empty())
       j["tasks"] = {
@@ -288,11 +399,62 @@ int cmd_eval(int argc, char** argv) {
         tg.write<std::int32_t>("pred", pred, {"", "argmax choice"});
         tg.write<std::int32_t>("pred_norm", pn, {"", "argmax choice by loglik per byte"});
       }
+      if (retrieval) {
+        io::Group rg = res.create_group("retrieval");
+        rg.set_attr("task", task);
+        rg.set_attr("accuracy", rr.accuracy);
+        rg.set_attr("samples", ro.samples);
+        rg.set_attr("seed", static_cast<std::int64_t>(ro.seed));
+        rg.set_attr("digits", ro.digits);
+        std::vector<std::int32_t> lens(ro.lengths.begin(), ro.lengths.end());
+        rg.write<std::int32_t>("lengths", lens, {"token", "prompt lengths (first index)"});
+        rg.write<double>("depths", ro.depths, {"1", "needle depths (second index)"});
+        rg.write<double>(
+            "accuracy", rr.cell_accuracy.data(),
+            {static_cast<hsize_t>(ro.lengths.size()), static_cast<hsize_t>(ro.depths.size())},
+            {"1", "exact-match accuracy per [length][depth]"});
+        std::vector<std::int32_t> il, ok;
+        std::vector<double> idp, ipl;
+        std::vector<std::string> ans, outp, keys;
+        for (std::size_t k = 0; k < ritems.size(); ++k) {
+          il.push_back(ritems[k].length);
+          idp.push_back(ritems[k].depth);
+          ipl.push_back(ritems[k].placed);
+          ok.push_back(rr.correct[k]);
+          ans.push_back(ritems[k].answer);
+          outp.push_back(rr.output[k]);
+          keys.push_back(ritems[k].key);
+        }
+        rg.write<std::int32_t>("item_length", il, {"token", "prompt length of each item"});
+        rg.write<double>("item_depth", idp, {"1", "requested needle depth of each item"});
+        rg.write<double>("item_placed", ipl, {"1", "needle start / filler length, as placed"});
+        rg.write<std::int32_t>("item_correct", ok, {"", "1: exact match"});
+        rg.write_strings("item_answer", ans, {"", "the number to retrieve"});
+        rg.write_strings("item_output", outp, {"", "greedy continuation"});
+        if (ro.kind == "kv") rg.write_strings("item_key", keys, {"", "the key asked for"});
+      }
+      if (tfg) {
+        io::Group tg = root.create_group("token_filter");
+        tfg->write(tg);
+        if (tf_mass) {
+          io::Group mg = tg.create_group("attention_mass");
+          mg.set_attr("meaning",
+                      "dense model, first window: similarity S of every position in every layer "
+                      "and the mean attention (over later queries and heads) it receives");
+          const std::vector<hsize_t> dims = {static_cast<hsize_t>(c.n_layer),
+                                             static_cast<hsize_t>(po_.context)};
+          mg.write<float>("similarity", fig_s.data(), dims,
+                          {"1", "similarity S [layer][position] (NaN: no anchor)"});
+          mg.write<float>("attention_received", fig_mass.data(), dims,
+                          {"1", "mean softmax weight from later queries [layer][position]"});
+        }
+      }
       io::Group tm = root.create_group("timings");
       tm.write_scalar("load_seconds", t_load, {"s", "model load and dequantization"});
       tm.write_scalar("tokenize_seconds", t_tok, {"s", "corpus tokenization"});
       tm.write_scalar("perplexity_seconds", t_ppl, {"s", "perplexity forward passes"});
       tm.write_scalar("tasks_seconds", t_tasks, {"s", "task scoring"});
+      tm.write_scalar("retrieval_seconds", t_ret, {"s", "retrieval task"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
       if (sparse) report.write(root);
       if (dumper) dumper->write(root, plan);

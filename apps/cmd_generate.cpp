@@ -3,6 +3,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
+#include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "model/synth.hpp"
 #include "model_io.hpp"
@@ -62,6 +63,7 @@ int cmd_generate(int argc, char** argv) {
   float temperature = 0.0f, top_p = 0.95f;
   std::uint64_t seed = 1;
   bool chat = false, strict = false;
+  MethodArgs ma;
   po::options_description d("sparsim generate options");
   d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
                   "model file, directory or alias")("prompt,p", po::value(&prompt)->required(),
@@ -74,6 +76,7 @@ int cmd_generate(int argc, char** argv) {
       "seed", po::value(&seed)->default_value(1), "sampling seed")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error");
+  ma.add_options(d);
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim generate --prompt TEXT [options]", d, vm)) return 0;
@@ -81,6 +84,7 @@ int cmd_generate(int argc, char** argv) {
   require(temperature >= 0 && std::isfinite(temperature), "--temperature must be >= 0");
   require(top_p > 0 && top_p <= 1, "--top-p must be in (0, 1], got {}", top_p);
   require(top_k >= 0, "--top-k must be >= 0, got {}", top_k);
+  ma.resolve(&vm);
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
@@ -89,7 +93,9 @@ int cmd_generate(int argc, char** argv) {
   Runtime rt(co);
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
-    auto w = load_model<E>(rm.path, lo, nullptr);
+    ModelInfo mi;
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
+    const sparsity::Plan plan = prepare_method(ma, mi, w, lo.storage);
     const Config& c = w->cfg;
     const Tokenizer tok = tokenizer_for(rm.path);
     std::string text = prompt;
@@ -101,6 +107,9 @@ int cmd_generate(int argc, char** argv) {
             "prompt ({} tokens) + --max-tokens {} exceed the model's context of {}", T, max_tokens,
             c.context_length);
     Engine<E> eng(w, 1, T + max_tokens, nullptr, exec);
+    sparsity::ActivationMasker<E> masker(c.n_layer);
+    attach_masker(eng, masker, plan);
+    auto tfg = make_token_filter(ma, eng, T + max_tokens);
     SynthRng rng(seed);
     Stopwatch sw;
     auto to_vec = [](const Mat<E>& m) {
@@ -124,6 +133,9 @@ int cmd_generate(int argc, char** argv) {
     log().info(
         "{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s)", T,
         t_prefill, T / t_prefill, out.size(), t_gen, out.empty() ? 0.0 : out.size() / t_gen);
+    if (tfg)
+      log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,
+                 tfg->realised(), tfg->decided_tokens());
     return 0;
   });
 }

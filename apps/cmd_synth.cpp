@@ -34,10 +34,11 @@ int cmd_synth(int argc, char** argv) {
       "gguf, or hf: a Hugging Face directory (config.json + model.safetensors) holding the "
       "same model; --type then is the safetensors dtype (f32, bf16 or f16)")(
       "preset", po::value(&preset)->default_value("tiny"),
-      "starting shape: tiny (2 layers, d 64) or smollm2-135m; options below override it")(
-      "layers", po::value<int>(), "transformer blocks")("d-model", po::value<int>(), "hidden size")(
-      "heads", po::value<int>(), "query heads")("kv-heads", po::value<int>(), "key/value heads")(
-      "head-dim", po::value<int>(), "head dimension (default d-model / heads)")(
+      "starting shape: tiny (2 layers, d 64), smollm2-135m or llama2-7b (32 layers, d 4096, MHA, "
+      "untied); options below override it")("layers", po::value<int>(), "transformer blocks")(
+      "d-model", po::value<int>(), "hidden size")("heads", po::value<int>(), "query heads")(
+      "kv-heads", po::value<int>(), "key/value heads")("head-dim", po::value<int>(),
+                                                       "head dimension (default d-model / heads)")(
       "ff", po::value<int>(), "SwiGLU inner size")("vocab", po::value<int>(),
                                                    "vocabulary size (>= 259 with the tokenizer)")(
       "context", po::value<int>(), "context length")("rope-theta", po::value<float>(), "RoPE base")(
@@ -67,8 +68,18 @@ int cmd_synth(int argc, char** argv) {
     c.vocab = 49152;
     c.context_length = 8192;
     c.rope_theta = 100000.0f;
+  } else if (preset == "llama2-7b") {
+    c.n_layer = 32;
+    c.d_model = 4096;
+    c.n_head = 32;
+    c.n_kv_head = 32;
+    c.d_ff = 11008;
+    c.vocab = 32000;
+    c.context_length = 4096;
+    c.rope_theta = 10000.0f;
+    untied = true;
   } else {
-    fail("--preset '{}' is unknown (tiny, smollm2-135m)", preset);
+    fail("--preset '{}' is unknown (tiny, smollm2-135m, llama2-7b)", preset);
   }
   if (vm.count("layers")) c.n_layer = vm["layers"].as<int>();
   if (vm.count("d-model")) c.d_model = vm["d-model"].as<int>();

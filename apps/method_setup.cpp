@@ -1,10 +1,14 @@
 #include "method_setup.hpp"
 
+#include <cmath>
+
 namespace sparsim::app {
 
 void MethodArgs::add_options(po::options_description& d) {
   d.add_options()("method", po::value(&method)->default_value("dense"),
-                  "dense, teal (thresholds), wina (TopK on weight-informed scores) or topk-guided")(
+                  "dense, teal (thresholds), wina (TopK on weight-informed scores), topk-guided, "
+                  "token-filter (skip attention of similar tokens), or an activation method and "
+                  "token-filter joined by '+' (e.g. topk-guided+token-filter)")(
       "sparsity,s", po::value(&mopt.sparsity)->default_value(0.5),
       "target activation sparsity s in [0, 1) (sparse methods)")(
       "calibration", po::value(&calib_path), "calibration file from sparsim calibrate")(
@@ -20,11 +24,73 @@ void MethodArgs::add_options(po::options_description& d) {
       "no-rotation", po::bool_switch(&no_rotation),
       "WINA / TopK-Guided on the unrotated model (uses the plain calibration)")(
       "wina-norms", po::value(&norms_mode)->default_value("kg"),
-      "projections scored with column norms: kg (k and gate, WINA's choice) or all");
+      "projections scored with column norms: kg (k and gate, WINA's choice) or all")(
+      "tf-ratio", po::value(&tf.ratio)->default_value(0.2),
+      "Token Filtering: model-wide fraction r in [0, 1) of (token, layer) attention blocks to "
+      "skip")("tf-criterion", po::value(&tf_criterion)->default_value("kv"),
+              "Token Filtering similarity: key, value or kv (variance-aware fusion)")(
+      "tf-anchor", po::value(&tf_anchor)->default_value("mean"),
+      "Token Filtering anchor: mean of the previous tokens, or ema")(
+      "tf-gamma", po::value(&tf.gamma)->default_value(0.9),
+      "Token Filtering EMA anchor weight γ on the old anchor")(
+      "tf-keys", po::value(&tf_keys)->default_value("post-rope"),
+      "Token Filtering keys compared: post-rope (as cached) or pre-rope")(
+      "tf-warmup", po::value(&tf.warmup)->default_value(16),
+      "Token Filtering warm-up W: the first W tokens of a sequence are never skipped")(
+      "tf-eta", po::value(&tf.eta)->default_value(0.01),
+      "Token Filtering threshold controller gain η")(
+      "tf-layers", po::value(&tf_layers)->default_value("tail"),
+      "Token Filtering gated layers: tail (the last N), head (the first N) or uniform")(
+      "tf-num-layers", po::value(&tf.num_layers)->default_value(0),
+      "Token Filtering gated layer count N (0: 3/4 of the layers, rounded up); each aims at "
+      "r·L/N")("tf-drop-skipped", po::bool_switch(&tf.drop_skipped),
+               "Token Filtering: skipped tokens also leave the KV cache and the anchor")(
+      "tf-trace", po::value(&tf.trace_sequences)->default_value(4),
+      "Token Filtering: sequences whose per-token similarity, threshold and decisions go to the "
+      "run file");
 }
 
-void MethodArgs::resolve(bool read_calibration) {
-  mopt.method = sparsity::parse_method(method);
+void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
+  // --method: at most one activation method and token-filter, joined by '+'
+  std::string act;
+  token_filter = false;
+  std::size_t start = 0;
+  while (start <= method.size()) {
+    const std::size_t plus = method.find('+', start);
+    const std::string part =
+        method.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+    if (part == "token-filter") {
+      require(!token_filter, "--method names token-filter twice");
+      token_filter = true;
+    } else {
+      require(act.empty() && !part.empty(),
+              "--method '{}': join at most one of dense, teal, wina, topk-guided with "
+              "token-filter by '+'",
+              method);
+      act = part;
+    }
+    if (plus == std::string::npos) break;
+    start = plus + 1;
+  }
+  if (act.empty()) act = "dense";
+  if (vm && !token_filter)
+    for (const auto& [name, value] : *vm)
+      require(name.rfind("tf-", 0) != 0 || value.defaulted(),
+              "--{} is a Token Filtering option: add token-filter to --method", name);
+  if (token_filter) {
+    tf.criterion = gating::parse_criterion(tf_criterion);
+    tf.anchor = gating::parse_anchor(tf_anchor);
+    tf.layers = gating::parse_layer_set(tf_layers);
+    require(tf_keys == "post-rope" || tf_keys == "pre-rope",
+            "--tf-keys must be post-rope or pre-rope, got '{}'", tf_keys);
+    tf.pre_rope = tf_keys == "pre-rope";
+    // what does not depend on the model (r·L/N is checked once the model is loaded)
+    require(std::isfinite(tf.ratio) && tf.ratio >= 0 && tf.ratio < 1,
+            "--tf-ratio must be in [0, 1), got {}", tf.ratio);
+    require(tf.num_layers >= 0, "--tf-num-layers must be non-negative, got {}", tf.num_layers);
+    require(tf.warmup >= 2, "--tf-warmup must be at least 2 tokens, got {}", tf.warmup);
+  }
+  mopt.method = sparsity::parse_method(act);
   mopt.validate();
   require(budget_mode == "sensitivity" || budget_mode == "uniform",
           "--budget must be sensitivity or uniform, got '{}'", budget_mode);

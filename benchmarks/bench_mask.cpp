@@ -178,9 +178,13 @@ double median_of(std::vector<double> v) {
 /// The transposed bf16 weight [d][out] of a projection, shared by the benchmarks of that shape
 /// (values do not change the time; zeros).
 using WtView = Kokkos::View<bf16_t**, Layout, DeviceOf<E>>;
-WtView transposed_weight(int d, int out) {
+/// Cached weights; emptied before Kokkos::finalize (a View must not outlive Kokkos).
+std::map<std::pair<int, int>, WtView>& weight_cache() {
   static std::map<std::pair<int, int>, WtView> cache;
-  WtView& w = cache[{d, out}];
+  return cache;
+}
+WtView transposed_weight(int d, int out) {
+  WtView& w = weight_cache()[{d, out}];
   if (w.extent(0) == 0) w = WtView("wt", d, out);
   return w;
 }
@@ -302,6 +306,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
+  weight_cache().clear();
   Kokkos::finalize();
   return 0;
 }

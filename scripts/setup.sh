@@ -56,8 +56,8 @@ if [ ! -x "$venv/bin/python" ]; then
   log "creating Python environment for scripts in $venv"
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c 'import numpy, gguf, h5py, pandas' 2>/dev/null; then
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py pandas
+if ! "$venv/bin/python" -c 'import numpy, gguf, h5py, pandas, matplotlib' 2>/dev/null; then
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy gguf h5py pandas matplotlib
 fi
 
 # llama.cpp through llama-cpp-python, built from its PyPI source: the independent reference of

@@ -6,6 +6,7 @@
 #include "model/loader.hpp"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -32,6 +33,12 @@ class ReferenceLlama {
 
   const Config& cfg() const { return cfg_; }
 
+  /// Token gate: skip(layer, pos) true makes that token's attention output zero (its K and V
+  /// are still cached). Key mask: keep(layer, pos, kv_head, channel) false leaves that cached
+  /// key channel out of every later score (K-cache channel pruning).
+  std::function<bool(int, int)> skip;
+  std::function<bool(int, int, int, int)> keep;
+
   /// Logits after feeding `token` at the next position.
   std::vector<double> step(int token) {
     const Config& c = cfg_;
@@ -48,6 +55,10 @@ class ReferenceLlama {
       rotate(k, pos);
       kc_[l].push_back(k);
       vc_[l].push_back(v);
+      if (skip && skip(l, pos)) {  // the residual passes through; the MLP still runs
+        mlp(l, x);
+        continue;
+      }
       std::vector<double> att(c.q_dim(), 0.0);
       const int group = c.n_head / c.n_kv_head;
       for (int hh = 0; hh < c.n_head; ++hh) {
@@ -56,7 +67,8 @@ class ReferenceLlama {
         double mx = -1e300;
         for (int t = 0; t <= pos; ++t) {
           double a = 0;
-          for (int i = 0; i < hd; ++i) a += q[hh * hd + i] * kc_[l][t][kvh * hd + i];
+          for (int i = 0; i < hd; ++i)
+            if (!keep || keep(l, t, kvh, i)) a += q[hh * hd + i] * kc_[l][t][kvh * hd + i];
           s[t] = a / std::sqrt(static_cast<double>(hd));
           mx = std::max(mx, s[t]);
         }
@@ -67,12 +79,7 @@ class ReferenceLlama {
       }
       auto o = matvec(w_[p + "attn_output.weight"], att, d);
       for (int j = 0; j < d; ++j) x[j] += o[j];
-      h = norm(x, w_[p + "ffn_norm.weight"]);
-      auto g = matvec(w_[p + "ffn_gate.weight"], h, c.d_ff);
-      auto u = matvec(w_[p + "ffn_up.weight"], h, c.d_ff);
-      for (int j = 0; j < c.d_ff; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
-      auto dn = matvec(w_[p + "ffn_down.weight"], g, d);
-      for (int j = 0; j < d; ++j) x[j] += dn[j];
+      mlp(l, x);
     }
     auto h = norm(x, w_["output_norm.weight"]);
     const auto& head = w_.count("output.weight") ? w_["output.weight"] : w_["token_embd.weight"];
@@ -80,6 +87,17 @@ class ReferenceLlama {
   }
 
  private:
+  void mlp(int l, std::vector<double>& x) {
+    const Config& c = cfg_;
+    const int d = c.d_model;
+    const std::string p = "blk." + std::to_string(l) + ".";
+    auto h = norm(x, w_[p + "ffn_norm.weight"]);
+    auto g = matvec(w_[p + "ffn_gate.weight"], h, c.d_ff);
+    auto u = matvec(w_[p + "ffn_up.weight"], h, c.d_ff);
+    for (int j = 0; j < c.d_ff; ++j) g[j] = g[j] / (1 + std::exp(-g[j])) * u[j];
+    auto dn = matvec(w_[p + "ffn_down.weight"], g, d);
+    for (int j = 0; j < d; ++j) x[j] += dn[j];
+  }
   std::vector<double> norm(const std::vector<double>& x, const std::vector<double>& g) const {
     double ss = 0;
     for (double v : x) ss += v * v;

@@ -159,10 +159,9 @@ TEST_F(CliSparsity, BadInputFailsAndWritesNothing) {
     EXPECT_FALSE(fs::exists(js)) << c.args;
   }
   // a calibration file made for another model
-  const RunResult r =
-      run_cmd(sparsim_bin() + " eval --model " + other_ + " --corpus " + corpus_ +
-              " --context 128 --stride 64 --max-windows 1 --method teal --calibration " + calib_ +
-              files);
+  const RunResult r = run_cmd(
+      sparsim_bin() + " eval --model " + other_ + " --corpus " + corpus_ +
+      " --context 128 --stride 64 --max-windows 1 --method teal --calibration " + calib_ + files);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("was made for model fingerprint"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(out));

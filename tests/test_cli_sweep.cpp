@@ -359,7 +359,8 @@ score = [8, 12]
   // 1. the broken model's points fail; the sweep says which and why, and exits non-zero
   const RunResult r = s.sweep("--threads 1");
   EXPECT_NE(r.exit_code, 0) << r.output;
-  for (const auto& id : bad) EXPECT_NE(r.output.find("failed " + id), std::string::npos) << r.output;
+  for (const auto& id : bad)
+    EXPECT_NE(r.output.find("failed " + id), std::string::npos) << r.output;
   json st = s.status();
   EXPECT_EQ(st["points"], 4);
   EXPECT_EQ(st["done"], 2);

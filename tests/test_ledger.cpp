@@ -49,7 +49,8 @@ TEST(Ledger, NamesAreDistinct) {
   for (int o = 0; o < sparsim::flops::kNumOps; ++o)
     names.insert(sparsim::flops::to_string(static_cast<Op>(o)));
   EXPECT_EQ(names.size(), static_cast<std::size_t>(sparsim::flops::kNumOps));
-  EXPECT_EQ(sparsim::flops::kNumOps, 19);
+  EXPECT_EQ(sparsim::flops::kNumOps, 22);
+  EXPECT_STREQ(sparsim::flops::to_string(Op::GateSimilarity), "gate_similarity");
   EXPECT_STREQ(sparsim::flops::to_string(Op::QProj), "q_proj");
   EXPECT_STREQ(sparsim::flops::to_string(Op::LMHead), "lm_head");
   EXPECT_STREQ(sparsim::flops::to_string(Phase::Prefill), "prefill");
@@ -177,13 +178,13 @@ TEST(Ledger, WriteAndReadBack) {
   EXPECT_DOUBLE_EQ(br[at(1, Op::QProj, 0)], 20);
   EXPECT_DOUBLE_EQ(std::accumulate(br.begin(), br.end(), 0.0), 1321);
   const std::vector<std::uint64_t> launches = g.read<std::uint64_t>("launches", &dims);
-  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 19, 3}));
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, static_cast<hsize_t>(sparsim::flops::kNumOps), 3}));
   EXPECT_EQ(launches[at(1, Op::DownProj, 1)], 2u);
   EXPECT_EQ(std::accumulate(launches.begin(), launches.end(), std::uint64_t{0}), 7u);
 
   EXPECT_EQ(g.read_strings("phases"), (std::vector<std::string>{"prefill", "decode"}));
   const std::vector<std::string> ops = g.read_strings("ops");
-  ASSERT_EQ(ops.size(), 19u);
+  ASSERT_EQ(ops.size(), static_cast<std::size_t>(sparsim::flops::kNumOps));
   EXPECT_EQ(ops[static_cast<int>(Op::QProj)], "q_proj");
   EXPECT_EQ(ops[static_cast<int>(Op::Other)], "other");
   EXPECT_EQ(g.read_strings("layers"), (std::vector<std::string>{"non-layer", "0", "1"}));

@@ -33,6 +33,11 @@ KOKKOS_INLINE_FUNCTION float log(float x) {
 KOKKOS_INLINE_FUNCTION double exp(double x) {
   return Kokkos::exp(x);
 }
+/// Double-precision square root (a separate name: an overload of sqrt would change which
+/// precision existing calls with double arguments use).
+KOKKOS_INLINE_FUNCTION double sqrt_d(double x) {
+  return Kokkos::sqrt(x);
+}
 KOKKOS_INLINE_FUNCTION double log(double x) {
   return Kokkos::log(x);
 }
@@ -60,6 +65,11 @@ KOKKOS_INLINE_FUNCTION float log(float x) {
 }
 KOKKOS_INLINE_FUNCTION double exp(double x) {
   return Kokkos::Experimental::exp(x);
+}
+/// Double-precision square root (a separate name: an overload of sqrt would change which
+/// precision existing calls with double arguments use).
+KOKKOS_INLINE_FUNCTION double sqrt_d(double x) {
+  return Kokkos::Experimental::sqrt(x);
 }
 KOKKOS_INLINE_FUNCTION double log(double x) {
   return Kokkos::Experimental::log(x);

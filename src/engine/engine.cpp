@@ -1,27 +1,82 @@
 #include "engine/engine.hpp"
 
 #include "core/error.hpp"
+#include "core/log.hpp"
+#include "kernels/cached_attention.hpp"
+#include "kernels/gather.hpp"
+#include "kernels/gemv_device.hpp"
 #include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <type_traits>
+#include <utility>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 namespace sparsim {
+
+namespace {
+template <class E>
+constexpr bool kOnHost =
+    Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+
+/// The view of m whose type is V (m's storage type must be V's).
+template <class V, class E>
+const V& view_as(const Matrix<E>& m) {
+  if constexpr (std::is_same_v<V, decltype(m.f32)>)
+    return m.f32;
+  else if constexpr (std::is_same_v<V, decltype(m.bf16)>)
+    return m.bf16;
+  else
+    return m.f16;
+}
+
+/// Calls f with the matrix's view in its storage type.
+template <class E, class F>
+void with_view(const Matrix<E>& m, F&& f) {
+  if (m.dtype == DType::F32)
+    f(m.f32);
+  else if (m.dtype == DType::BF16)
+    f(m.bf16);
+  else
+    f(m.f16);
+}
+}  // namespace
+
+/// Instantiated CUDA graphs of a decode step, per sequence count.
+template <class E>
+struct Engine<E>::Graphs {
+#if defined(KOKKOS_ENABLE_CUDA)
+  std::map<int, cudaGraphExec_t> exec;
+  ~Graphs() {
+    for (auto& g : exec) cudaGraphExecDestroy(g.second);
+  }
+#endif
+};
+
+template <class E>
+Engine<E>::~Engine() = default;
 
 template <class E>
 Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int max_ctx,
                   flops::Ledger* ledger, E exec)
-    : w_(std::move(weights)), max_seqs_(max_seqs), max_ctx_(max_ctx), ledger_(ledger), exec_(exec) {
+    : w_(std::move(weights)),
+      max_seqs_(max_seqs),
+      max_ctx_(max_ctx),
+      ledger_(ledger),
+      exec_(exec),
+      graphs_(std::make_unique<Graphs>()) {
   const Config& c = w_->cfg;
   require(max_seqs > 0, "engine: need at least one sequence, got {}", max_seqs);
   require(max_ctx > 0 && max_ctx <= c.context_length,
           "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,
           c.context_length);
-  for (int l = 0; l < c.n_layer; ++l) {
-    kcache_.emplace_back("sparsim::kcache", max_seqs, max_ctx, c.kv_dim());
-    vcache_.emplace_back("sparsim::vcache", max_seqs, max_ctx, c.kv_dim());
-  }
+  cache_ = KVCache<E>(c, max_seqs, max_ctx);
   // RoPE angles in double precision on the host, then rounded once to fp32.
   const int half = c.head_dim / 2;
   const std::vector<double> inv = c.rope_inv_freq(w_->rope_freq_factors);
@@ -37,11 +92,13 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
     }
   Kokkos::deep_copy(cos_, hc);
   Kokkos::deep_copy(sin_, hs);
+  set_device_path(false);  // on devices: on, whatever the argument
 }
 
 template <class E>
 void Engine<E>::ensure_rows(int n, int n_out) {
   const Config& c = w_->cfg;
+  if (n > cap_rows_ || n_out > cap_out_) graphs_ = std::make_unique<Graphs>();  // stale pointers
   if (n > cap_rows_) {
     auto alloc = [](const char* name, int r, int cols) {
       return Mat<E>(Kokkos::view_alloc(std::string(name), Kokkos::WithoutInitializing), r, cols);
@@ -55,10 +112,20 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     tmp_ = alloc("sparsim::tmp", n, c.d_model);
     rx_ = alloc("sparsim::rx", n, c.d_model);
     sparse_flags_ = IVec<E>("sparsim::sparse_rows", n);
+    sparse_flags_host_ = Kokkos::create_mirror_view(sparse_flags_);
     gate_ = alloc("sparsim::gate", n, c.d_ff);
     up_ = alloc("sparsim::up", n, c.d_ff);
     tok_ = IVec<E>("sparsim::tokens", n);
     pos_ = IVec<E>("sparsim::positions", n);
+    seq_ = IVec<E>("sparsim::sequences", n);
+    skip_ = IVec<E>("sparsim::gate::skip", n);
+    keep_rows_ = IVec<E>("sparsim::gate::keep_rows", n);
+    keep_seq_ = IVec<E>("sparsim::gate::keep_seq", n);
+    keep_pos_ = IVec<E>("sparsim::gate::keep_pos", n);
+    keep_flags_ = IVec<E>("sparsim::gate::keep_sparse_flags", n);
+    kpre_ = Mat<E>();  // allocated on demand (pre-RoPE gates only)
+    xg_ = alloc("sparsim::gate::x_kept", n, c.d_model);
+    og_ = alloc("sparsim::gate::o_kept", n, c.d_model);
     cap_rows_ = n;
   }
   if (n_out > cap_out_) {
@@ -109,57 +176,98 @@ flops::Op op_of(Proj p) {
 
 template <class E>
 void Engine<E>::plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op,
-                           int layer, flops::Phase ph, double realised_fraction) {
-  linear(exec_, x, w, y, scratch_);
-  mark(op);
+                           int layer, flops::Phase ph, double realised_fraction, int dense_rows) {
+  const double n = static_cast<double>(x.extent(0));
+  if (n > 0) {
+    linear(exec_, x, w, y, scratch_);
+    mark(op);
+  }
   if (ledger_) {
-    const double n = static_cast<double>(x.extent(0));
-    const double fl = 2.0 * n * w.rows * w.cols;
-    const double by = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-    ledger_->add(op, layer, ph, fl, fl * realised_fraction, by, by * realised_fraction);
+    // A token gate runs the kept rows only: the dense run would have run `dense_rows`.
+    const double nd = dense_rows < 0 ? n : static_cast<double>(dense_rows);
+    const double fl = 2.0 * nd * w.rows * w.cols;
+    const double by = static_cast<double>(w.bytes()) + 4.0 * nd * (w.rows + w.cols);
+    const double fr = 2.0 * n * w.rows * w.cols * realised_fraction;
+    const double br =
+        n > 0 ? (static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols)) * realised_fraction
+              : 0.0;
+    ledger_->add(op, layer, ph, fl, fr, by, br);
   }
 }
 
 template <class E>
-void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph) {
+void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph,
+                     const SparseRows<E>& rows, int dense_rows) {
   const Matrix<E>& w = w_->layers[layer].proj(p);
-  if (!masker_ || sparse_.count == 0 || !masker_->active(layer, p)) {
-    plain_proj(x, w, y, op_of(p), layer, ph);
+  if (!masker_ || rows.count == 0 || !masker_->active(layer, p) || x.extent(0) == 0) {
+    plain_proj(x, w, y, op_of(p), layer, ph, 1.0, dense_rows);
     return;
   }
-  long long kept = 0;
-  if (!wt_.empty() && x.extent(0) == 1) {
-    const int nnz = masker_->indices(exec_, layer, p, x, idx_, Vec<E>());
-    mark(flops::Op::MaskSelect);
+  int ticket = -1;
+  if (!wt_.empty() && x.extent(0) == 1 && dense_rows <= 1) {
     const Matrix<E>& t = wt_[static_cast<std::size_t>(layer)][static_cast<std::size_t>(p)];
     const CVec<E> xr(x.data(), w.cols);
     const Vec<E> yr(y.data(), w.rows);
-    if (t.dtype == DType::F32)
-      sparse_gemv(exec_, xr, idx_, nnz, t.f32, yr);
-    else if (t.dtype == DType::BF16)
-      sparse_gemv(exec_, xr, idx_, nnz, t.bf16, yr);
-    else
-      sparse_gemv(exec_, xr, idx_, nnz, t.f16, yr);
-    mark(op_of(p));
-    if (ledger_) {
-      const double fl = 2.0 * w.rows * w.cols, f = static_cast<double>(nnz) / w.cols;
-      const double by = static_cast<double>(w.bytes()) + 4.0 * (w.rows + w.cols);
-      ledger_->add(flops::Op::MaskSelect, layer, ph, 0, w.cols, 0, 4.0 * w.cols);
-      ledger_->add(op_of(p), layer, ph, fl, fl * f, by, by * f);
+    float tau = 0;
+    IVec<E> nnz;
+    if (device_path_ && masker_->threshold_slot(layer, p, w.cols, tau, nnz, ticket)) {
+      // a plain threshold: the GEMV keeps |x_j| >= tau itself, no selection kernel
+      mark(flops::Op::MaskSelect);
+      with_view(t, [&](const auto& v) {
+        sparse_gemv_split<true>(exec_, xr, IVec<E>(), nnz, tau, v, yr, sparse_ws_);
+      });
+    } else {
+      nnz = masker_->indices(exec_, layer, p, x, idx_, Vec<E>(), ticket);
+      mark(flops::Op::MaskSelect);
+      with_view(t, [&](const auto& v) { sparse_gemv(exec_, xr, idx_, nnz, v, yr, sparse_ws_); });
     }
+    mark(op_of(p));
+    if (ledger_)
+      pending_.push_back({op_of(p), layer, ph, static_cast<double>(w.rows),
+                          static_cast<double>(w.cols), 1.0, 1.0, static_cast<double>(w.bytes()),
+                          -1, ticket});
     return;
   }
-  const CMat<E> xm = masker_->apply(exec_, layer, p, x, sparse_, kept);
+  const CMat<E> xm = masker_->apply(exec_, layer, p, x, rows, ticket);
   mark(flops::Op::MaskSelect);
-  const double n = static_cast<double>(x.extent(0));
-  const double d = static_cast<double>(w.cols);
-  if (ledger_) {  // selection reads each sparse row a few times; count one compare per entry
-    const double sel = static_cast<double>(sparse_.count) * d;
-    ledger_->add(flops::Op::MaskSelect, layer, ph, 0, sel, 0, 4.0 * sel);
+  linear(exec_, xm, w, y, scratch_);
+  mark(op_of(p));
+  if (ledger_) {
+    const double n = static_cast<double>(x.extent(0));
+    pending_.push_back({op_of(p), layer, ph, static_cast<double>(w.rows),
+                        static_cast<double>(w.cols), n,
+                        dense_rows < 0 ? n : static_cast<double>(dense_rows),
+                        static_cast<double>(w.bytes()), rows.count, ticket});
   }
-  // Realised work: dense rows use every column, sparse rows only their kept ones.
-  const double frac = ((n - sparse_.count) * d + static_cast<double>(kept)) / (n * d);
-  plain_proj(xm, w, y, op_of(p), layer, ph, frac);
+}
+
+template <class E>
+void Engine<E>::finish_call() {
+  if (!masker_) return;
+  masker_->end_call(exec_);
+  if (ledger_)
+    for (const PendingMasked& e : pending_) {
+      const double kept = static_cast<double>(masker_->kept(e.ticket));
+      if (e.sparse_rows < 0) {  // column-skipping decode: one row, only its kept columns
+        const double fl = 2.0 * e.rows * e.cols, f = kept / e.cols;
+        const double by = e.bytes + 4.0 * (e.rows + e.cols);
+        ledger_->add(flops::Op::MaskSelect, e.layer, e.ph, 0, e.cols, 0, 4.0 * e.cols);
+        ledger_->add(e.op, e.layer, e.ph, fl, fl * f, by, by * f);
+      } else {
+        // selection reads each sparse row a few times; count one compare per entry
+        const double sel = e.sparse_rows * e.cols;
+        ledger_->add(flops::Op::MaskSelect, e.layer, e.ph, 0, sel, 0, 4.0 * sel);
+        // realised work: dense rows use every column, sparse rows only their kept ones; a
+        // token gate runs the kept rows only, where the dense run would run dense_n
+        const double frac = ((e.n - e.sparse_rows) * e.cols + kept) / (e.n * e.cols);
+        const double fl = 2.0 * e.dense_n * e.rows * e.cols;
+        const double by = e.bytes + 4.0 * e.dense_n * (e.rows + e.cols);
+        const double fr = 2.0 * e.n * e.rows * e.cols * frac;
+        const double br = (e.bytes + 4.0 * e.n * (e.rows + e.cols)) * frac;
+        ledger_->add(e.op, e.layer, e.ph, fl, fr, by, br);
+      }
+    }
+  pending_.clear();
 }
 
 namespace {
@@ -203,30 +311,57 @@ void Engine<E>::use_column_skipping(bool on) {
     wt_.push_back(std::move(m));
   }
   idx_ = IVec<E>("sparsim::engine::kept_idx", widest);
+  int widest_out = 0;
+  for (const auto& lw : w_->layers)
+    for (int i = 0; i < kNumProj; ++i)
+      widest_out = std::max(widest_out, lw.proj(static_cast<Proj>(i)).rows);
+  sparse_ws_.ensure(widest, widest_out);
   exec_.fence();
 }
 
 template <class E>
 void Engine<E>::set_positions(int n_seq, int T, int p0) {
   auto hp = Kokkos::create_mirror_view(pos_);
+  auto hs = Kokkos::create_mirror_view(seq_);
   for (int s = 0; s < n_seq; ++s)
-    for (int t = 0; t < T; ++t) hp(s * T + t) = p0 + t;
+    for (int t = 0; t < T; ++t) {
+      hp(s * T + t) = p0 + t;
+      hs(s * T + t) = s;
+    }
   Kokkos::deep_copy(exec_, pos_, hp);
+  Kokkos::deep_copy(exec_, seq_, hs);
+  // A call at position 0 starts new sequences: the cache returns to its dense layout.
+  if (p0 == 0)
+    for (int l = 0; l < cache_.n_layer(); ++l) {
+      cache_.reset_layout(l);
+      cache_.clear_dropped(l);
+    }
   // rows the masker sparsifies
   const int t0 = sparse_from_ == kDecodeOnly ? (T == 1 ? 0 : T) : sparse_from_;
   sparse_.count = masker_ ? n_seq * std::max(0, T - std::min(T, t0)) : 0;
+  h_sparse_flags_.assign(static_cast<std::size_t>(n_seq) * T, 0);
   if (sparse_.count > 0) {
-    auto hf = Kokkos::create_mirror_view(sparse_flags_);
+    auto& hf = sparse_flags_host_;
     for (int s = 0; s < n_seq; ++s)
-      for (int t = 0; t < T; ++t) hf(s * T + t) = t >= t0 ? 1 : 0;
+      for (int t = 0; t < T; ++t) {
+        hf(s * T + t) = t >= t0 ? 1 : 0;
+        h_sparse_flags_[static_cast<std::size_t>(s * T + t)] = t >= t0 ? 1 : 0;
+      }
     Kokkos::deep_copy(exec_, sparse_flags_, hf);
   }
   sparse_.flags = IVec<E>(sparse_flags_.data(), n_seq * T);
+  sparse_.host_flags = Kokkos::subview(sparse_flags_host_, std::make_pair(0, n_seq * T));
+  pending_.clear();
   if (masker_) masker_->begin_call(n_seq * T);
+  if (tgate_) tgate_->begin_call(exec_, n_seq, T, p0);
 }
 
 template <class E>
 void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops::Phase ph) {
+  if (use_fused(T) && fusable(l)) {
+    block_fused(l, x_in, n_seq, p0, ph);
+    return;
+  }
   const Config& c = w_->cfg;
   const LayerWeights<E>& lw = w_->layers[l];
   const int n = n_seq * T;
@@ -257,18 +392,116 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
   observe(l, Site::Attn, xn);
-  proj(xn, Proj::Q, l, q, ph);
-  proj(xn, Proj::K, l, k, ph);
-  proj(xn, Proj::V, l, v, ph);
-  rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
-       c.rope_layout == RopeLayout::Adjacent);
-  mark(flops::Op::RoPE);
-  kv_store(exec_, CMat<E>(k), CMat<E>(v), kcache_[l], vcache_[l], n_seq, T, p0);
-  attention(exec_, CMat<E>(q), kcache_[l], vcache_[l], att, n_seq, T, p0, c.n_head, c.n_kv_head,
-            c.head_dim);
-  mark(flops::Op::AttnScore);
-  observe(l, Site::O, att);
-  proj(att, Proj::O, l, tmp, ph);
+  const AttnShape& sh = cache_.shape(l);
+  const bool adjacent = c.rope_layout == RopeLayout::Adjacent;
+  const bool gated = tgate_ && tgate_->active(l);
+  int n_keep = n;
+  std::vector<int> h_skip;
+  if (!gated) {
+    // (the same kernels as the gated path, so that a gate that skips nothing is bitwise dense)
+    proj(xn, Proj::Q, l, q, ph);
+    proj(xn, Proj::K, l, k, ph);
+    proj(xn, Proj::V, l, v, ph);
+    rope_rows(exec_, k, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+    rope_rows(exec_, q, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+    mark(flops::Op::RoPE);
+    cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+  } else {
+    // K and V of every row enter the cache before the gate looks at them.
+    proj(xn, Proj::K, l, k, ph);
+    proj(xn, Proj::V, l, v, ph);
+    Mat<E> kg = k;
+    if (tgate_->pre_rope_keys()) {
+      if (kpre_.extent(0) < static_cast<std::size_t>(n) || kpre_.extent(1) != k.extent(1))
+        kpre_ = Mat<E>(Kokkos::view_alloc(std::string("sparsim::gate::k_pre_rope"),
+                                          Kokkos::WithoutInitializing),
+                       cap_rows_, k.extent(1));
+      kg = rows(kpre_, n);
+      Kokkos::deep_copy(exec_, kg, k);
+    }
+    rope_rows(exec_, k, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+    mark(flops::Op::RoPE);
+    cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+    IVec<E> skip(skip_.data(), n);
+    PolicyCost gc;
+    const int n_skip = tgate_->decide(exec_, l, CMat<E>(kg), CMat<E>(v), skip, gc);
+    mark(flops::Op::GateSimilarity);
+    if (ledger_) ledger_->add(flops::Op::GateSimilarity, l, ph, 0, gc.flops, 0, gc.bytes);
+    if (tgate_->drop_skipped()) cache_.set_dropped(exec_, l, skip, n_seq, T, p0);
+    if (n_skip > 0) {
+      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
+      h_skip.assign(hs.data(), hs.data() + n);
+      n_keep = n - n_skip;
+    }
+  }
+  if (h_skip.empty()) {
+    if (gated) {
+      proj(xn, Proj::Q, l, q, ph);
+      rope_rows(exec_, q, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+      mark(flops::Op::RoPE);
+    }
+    attend(l, CMat<E>(q), att, n_seq, T, p0);
+    if (selector_ && p0 == 0 && T > 1) select_channels(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
+    observe(l, Site::O, att);
+    proj(att, Proj::O, l, tmp, ph);
+  } else {
+    // Gather the kept rows, run Q projection, attention and O projection on them alone, and
+    // scatter the O output back; skipped rows get zeros (the residual passes through).
+    h_keep_rows_.clear();
+    for (int r = 0; r < n; ++r)
+      if (!h_skip[static_cast<std::size_t>(r)]) h_keep_rows_.push_back(r);
+    const IVec<E> kr(keep_rows_.data(), n_keep), ks(keep_seq_.data(), n_keep),
+        kp(keep_pos_.data(), n_keep), kf(keep_flags_.data(), n_keep);
+    SparseRows<E> krows;
+    if (n_keep > 0) {
+      auto hr = Kokkos::create_mirror_view(kr);
+      auto hsq = Kokkos::create_mirror_view(ks);
+      auto hp = Kokkos::create_mirror_view(kp);
+      auto hf = Kokkos::create_mirror_view(kf);
+      for (int i = 0; i < n_keep; ++i) {
+        const int r = h_keep_rows_[static_cast<std::size_t>(i)];
+        hr(i) = r;
+        hsq(i) = r / T;
+        hp(i) = p0 + r % T;
+        hf(i) = h_sparse_flags_.empty() ? 0 : h_sparse_flags_[static_cast<std::size_t>(r)];
+        krows.count += hf(i);
+      }
+      krows.host_flags = hf;
+      Kokkos::deep_copy(exec_, kr, hr);
+      Kokkos::deep_copy(exec_, ks, hsq);
+      Kokkos::deep_copy(exec_, kp, hp);
+      Kokkos::deep_copy(exec_, kf, hf);
+    }
+    krows.flags = kf;
+    krows.origin = h_keep_rows_.data();
+    const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep), ag = rows(att_, n_keep),
+                 og = rows(og_, n_keep);
+    if (n_keep > 0) {
+      gather_rows(exec_, CMat<E>(xn), kr, xg);
+      mark(flops::Op::GatherScatter);
+    }
+    proj(CMat<E>(xg), Proj::Q, l, qg, ph, krows, n);
+    if (n_keep > 0) {
+      rope_rows(exec_, qg, kp, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+      mark(flops::Op::RoPE);
+      cached_attention(exec_, CMat<E>(qg), ks, kp, cache_.layer(l), sh, ag, p0 + T);
+      mark(flops::Op::AttnScore);
+    }
+    if (selector_ && p0 == 0 && T > 1)
+      select_channels(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
+    proj(CMat<E>(ag), Proj::O, l, og, ph, krows, n);
+    scatter_rows(exec_, CMat<E>(og), kr, tmp);
+    mark(flops::Op::GatherScatter);
+    if (ledger_) {  // read and write the kept rows twice (gather, scatter), zero the output
+      const double g = static_cast<double>(n_keep) * c.d_model;
+      const double z = static_cast<double>(n) * c.d_model;
+      ledger_->add(flops::Op::GatherScatter, l, ph, 0, 0, 0, 4.0 * (4.0 * g + z));
+    }
+  }
+  if (record_mass_ && !cache_.layer(l).compacted() && h_skip.empty())
+    sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), sh, n_seq, T, p0,
+                            mass_[static_cast<std::size_t>(l)],
+                            mass_queries_[static_cast<std::size_t>(l)]);
   residual(rot ? &w_->rot_attn_mlp[l] : nullptr);
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
@@ -280,25 +513,145 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   observe(l, Site::Down, gate);
   proj(gate, Proj::Down, l, tmp, ph);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);
-  if (ledger_) {
-    const double nd = static_cast<double>(n) * c.d_model;
-    double att_pairs = 0;  // scores and value mixing over all visible positions
-    for (int t = 0; t < T; ++t) att_pairs += p0 + t + 1;
-    att_pairs *= n_seq;
-    const double hd = c.head_dim, nh = c.n_head;
-    ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
-    const double rf = 6.0 * n * (c.q_dim() + c.kv_dim()) / 2;
-    ledger_->add(flops::Op::RoPE, l, ph, rf, rf, 8.0 * n * (c.q_dim() + c.kv_dim()),
-                 8.0 * n * (c.q_dim() + c.kv_dim()));
-    const double sf = 2.0 * att_pairs * nh * hd;
-    const double kvb = 4.0 * att_pairs * c.kv_dim();
-    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf, kvb, kvb);
-    ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * att_pairs * nh, 5.0 * att_pairs * nh, 0, 0);
-    ledger_->add(flops::Op::AttnValue, l, ph, sf, sf, kvb, kvb);
-    const double sw = 6.0 * n * c.d_ff;
-    ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
-    ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+  block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data());
+}
+
+template <class E>
+void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
+                             const int* skip) {
+  if (!ledger_) return;
+  const Config& c = w_->cfg;
+  const AttnShape& sh = cache_.shape(l);
+  const double nd = static_cast<double>(n) * c.d_model;
+  ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd);
+  const double qw = sh.q_width(), kw = sh.k_width();
+  const double rf = 6.0 * n * (qw + kw) / 2, rr = 6.0 * (n_keep * qw + n * kw) / 2;
+  ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw));
+  attention_ledger(l, ph, n_seq, T, p0, skip);
+  const double sw = 6.0 * n * c.d_ff;
+  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff);
+  ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd);
+}
+
+template <class E>
+void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0) {
+  const KVLayer<E>& kv = cache_.layer(l);
+  const AttnShape& sh = cache_.shape(l);
+  if (!kv.compacted() && !kv.has_drops() && sh.qk_dim == sh.v_dim) {
+    if (!device_path_ || sh.qk_dim != w_->cfg.head_dim)
+      attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim);
+    else if (T == 1)
+      attention_decode_split(exec_, q, kv.k, kv.v, IVec<E>(pos_.data(), n_seq), out, n_seq,
+                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_);
+    else
+      attention_prefill_tiled(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
+                              sh.qk_dim);
+  } else {
+    const int n = n_seq * T;
+    cached_attention(exec_, q, IVec<E>(seq_.data(), n), IVec<E>(pos_.data(), n), kv, sh, out,
+                     p0 + T);
   }
+  mark(flops::Op::AttnScore);
+}
+
+template <class E>
+void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0,
+                                 const int* skip) {
+  const AttnShape& sh = cache_.shape(l);
+  const KVLayer<E>& kv = cache_.layer(l);
+  const int base = kv.k_base;
+  const auto& kept = cache_.kept_counts(l);
+  const double nh = sh.n_head, qk = sh.qk_dim, vd = sh.v_dim, g = sh.group();
+  const double kw = sh.k_width(), vw = sh.v_width();
+  double pairs = 0, pairs_real = 0, sf_real = 0, kb_real = 0;
+  for (int s = 0; s < n_seq; ++s) {
+    // score FLOPs and key bytes of one query row against the compacted positions
+    double ck = 0;
+    if (base > 0 && s < static_cast<int>(kept.size()))
+      for (int c : kept[static_cast<std::size_t>(s)]) ck += c;
+    for (int t = 0; t < T; ++t) {
+      const double np = p0 + t + 1;
+      pairs += np;
+      if (skip && skip[s * T + t]) continue;
+      pairs_real += np;
+      const double nb = std::min<double>(base, np), nf = np - nb;
+      sf_real += 2.0 * (nf * nh * qk + nb * g * ck);
+      kb_real += 4.0 * (nf * kw + nb * ck);
+    }
+  }
+  const double sf = 2.0 * pairs * nh * qk, kb = 4.0 * pairs * kw;
+  ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real);
+  ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * pairs * nh, 5.0 * pairs_real * nh, 0, 0);
+  ledger_->add(flops::Op::AttnValue, l, ph, 2.0 * pairs * nh * vd, 2.0 * pairs_real * nh * vd,
+               4.0 * pairs * vw, 4.0 * pairs_real * vw);
+}
+
+template <class E>
+void Engine<E>::select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows,
+                                int n_rows, flops::Phase ph) {
+  const AttnShape& sh = cache_.shape(l);
+  const int w = std::max(1, std::min(selector_->observation_window(), T));
+  const int qw = sh.q_width();
+  if (qobs_.extent(0) < static_cast<std::size_t>(n_seq * w) ||
+      qobs_.extent(1) != static_cast<std::size_t>(qw))
+    qobs_ = Mat<E>("sparsim::selector::q_obs", max_seqs_ * w, qw);
+  const Mat<E> qo = rows(qobs_, n_seq * w);
+  Kokkos::deep_copy(exec_, qo, 0.0f);
+  // row i of q stands for call row r (gathered rows: kept_rows[i]); the last w of each
+  // sequence are observed
+  std::vector<int> h_dst(static_cast<std::size_t>(n_rows), -1);
+  for (int i = 0; i < n_rows; ++i) {
+    const int r = kept_rows ? kept_rows[i] : i, t = r % T;
+    if (t >= T - w) h_dst[static_cast<std::size_t>(i)] = (r / T) * w + (t - (T - w));
+  }
+  IVec<E> dst("sparsim::selector::obs_rows", std::max(1, n_rows));
+  auto hd = Kokkos::create_mirror_view(dst);
+  for (int i = 0; i < n_rows; ++i) hd(i) = h_dst[static_cast<std::size_t>(i)];
+  Kokkos::deep_copy(exec_, dst, hd);
+  copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
+  const KeptChannels kept = selector_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo), n_seq, T);
+  if (!kept.empty()) compact_keys(l, kept, ph);
+}
+
+template <class E>
+void Engine<E>::compact_keys(int layer, const KeptChannels& kept, flops::Phase ph) {
+  require(layer >= 0 && layer < cache_.n_layer(), "compact_keys: layer {} outside 0 … {}", layer,
+          cache_.n_layer() - 1);
+  const std::size_t before = cache_.k_bytes(layer);
+  cache_.compact_keys(exec_, layer, kept);
+  mark(flops::Op::ChannelSelect);
+  if (ledger_) {  // the selector's own work, plus reading the old keys and writing the new ones
+    const double moved = static_cast<double>(before + cache_.k_bytes(layer));
+    ledger_->add(flops::Op::ChannelSelect, layer, ph, 0, kept.flops, 0, kept.bytes + moved);
+  }
+}
+
+template <class E>
+void Engine<E>::record_attention_mass(bool on) {
+  record_mass_ = on;
+  mass_.clear();
+  mass_queries_.clear();
+  if (!on) return;
+  for (int l = 0; l < cache_.n_layer(); ++l) {
+    mass_.emplace_back("sparsim::attention_mass", max_seqs_, max_ctx_);
+    mass_queries_.emplace_back("sparsim::attention_mass_queries", max_seqs_, max_ctx_);
+  }
+}
+
+template <class E>
+std::vector<double> Engine<E>::attention_mass(int layer) const {
+  require(record_mass_, "attention mass was not recorded");
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
+                                               mass_[static_cast<std::size_t>(layer)]);
+  return std::vector<double>(h.data(), h.data() + h.size());
+}
+
+template <class E>
+std::vector<double> Engine<E>::attention_mass_queries(int layer) const {
+  require(record_mass_, "attention mass was not recorded");
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
+                                               mass_queries_[static_cast<std::size_t>(layer)]);
+  return std::vector<double>(h.data(), h.data() + h.size());
 }
 
 template <class E>
@@ -318,7 +671,9 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
     t_mark_ = std::chrono::steady_clock::now();
   }
   block(layer, x, n_seq, T, p0, T > 1 ? flops::Phase::Prefill : flops::Phase::Decode);
+  if (tgate_) tgate_->end_call(exec_);
   exec_.fence();
+  finish_call();
 }
 
 template <class E>
@@ -353,6 +708,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     Kokkos::deep_copy(exec_, tok_, ht);
   }
   set_positions(n_seq, T, p0);
+  cur_p0_ = p0;
   IVec<E> tok(tok_.data(), n);
   Mat<E> x = rows(x_, n);
 
@@ -360,12 +716,26 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     exec_.fence();
     t_mark_ = std::chrono::steady_clock::now();
   }
+  Mat<E> logits = rows(logits_, n_out);
+  if (T == 1 && use_fused(1)) {  // device decode: five kernels a block, or a replayed graph
+    bool all = true;
+    for (int l = 0; l < c.n_layer && all; ++l) all = fusable(l);
+    if (all && !(graph_ && !ledger_ && graph_step(n_seq, x, logits)))
+      decode_kernels(n_seq, x, logits, ph);
+    if (all) {
+      if (tgate_) tgate_->end_call(exec_);
+      exec_.fence();
+      finish_call();
+      return logits;
+    }
+  }
   embed(exec_, w_->tok_embd, tok, x);
   mark(flops::Op::Embedding);
   if (ledger_)
     ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n * c.d_model * 2,
                  4.0 * n * c.d_model * 2);
   for (int l = 0; l < c.n_layer; ++l) block(l, x, n_seq, T, p0, ph);
+  if (tgate_) tgate_->end_call(exec_);
 
   Mat<E> src = x;
   if (tail < T) {
@@ -384,10 +754,158 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   Mat<E> hn = rows(xn_, n_out);
   rmsnorm(exec_, CMat<E>(src), CVec<E>(w_->out_norm), c.rms_eps, hn);
   mark(flops::Op::RMSNorm);
-  Mat<E> logits = rows(logits_, n_out);
   plain_proj(hn, w_->output, logits, flops::Op::LMHead, -1, ph);
   exec_.fence();
+  finish_call();
   return logits;
+}
+
+template <class E>
+void Engine<E>::set_device_path(bool on) {
+  const Config& c = w_->cfg;
+  device_path_ = on || !kOnHost<E>;
+  if (device_path_) attn_ws_.ensure(max_seqs_, c.n_head, c.n_kv_head, c.head_dim, max_ctx_);
+}
+
+template <class E>
+bool Engine<E>::use_fused(int T) const {
+  const Config& c = w_->cfg;
+  return device_path_ && fused_ && T == 1 && !profile_ && !observer_ && !w_->rotated() &&
+         !(masker_ && sparse_.count > 0) && !record_mass_ && c.head_dim % 2 == 0 &&
+         max_seqs_ < kWidenRows;
+}
+
+template <class E>
+bool Engine<E>::fusable(int l) const {
+  const Config& c = w_->cfg;
+  const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
+  const KVLayer<E>& kv = cache_.layer(l);
+  const AttnShape& sh = cache_.shape(l);
+  return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() &&
+         sh.qk_dim == c.head_dim && sh.v_dim == c.head_dim && sh.n_head == c.n_head &&
+         sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype &&
+         lw.wv.dtype == lw.wq.dtype && lw.w_up.dtype == lw.w_gate.dtype;
+}
+
+template <class E>
+void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph) {
+  const Config& c = w_->cfg;
+  const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
+  const KVLayer<E>& kv = cache_.layer(l);
+  const int n = n_seq;
+  Mat<E> q = rows(q_, n), att = rows(att_, n), gate = rows(gate_, n);
+  QKVTarget tg;
+  tg.q = q.data();
+  tg.kc = kv.k.data();
+  tg.vc = kv.v.data();
+  tg.max_ctx = static_cast<int>(kv.k.extent(1));
+  tg.pos = pos_.data();
+  tg.T = 1;
+  tg.cos_t = cos_.data();
+  tg.sin_t = sin_.data();
+  tg.head_dim = c.head_dim;
+  tg.adjacent = c.rope_layout == RopeLayout::Adjacent;
+  const CMat<E> xc(x);
+  const CVec<E> an(lw.attn_norm), fn(lw.ffn_norm);
+  with_view(lw.wq, [&](const auto& wq) {
+    using V = std::decay_t<decltype(wq)>;
+    gemv_qkv_rope(exec_, xc, wq, view_as<V>(lw.wk), view_as<V>(lw.wv), tg, an, c.rms_eps);
+  });
+  attention_decode_split(exec_, CMat<E>(q), kv.k, kv.v, IVec<E>(pos_.data(), n_seq), att, n_seq,
+                         c.n_head, c.n_kv_head, c.head_dim, attn_ws_);
+  with_view(lw.wo, [&](const auto& w) { gemv_warp(exec_, CMat<E>(att), w, x, GemvOut::AddTo); });
+  with_view(lw.w_gate, [&](const auto& wg) {
+    using V = std::decay_t<decltype(wg)>;
+    gemv_swiglu(exec_, xc, wg, view_as<V>(lw.w_up), gate, fn, c.rms_eps);
+  });
+  with_view(lw.w_down,
+            [&](const auto& w) { gemv_warp(exec_, CMat<E>(gate), w, x, GemvOut::AddTo); });
+  if (ledger_) {  // the same work as the op-by-op path
+    for (Proj p : {Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down}) {
+      const Matrix<E>& w = lw.proj(p);
+      const double fl = 2.0 * n * w.rows * w.cols;
+      const double b = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
+      ledger_->add(op_of(p), l, ph, fl, fl, b, b);
+    }
+  }
+  block_ledger(l, n, n, n_seq, 1, p0, ph, nullptr);
+}
+
+template <class E>
+void Engine<E>::decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits,
+                               flops::Phase ph) {
+  const Config& c = w_->cfg;
+  const int p0 = cur_p0_;
+  embed(exec_, w_->tok_embd, IVec<E>(tok_.data(), n_seq), x);
+  if (ledger_)
+    ledger_->add(flops::Op::Embedding, -1, ph, 0, 0, 4.0 * n_seq * c.d_model * 2,
+                 4.0 * n_seq * c.d_model * 2);
+  for (int l = 0; l < c.n_layer; ++l) block_fused(l, x, n_seq, p0, ph);
+  // the final RMSNorm inside the LM head's GEMV
+  const CVec<E> on(w_->out_norm);
+  with_view(w_->output, [&](const auto& w) {
+    gemv_warp(exec_, CMat<E>(x), w, logits, GemvOut::Store, on, c.rms_eps);
+  });
+  if (ledger_) {
+    const Matrix<E>& w = w_->output;
+    const double fl = 2.0 * n_seq * w.rows * w.cols;
+    const double by = static_cast<double>(w.bytes()) + 4.0 * n_seq * (w.rows + w.cols);
+    ledger_->add(flops::Op::LMHead, -1, ph, fl, fl, by, by);
+  }
+}
+
+template <class E>
+bool Engine<E>::graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits) {
+#if defined(KOKKOS_ENABLE_CUDA)
+  if constexpr (std::is_same_v<E, Kokkos::Cuda>) {
+    cudaStream_t st = exec_.cuda_stream();
+    auto it = graphs_->exec.find(n_seq);
+    if (it == graphs_->exec.end()) {
+      exec_.fence();
+      cudaGraph_t g = nullptr;
+      const auto give_up = [&](const char* what, cudaError_t e) {
+        log().warn("decode graph: {} failed ({}); decoding without graphs", what,
+                   cudaGetErrorString(e));
+        cudaGetLastError();
+        graph_ = false;
+        return false;
+      };
+      cudaError_t e = cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed);
+      if (e != cudaSuccess) return give_up("capture start", e);
+      try {
+        decode_kernels(n_seq, x, logits, flops::Phase::Decode);
+      } catch (const std::exception& ex) {
+        cudaStreamEndCapture(st, &g);
+        if (g) cudaGraphDestroy(g);
+        log().warn("decode graph: capture failed: {}", ex.what());
+        return give_up("capture", cudaErrorStreamCaptureInvalidated);
+      }
+      e = cudaStreamEndCapture(st, &g);
+      if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return give_up("capture end", e);
+      }
+      cudaGraphExec_t ge = nullptr;
+      e = cudaGraphInstantiate(&ge, g, 0);
+      cudaGraphDestroy(g);
+      if (e != cudaSuccess) return give_up("instantiation", e);
+      it = graphs_->exec.emplace(n_seq, ge).first;
+    }
+    const cudaError_t e = cudaGraphLaunch(it->second, st);
+    if (e != cudaSuccess) {
+      log().warn("decode graph: launch failed ({}); decoding without graphs",
+                 cudaGetErrorString(e));
+      cudaGetLastError();
+      graph_ = false;
+      return false;
+    }
+    return true;
+  }
+#endif
+  (void)n_seq;
+  (void)x;
+  (void)logits;
+  return false;
 }
 
 #ifdef KOKKOS_ENABLE_SERIAL

@@ -4,16 +4,20 @@
 ///   x = embed(tokens)
 ///   for each block l:
 ///     h  = rmsnorm(x) ; q,k,v = h·Wqᵀ, h·Wkᵀ, h·Wvᵀ ; rope(q, k) ; cache ← k, v
-///     x += attention(q, cache)·Woᵀ
+///     (token gate: rows it skips compute no q, attention or O and add nothing to x)
+///     x += attention(q, cache)·Woᵀ        (channel selector: compact cached keys after prefill)
 ///     h  = rmsnorm(x) ; x += (silu(h·Wgateᵀ) ⊙ h·Wupᵀ)·Wdownᵀ
 ///   logits = rmsnorm(x)·Woutputᵀ
 ///
 /// Prefill runs many tokens of several sequences at once (GEMM); decode runs one token per
 /// sequence (GEMV). Both write the same cache and produce the same logits.
 #include "engine/hooks.hpp"
+#include "engine/kv_cache.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_device.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/sparse_gemv.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
 
@@ -32,6 +36,9 @@ class Engine {
   /// `max_seqs` sequences of up to `max_ctx` positions each share the cache.
   Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int max_ctx,
          flops::Ledger* ledger = nullptr, E exec = E());
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   /// Runs tokens[s][t] (every sequence the same length T ≥ 1) at cache positions p0 … p0+T−1.
   /// Returns logits [n_seq·T][vocab] (row s·T + t) when `all_logits`, else [n_seq][vocab] for
@@ -67,6 +74,28 @@ class Engine {
   void use_column_skipping(bool on);
   bool column_skipping() const { return !wt_.empty(); }
 
+  /// Token gate before attention (Token Filtering); `g` is not owned; nullptr: none.
+  void set_token_gate(TokenGate<E>* g) { tgate_ = g; }
+  TokenGate<E>* token_gate() const { return tgate_; }
+  /// K-cache channel selector run after prefill (ThinK, GRACE); not owned; nullptr: none.
+  void set_channel_selector(ChannelSelector<E>* s) { selector_ = s; }
+
+  /// The KV cache (layout per layer and head, bytes allocated).
+  const KVCache<E>& cache() const { return cache_; }
+  /// Compacts the cached keys of positions 0 … kept.positions − 1 of `layer` to the kept
+  /// channels (what a channel selector's result is applied with); recorded in the ledger as
+  /// channel_select with the selector's own cost.
+  void compact_keys(int layer, const KeptChannels& kept, flops::Phase ph = flops::Phase::Prefill);
+
+  /// Attention-mass recording (the dense model's attention a position receives from later
+  /// queries): with `on`, every call adds per layer, sequence and position the softmax weight
+  /// summed over later rows and heads, and the number of later rows. Costs as much as the
+  /// attention again; dense-layout layers only.
+  void record_attention_mass(bool on);
+  /// Host copies [seq][position] of the accumulated mass and query counts of `layer`.
+  std::vector<double> attention_mass(int layer) const;
+  std::vector<double> attention_mass_queries(int layer) const;
+
   /// Called with the dense activations feeding projections (calibration, dumps); empty: none.
   void set_observer(ActivationObserver<E> obs) { observer_ = std::move(obs); }
 
@@ -74,18 +103,52 @@ class Engine {
   /// exactly as forward() does, writing that layer's cache. For calibration and profiling.
   void run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0);
 
+  /// Device decode path: single-token calls without a masker, observer, rotation, token gate or
+  /// compacted cache run each block as five kernels (RMSNorm+Q/K/V+RoPE+cache store, attention,
+  /// O+residual, RMSNorm+gate/up+SwiGLU, down+residual). On by default; off: the op-by-op
+  /// kernels (which `set_profile` also selects, to time each op). Host backends always run op
+  /// by op.
+  void set_fused_decode(bool on) { fused_ = on; }
+  bool fused_decode() const { return fused_; }
+  /// CUDA: capture a single-token decode step (fused path, no ledger) as a CUDA graph once per
+  /// sequence count and replay it; a step whose capture fails runs normally and turns graphs
+  /// off. No effect on other backends.
+  void set_graph(bool on) { graph_ = on; }
+  bool graph() const { return graph_; }
+  /// Runs the device kernels (fused decode, split-K decode and tiled prefill attention, the
+  /// split sparse GEMV) on a host backend too: for tests of those kernels' wiring. Devices
+  /// always run them.
+  void set_device_path(bool on);
+
   /// Per-op wall time (fences after every kernel, so only for profiling runs).
   void set_profile(bool on) { profile_ = on; }
   const std::array<double, flops::kNumOps>& op_seconds() const { return op_seconds_; }
+  void clear_op_seconds() { op_seconds_.fill(0.0); }
 
  private:
   void ensure_rows(int n, int n_out);
   void set_positions(int n_seq, int T, int p0);
   void mark(flops::Op op);
-  void proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph);
+  void proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph,
+            const SparseRows<E>& rows, int dense_rows = -1);
+  void proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops::Phase ph) {
+    proj(x, p, layer, y, ph, sparse_);
+  }
   void plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
-                  flops::Phase ph, double realised_fraction = 1.0);
+                  flops::Phase ph, double realised_fraction = 1.0, int dense_rows = -1);
+  void attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0);
+  void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip);
+  void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
+                       flops::Phase ph);
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
+  bool use_fused(int T) const;
+  bool fusable(int l) const;
+  void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
+  void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
+                    const int* skip);
+  void finish_call();
+  void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
+  bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);
   void observe(int l, Site s, const Mat<E>& x) {
     if (observer_) observer_(l, s, CMat<E>(x));
   }
@@ -94,12 +157,38 @@ class Engine {
   int max_seqs_, max_ctx_;
   flops::Ledger* ledger_;
   E exec_;
-  std::vector<Cache<E>> kcache_, vcache_;  // per layer: [seq][pos][kv_dim]
-  Mat<E> cos_, sin_;                       // [max_ctx][head_dim/2]
+  KVCache<E> cache_;
+  Mat<E> cos_, sin_;  // [max_ctx][head_dim/2]
   int cap_rows_ = 0, cap_out_ = 0;
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
-  IVec<E> tok_, pos_, last_rows_, sparse_flags_;
+  Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out
+  IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
+  typename IVec<E>::HostMirror sparse_flags_host_;
+  IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;
+  std::vector<int> h_sparse_flags_, h_keep_rows_;
+  TokenGate<E>* tgate_ = nullptr;
+  ChannelSelector<E>* selector_ = nullptr;
+  bool record_mass_ = false;
+  std::vector<Kokkos::View<double**, Layout, DeviceOf<E>>> mass_, mass_queries_;
   SparseRows<E> sparse_;
+  attn::DecodeWorkspace<E> attn_ws_;
+  SparseGemvWork<E> sparse_ws_;
+  bool fused_ = true;
+  bool device_path_ = false;  ///< device kernels on a host backend (tests)
+  bool graph_ = false;
+  int cur_p0_ = 0;
+  struct Graphs;
+  std::unique_ptr<Graphs> graphs_;
+  /// Ledger entries of masked projections, completed once the call's kept counts are known.
+  struct PendingMasked {
+    flops::Op op;
+    int layer;
+    flops::Phase ph;
+    double rows, cols, n, dense_n, bytes;
+    int sparse_rows;  ///< flagged rows of the call (-1: the single-row column-skipping path)
+    int ticket;
+  };
+  std::vector<PendingMasked> pending_;
   std::vector<std::array<Matrix<E>, kNumProj>> wt_;  // transposed projections [in][out]
   IVec<E> idx_;
   ProjectionMasker<E>* masker_ = nullptr;

@@ -1,6 +1,9 @@
 #pragma once
-/// Extension points of the forward pass: a per-projection input masker (activation sparsity)
-/// and an observer of the activations that feed projections (calibration, dumps).
+/// Extension points of the forward pass: a per-projection input masker (activation sparsity),
+/// a token gate before attention (Token Filtering), a K-cache channel selector run after
+/// prefill (ThinK, GRACE) and an observer of the activations that feed projections
+/// (calibration, dumps).
+#include "kernels/kv_layout.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
 
@@ -9,14 +12,23 @@
 namespace sparsim {
 
 /// Rows of one forward call that are sparsified: row r (= s·T + t) is sparse when its flag is
-/// 1. `count` is the number of flagged rows (0: the call is dense).
+/// 1. `count` is the number of flagged rows (0: the call is dense). The flags live on the
+/// device (for kernels) and on the host (for statistics).
 template <class E>
 struct SparseRows {
   IVec<E> flags;
+  typename IVec<E>::HostMirror host_flags;
   int count = 0;
+  /// Host table: the call's row each row of x stands for (nullptr: row r is row r). Set when a
+  /// token gate runs a projection on the gathered kept rows only.
+  const int* origin = nullptr;
 };
 
 /// Decides what input each projection reads. Implementations own their output buffers.
+///
+/// Masking runs asynchronously: the kept counts of a call stay in device memory until the
+/// engine has finished the call's kernels and calls end_call(), once per forward call. Each
+/// masked projection gets a ticket; kept(ticket) is valid after end_call().
 template <class E>
 class ProjectionMasker {
  public:
@@ -29,15 +41,83 @@ class ProjectionMasker {
   virtual bool active(int layer, Proj p) const = 0;
 
   /// The input projection `p` of `layer` reads instead of x[n][d]: rows flagged in `rows`
-  /// masked, the others copied. Returns the sum over flagged rows of kept entries.
+  /// masked, the others copied. `ticket` identifies the call for kept().
   virtual CMat<E> apply(const E& exec, int layer, Proj p, const CMat<E>& x,
-                        const SparseRows<E>& rows, long long& kept) = 0;
+                        const SparseRows<E>& rows, int& ticket) = 0;
 
   /// Decode fast path: kept indices (ascending) of the masked single row x[1][d] of projection
-  /// `p`, for the column-skipping GEMV. Returns their number; fills `idx` and `xm` (the masked
-  /// row, or nothing when xm is empty).
-  virtual int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
-                      const Vec<E>& xm) = 0;
+  /// `p` into `idx`, and the masked row into `xm` (nothing when xm is empty). Returns a
+  /// one-element view holding the number of kept indices (device memory on devices: nothing is
+  /// read back).
+  virtual IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
+                          const Vec<E>& xm, int& ticket) = 0;
+
+  /// Decode fast path for a plain threshold rule (keep |x_j| >= tau, no score weights): when
+  /// projection `p` of `layer` (input width d) has one, returns true with tau and a one-element
+  /// slot (in the execution space's memory) for the kept count, which the caller's kernel
+  /// fills; the count is logged like indices()'. No selection kernel is needed then.
+  virtual bool threshold_slot(int layer, Proj p, int d, float& tau, IVec<E>& count, int& ticket) {
+    (void)layer, (void)p, (void)d, (void)tau, (void)count, (void)ticket;
+    return false;
+  }
+
+  /// After the kernels of the call have finished: the statistics of the call are complete.
+  virtual void end_call(const E& exec) { (void)exec; }
+
+  /// Σ over the flagged rows of a ticket's projection call of the kept entries.
+  virtual long long kept(int ticket) const = 0;
+};
+
+/// What a policy's own work cost in one call, for the FLOP ledger.
+struct PolicyCost {
+  double flops = 0, bytes = 0;
+};
+
+/// Decides, per layer and row, whether a token skips attention. The engine calls it after the
+/// row's K and V are computed and cached; a skipped row's Q projection, attention and O
+/// projection are not computed and its attention output is zero (the residual passes through).
+/// The decision for token t must depend only on tokens ≤ t of its sequence, so that a
+/// teacher-forced call over many tokens and token-by-token calls decide alike.
+template <class E>
+class TokenGate {
+ public:
+  virtual ~TokenGate() = default;
+  /// Start of a forward call (or run_block) of n_seq × T rows at positions p0 … p0 + T − 1;
+  /// p0 = 0 starts new sequences.
+  virtual void begin_call(const E& exec, int n_seq, int T, int p0) = 0;
+  /// Whether `layer` is gated at all.
+  virtual bool active(int layer) const = 0;
+  /// Keys the gate reads: before RoPE (true) or as cached, after RoPE (false).
+  virtual bool pre_rope_keys() const { return false; }
+  /// Whether skipped tokens are removed from the KV cache (no later token attends to them).
+  virtual bool drop_skipped() const { return false; }
+  /// Sets skip(r) ∈ {0, 1} for the rows r = s·T + t of the call, from their keys k [n][k_width]
+  /// and values v [n][v_width] in `layer`; returns the number of skipped rows and the test's
+  /// cost.
+  virtual int decide(const E& exec, int layer, const CMat<E>& k, const CMat<E>& v,
+                     const IVec<E>& skip, PolicyCost& cost) = 0;
+  /// End of the call (all layers done).
+  virtual void end_call(const E& exec) { (void)exec; }
+};
+
+/// Chooses which key channels of each (sequence, KV head) stay in the cache after a prefill.
+/// The engine calls select() once per layer at the end of a call that starts new sequences
+/// (p0 = 0, T > 1), after that layer's attention, and compacts the layer's cached prompt keys
+/// to the channels returned (KVCache::compact_keys); later tokens' keys stay full width and
+/// read the query's full width.
+template <class E>
+class ChannelSelector {
+ public:
+  virtual ~ChannelSelector() = default;
+  /// Queries observed per sequence: the last w positions of the prefill (ThinK: 32).
+  virtual int observation_window() const { return 32; }
+  /// `cache`: the layer's cache (dense layout; positions 0 … T − 1 hold the prompt's keys
+  /// after RoPE); `q_obs` [n_seq·w][n_head·qk]: the queries (after RoPE) of the last
+  /// w = min(observation_window(), T) positions of each sequence, row s·w + i (zero rows for
+  /// tokens a gate skipped). Returns the kept channels (positions = T), or an empty result to
+  /// leave the layer dense; its flops/bytes are recorded as the ledger op channel_select.
+  virtual KeptChannels select(const E& exec, int layer, const KVLayer<E>& cache,
+                              const AttnShape& shape, const CMat<E>& q_obs, int n_seq, int T) = 0;
 };
 
 /// Called with the dense activation at `site` of `layer` ([n][d] rows of the current call).

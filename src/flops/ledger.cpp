@@ -55,6 +55,12 @@ const char* to_string(Op op) {
       return "rotation";
     case Op::MaskSelect:
       return "mask_select";
+    case Op::GateSimilarity:
+      return "gate_similarity";
+    case Op::GatherScatter:
+      return "gather_scatter";
+    case Op::ChannelSelect:
+      return "channel_select";
     case Op::LMHead:
       return "lm_head";
     case Op::Other:

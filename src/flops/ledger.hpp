@@ -37,8 +37,11 @@ enum class Op : std::uint8_t {
   SwiGLU,
   Residual,
   LMHead,
-  Rotation,    ///< WINA's online re-rotation of the residual stream
-  MaskSelect,  ///< activation-mask selection (threshold test, TopK selection)
+  Rotation,        ///< WINA's online re-rotation of the residual stream
+  MaskSelect,      ///< activation-mask selection (threshold test, TopK selection)
+  GateSimilarity,  ///< token gate: similarity test and anchor update (Token Filtering)
+  GatherScatter,   ///< token gate: gathering the kept rows and scattering their outputs back
+  ChannelSelect,   ///< K-cache channel selection and compaction (ThinK, GRACE)
   Other
 };
 inline constexpr int kNumOps = static_cast<int>(Op::Other) + 1;

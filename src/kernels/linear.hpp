@@ -7,6 +7,7 @@
 /// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
 /// widened to fp32 in a scratch buffer so the GEMM path can be used.
+#include "kernels/gemv_device.hpp"
 #include "kernels/views.hpp"
 
 #include <KokkosBlas2_gemv.hpp>
@@ -130,14 +131,29 @@ template <class E>
 void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y,
             LinearScratch<E>& scratch) {
   const int n = static_cast<int>(x.extent(0));
-  // Few rows (decode): a streaming GEMV whose fixed-lane dot products vectorise; it reads
-  // the weights once at close to memory bandwidth, where per-tile BLAS calls reach about half.
+  constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+  // Few rows (decode) on a device: a warp per output row, coalesced loads.
+  if constexpr (!host) {
+    if (n < kWidenRows) {
+      if (w.dtype == DType::F32)
+        gemv_warp(exec, x, w.f32, y);
+      else if (w.dtype == DType::BF16)
+        gemv_warp(exec, x, w.bf16, y);
+      else
+        gemv_warp(exec, x, w.f16, y);
+      return;
+    }
+  }
+  // Few rows (decode) on the host: a streaming GEMV whose fixed-lane dot products vectorise; it
+  // reads the weights once at close to memory bandwidth, where per-tile BLAS calls reach about
+  // half.
   if (w.dtype == DType::F32 && n < kWidenRows) {
     detail::linear_direct(exec, x, w.f32, y);
     return;
   }
   if (w.dtype == DType::F32) {
-    exec.fence();
+    if constexpr (host) exec.fence();  // the BLAS tiles run on host threads of their own
     detail::blas_linear<E>(exec, x, w.f32, y);
     return;
   }
@@ -147,7 +163,7 @@ void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
       detail::widen(exec, w.bf16, wide);
     else
       detail::widen(exec, w.f16, wide);
-    exec.fence();
+    if constexpr (host) exec.fence();
     detail::blas_linear<E>(exec, x, wide, y);
     return;
   }

@@ -553,12 +553,14 @@ void mask_rows(const E& exec, const CMat<E>& x, const CVec<E>& norms, const IVec
 }
 
 /// Masks one row x[d] for the decode sparse GEMV: writes the kept indices in ascending order
-/// into idx[0, nnz) and returns nnz (an entry that is kept but exactly 0 is still listed;
-/// idx[nnz, d) is overwritten as scratch).
+/// into idx[0, nnz) and nnz into count(0), without waiting for the result on devices (an entry
+/// that is kept but exactly 0 is still listed; idx[nnz, d) is overwritten as scratch).
 /// y: the masked row, or empty to skip it; y may alias x. MaskRule::None keeps every entry.
+/// On host backends the work is done when the call returns.
 template <class E>
-int mask_indices(const E& exec, const CVec<E>& x, const CVec<E>& norms, const MaskParams& prm,
-                 const IVec<E>& idx, const Vec<E>& y, MaskScratch<E>& sc) {
+void mask_indices_to(const E& exec, const CVec<E>& x, const CVec<E>& norms, const MaskParams& prm,
+                     const IVec<E>& idx, const Vec<E>& y, const IVec<E>& count,
+                     MaskScratch<E>& sc) {
   const int d = static_cast<int>(x.extent(0));
   require(static_cast<int>(idx.extent(0)) >= d, "mask_indices: idx holds {} of {} entries",
           idx.extent(0), d);
@@ -566,24 +568,37 @@ int mask_indices(const E& exec, const CVec<E>& x, const CVec<E>& norms, const Ma
           "mask_indices: output has {} entries, input {}", y.extent(0), d);
   require(norms.extent(0) == 0 || static_cast<int>(norms.extent(0)) == d,
           "mask_indices: {} norms for {} entries", norms.extent(0), d);
-  if (d == 0) return 0;
+  require(count.extent(0) >= 1, "mask_indices: no room for the count");
   if constexpr (detail::host_space<E>()) {
     // one row is O(d) and tiny next to the GEMV: one host thread, after the producer is done
     exec.fence();
-    return detail::mask_row_serial(x.data(), norms.extent(0) ? norms.data() : nullptr, d, prm,
-                                   y.extent(0) ? y.data() : nullptr, idx.data());
+    count(0) = d == 0
+                   ? 0
+                   : detail::mask_row_serial(x.data(), norms.extent(0) ? norms.data() : nullptr, d,
+                                             prm, y.extent(0) ? y.data() : nullptr, idx.data());
   } else {
+    if (d == 0) {
+      Kokkos::deep_copy(exec, count, 0);
+      return;
+    }
     sc.ensure(d);
     const Vec<E> yv = y.extent(0) ? y : sc.row;
     const CMat<E> xm(x.data(), 1, d);
     const Mat<E> ym(yv.data(), 1, d);
-    detail::mask_rows_team(exec, xm, norms, IVec<E>(), prm, ym, IVec<E>(), idx, sc.count);
-    int nnz = 0;
-    Kokkos::deep_copy(exec, Kokkos::View<int, Kokkos::HostSpace>(&nnz),
-                      Kokkos::subview(sc.count, 0));
-    exec.fence();
-    return nnz;
+    detail::mask_rows_team(exec, xm, norms, IVec<E>(), prm, ym, IVec<E>(), idx, count);
   }
+}
+
+/// mask_indices_to, returning nnz (read back from the device on devices).
+template <class E>
+int mask_indices(const E& exec, const CVec<E>& x, const CVec<E>& norms, const MaskParams& prm,
+                 const IVec<E>& idx, const Vec<E>& y, MaskScratch<E>& sc) {
+  sc.ensure(0);
+  mask_indices_to(exec, x, norms, prm, idx, y, sc.count, sc);
+  int nnz = 0;
+  Kokkos::deep_copy(exec, Kokkos::View<int, Kokkos::HostSpace>(&nnz), Kokkos::subview(sc.count, 0));
+  exec.fence();
+  return nnz;
 }
 
 }  // namespace sparsim

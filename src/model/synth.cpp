@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "model/gguf_writer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -63,9 +64,32 @@ std::vector<SynthTensor> synth_tensors(const Config& c) {
 }
 
 std::vector<float> synth_values(std::uint64_t seed, const SynthTensor& t) {
-  SynthRng rng(stream_seed(seed, t.name));
-  std::vector<float> v(static_cast<std::size_t>(t.rows) * t.cols);
-  for (auto& x : v) x = static_cast<float>(t.mean + t.stddev * rng.normal());
+  const std::uint64_t s0 = stream_seed(seed, t.name);
+  const std::size_t n = static_cast<std::size_t>(t.rows) * t.cols;
+  std::vector<float> v(n);
+  // Value i takes draws 2i and 2i+1 of the stream (unless an earlier draw was rejected, which
+  // happens with probability 2^-53 per value), and draw k starts from s0 + k·step: chunks are
+  // generated in parallel from their own start; a chunk that ends elsewhere than expected saw
+  // a rejection, and then the whole stream is generated in order.
+  constexpr std::uint64_t kStep = 0x9e3779b97f4a7c15ULL;
+  constexpr std::size_t kChunk = std::size_t(1) << 16;
+  const long long chunks = static_cast<long long>((n + kChunk - 1) / kChunk);
+  int regular = 1;
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static) reduction(&& : regular)
+#endif
+  for (long long c = 0; c < chunks; ++c) {
+    const std::size_t i0 = static_cast<std::size_t>(c) * kChunk;
+    const std::size_t i1 = std::min(n, i0 + kChunk);
+    SynthRng rng(s0 + 2 * static_cast<std::uint64_t>(i0) * kStep);
+    for (std::size_t i = i0; i < i1; ++i)
+      v[i] = static_cast<float>(t.mean + t.stddev * rng.normal());
+    regular = regular && rng.state == s0 + 2 * static_cast<std::uint64_t>(i1) * kStep;
+  }
+  if (!regular) {
+    SynthRng rng(s0);
+    for (auto& x : v) x = static_cast<float>(t.mean + t.stddev * rng.normal());
+  }
   return v;
 }
 
@@ -144,8 +168,15 @@ void write_synth_gguf(const SynthSpec& spec, const std::string& path) {
   for (const SynthTensor& t : synth_tensors(c)) {
     std::vector<float> v = synth_values(spec.seed, t);
     const GGMLType tt = t.matrix ? spec.type : GGMLType::F32;
-    std::vector<std::uint8_t> bytes(gguf::row_bytes(tt, t.cols) * t.rows);
-    gguf::quantize(tt, v.data(), bytes.data(), v.size());
+    const std::size_t rb = gguf::row_bytes(tt, t.cols);
+    std::vector<std::uint8_t> bytes(rb * t.rows);
+    // rows are independent blocks: converted in parallel, the same bytes
+#if defined(_OPENMP)
+#pragma omp parallel for schedule(static)
+#endif
+    for (int r = 0; r < t.rows; ++r)
+      gguf::quantize(tt, v.data() + static_cast<std::size_t>(r) * t.cols, bytes.data() + r * rb,
+                     static_cast<std::size_t>(t.cols));
     std::vector<std::uint64_t> ne = {static_cast<std::uint64_t>(t.cols)};
     if (t.matrix) ne.push_back(static_cast<std::uint64_t>(t.rows));
     w.add_tensor(t.name, ne, tt, std::move(bytes));

@@ -14,6 +14,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace sparsim::sparsity {
@@ -46,30 +47,33 @@ inline bool wina_uses_norms(Proj p, bool all) {
   return all || p == Proj::K || p == Proj::Gate;
 }
 
+namespace detail {
+template <class E, class M>
+void column_norms_into(const E& exec, const M& m, int rows, const Vec<E>& out) {
+  Kokkos::parallel_for(
+      "sparsim::sparsity::column_norms",
+      Kokkos::RangePolicy<E>(exec, 0, static_cast<int>(m.extent(1))), KOKKOS_LAMBDA(const int j) {
+        double acc = 0;
+        for (int o = 0; o < rows; ++o) {
+          const double v = to_f32(m(o, j));
+          acc += v * v;
+        }
+        out(j) = static_cast<float>(kx::sqrt(acc));
+      });
+}
+}  // namespace detail
+
 /// Column norms ‖W_:,j‖₂ of a projection (WINA's score weights), summed in double in a fixed
 /// order.
 template <class E>
 Vec<E> column_norms(const E& exec, const Matrix<E>& w) {
   Vec<E> out("sparsim::wina::column_norms", w.cols);
-  const int rows = w.rows;
-  auto run = [&](const auto& m) {
-    Kokkos::parallel_for(
-        "sparsim::sparsity::column_norms", Kokkos::RangePolicy<E>(exec, 0, w.cols),
-        KOKKOS_LAMBDA(const int j) {
-          double acc = 0;
-          for (int o = 0; o < rows; ++o) {
-            const double v = to_f32(m(o, j));
-            acc += v * v;
-          }
-          out(j) = static_cast<float>(kx::sqrt(acc));
-        });
-  };
   if (w.dtype == DType::F32)
-    run(w.f32);
+    detail::column_norms_into(exec, w.f32, w.rows, out);
   else if (w.dtype == DType::BF16)
-    run(w.bf16);
+    detail::column_norms_into(exec, w.bf16, w.rows, out);
   else
-    run(w.f16);
+    detail::column_norms_into(exec, w.f16, w.rows, out);
   exec.fence();
   return out;
 }
@@ -106,46 +110,84 @@ class ActivationMasker final : public ProjectionMasker<E> {
 
   bool active(int layer, Proj p) const override { return params(layer, p).rule != MaskRule::None; }
 
+  void begin_call(int n) override {
+    flush();
+    row_kept_.assign(static_cast<std::size_t>(n), 0);
+    row_total_.assign(static_cast<std::size_t>(n), 0);
+    calls_.clear();
+    used_ = 0;
+    // room for every projection of every layer of this call: allocated here, never mid-call
+    const std::size_t need = static_cast<std::size_t>(n_layer()) * kNumProj * (n > 0 ? n : 1);
+    if (log_.extent(0) < need) {
+      log_ = IVec<E>("sparsim::masker::kept_log", need);
+      log_host_ = Kokkos::create_mirror_view(log_);
+    }
+  }
+
   CMat<E> apply(const E& exec, int layer, Proj p, const CMat<E>& x, const SparseRows<E>& rows,
-                long long& kept_sum) override {
+                int& ticket) override {
     const int n = static_cast<int>(x.extent(0)), d = static_cast<int>(x.extent(1));
     if (static_cast<std::size_t>(n) * d > buf_.extent(0))
       buf_ = Vec<E>(Kokkos::view_alloc("sparsim::masker::out", Kokkos::WithoutInitializing),
                     static_cast<std::size_t>(n) * d);
-    if (static_cast<int>(kept_.extent(0)) < n) kept_ = IVec<E>("sparsim::masker::kept", n);
     const Mat<E> y(buf_.data(), n, d);
-    const IVec<E> kept(kept_.data(), n);
+    const IVec<E> kept = slots(n);
     mask_rows(exec, x, norms(layer, p), rows.flags, params(layer, p), y, kept);
-    auto hk = Kokkos::create_mirror_view(kept);
-    auto hf = Kokkos::create_mirror_view(rows.flags);
-    Kokkos::deep_copy(exec, hk, kept);
-    Kokkos::deep_copy(exec, hf, rows.flags);
-    exec.fence();
-    ProjStats& st = stats_[static_cast<std::size_t>(layer)][idx(p)];
-    kept_sum = 0;
-    for (int r = 0; r < n; ++r) {
-      if (!hf(r)) continue;
-      kept_sum += hk(r);
-      st.add(hk(r), d);
-      if (static_cast<std::size_t>(r) < row_kept_.size()) {
-        row_kept_[static_cast<std::size_t>(r)] += wt(layer, p) * hk(r);
-        row_total_[static_cast<std::size_t>(r)] += wt(layer, p) * d;
-      }
-    }
+    ticket = record(layer, p, d, n, rows);
     return CMat<E>(y);
   }
 
-  int indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
-              const Vec<E>& xm) override {
+  IVec<E> indices(const E& exec, int layer, Proj p, const CMat<E>& x, const IVec<E>& idx,
+                  const Vec<E>& xm, int& ticket) override {
     const int d = static_cast<int>(x.extent(1));
     const CVec<E> row(x.data(), d);
-    const int nnz = mask_indices(exec, row, norms(layer, p), params(layer, p), idx, xm, scratch_);
-    stats_[static_cast<std::size_t>(layer)][idx_of(p)].add(nnz, d);
-    if (!row_kept_.empty()) {
-      row_kept_[0] += wt(layer, p) * nnz;
-      row_total_[0] += wt(layer, p) * d;
+    const IVec<E> count = slots(1);
+    mask_indices_to(exec, row, norms(layer, p), params(layer, p), idx, xm, count, scratch_);
+    ticket = record(layer, p, d, 1, SparseRows<E>());
+    return count;
+  }
+
+  bool threshold_slot(int layer, Proj p, int d, float& tau, IVec<E>& count, int& ticket) override {
+    const MaskParams& prm = params(layer, p);
+    if (prm.rule != MaskRule::Threshold || norms(layer, p).extent(0) != 0) return false;
+    tau = prm.tau;
+    count = slots(1);
+    ticket = record(layer, p, d, 1, SparseRows<E>());
+    return true;
+  }
+
+  void end_call(const E& exec) override {
+    if (calls_.empty()) return;
+    if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                              typename E::memory_space>::accessible) {
+      Kokkos::deep_copy(exec, Kokkos::subview(log_host_, std::make_pair(std::size_t{0}, used_)),
+                        Kokkos::subview(log_, std::make_pair(std::size_t{0}, used_)));
     }
-    return nnz;
+    exec.fence();
+    for (Call& c : calls_) {
+      if (c.done) continue;
+      c.done = true;
+      ProjStats& st = stats_[static_cast<std::size_t>(c.layer)][idx(c.proj)];
+      long long sum = 0;
+      for (int r = 0; r < c.n; ++r) {
+        if (!c.all_rows && !c.flags[static_cast<std::size_t>(r)]) continue;
+        const int k = log_host_(c.off + static_cast<std::size_t>(r));
+        sum += k;
+        st.add(k, c.d);
+        // per-token statistics go to the call row this row stands for (gathered rows)
+        const std::size_t ro =
+            c.origin.empty() ? static_cast<std::size_t>(r) : static_cast<std::size_t>(c.origin[r]);
+        if (ro < row_kept_.size()) {
+          row_kept_[ro] += wt(c.layer, c.proj) * k;
+          row_total_[ro] += wt(c.layer, c.proj) * c.d;
+        }
+      }
+      c.kept = sum;
+    }
+  }
+
+  long long kept(int ticket) const override {
+    return calls_.at(static_cast<std::size_t>(ticket)).kept;
   }
 
   /// Statistics of every layer × projection since the last reset.
@@ -167,15 +209,56 @@ class ActivationMasker final : public ProjectionMasker<E> {
     row_total_.clear();
   }
 
-  void begin_call(int n) override {
-    flush();
-    row_kept_.assign(static_cast<std::size_t>(n), 0);
-    row_total_.assign(static_cast<std::size_t>(n), 0);
+ private:
+  /// One masked projection call of the current forward call: where its kept counts are.
+  struct Call {
+    int layer = 0;
+    Proj proj = Proj::Q;
+    int d = 0, n = 0;
+    std::size_t off = 0;
+    bool all_rows = false;  ///< every row counts (the decode path), else the call's flags
+    bool done = false;
+    long long kept = 0;
+    std::vector<int> flags;   ///< the call's sparse-row flags (when not all_rows)
+    std::vector<int> origin;  ///< the call row each row stands for (empty: itself)
+  };
+
+  /// The next n slots of the kept log (grown only between calls, see begin_call).
+  IVec<E> slots(int n) {
+    if (used_ + static_cast<std::size_t>(n) > log_.extent(0)) {
+      // a caller that skipped begin_call: keep what was logged, then grow
+      end_call(E());
+      IVec<E> bigger("sparsim::masker::kept_log", 2 * (used_ + static_cast<std::size_t>(n)));
+      Kokkos::deep_copy(Kokkos::subview(bigger, std::make_pair(std::size_t{0}, log_.extent(0))),
+                        log_);
+      log_ = bigger;
+      log_host_ = Kokkos::create_mirror_view(log_);
+      Kokkos::deep_copy(log_host_, log_);
+    }
+    const IVec<E> v = Kokkos::subview(log_, std::make_pair(used_, used_ + n));
+    return v;
+  }
+  int record(int layer, Proj p, int d, int n, const SparseRows<E>& rows) {
+    Call c;
+    c.layer = layer;
+    c.proj = p;
+    c.d = d;
+    c.n = n;
+    c.off = used_;
+    c.all_rows = rows.flags.extent(0) == 0;
+    if (!c.all_rows) {
+      c.flags.resize(static_cast<std::size_t>(n));
+      for (int r = 0; r < n; ++r)
+        c.flags[static_cast<std::size_t>(r)] =
+            rows.host_flags.extent(0) > static_cast<std::size_t>(r) ? rows.host_flags(r) : 1;
+      if (rows.origin) c.origin.assign(rows.origin, rows.origin + n);
+    }
+    used_ += static_cast<std::size_t>(n);
+    calls_.push_back(c);
+    return static_cast<int>(calls_.size()) - 1;
   }
 
- private:
   static std::size_t idx(Proj p) { return static_cast<std::size_t>(p); }
-  static std::size_t idx_of(Proj p) { return idx(p); }
   double wt(int layer, Proj p) const {
     const std::size_t i = static_cast<std::size_t>(layer) * kNumProj + idx(p);
     return i < weight_.size() ? weight_[i] : 1.0;
@@ -199,7 +282,10 @@ class ActivationMasker final : public ProjectionMasker<E> {
   std::vector<std::array<CVec<E>, kNumProj>> norms_;
   std::vector<std::array<ProjStats, kNumProj>> stats_;
   Vec<E> buf_;
-  IVec<E> kept_;
+  IVec<E> log_;  ///< kept count of every masked row of the current call, in call order
+  typename IVec<E>::HostMirror log_host_;
+  std::size_t used_ = 0;
+  std::vector<Call> calls_;
   MaskScratch<E> scratch_;
   std::vector<double> weight_, cost_;
   std::vector<double> row_kept_, row_total_;

@@ -1,0 +1,183 @@
+#include "engine/kv_cache.hpp"
+
+#include "core/error.hpp"
+
+#include <algorithm>
+
+namespace sparsim {
+
+template <class E>
+KVCache<E>::KVCache(const Config& c, int max_seqs, int max_ctx)
+    : max_seqs_(max_seqs), max_ctx_(max_ctx) {
+  require(max_seqs > 0 && max_ctx > 0, "KV cache: {} sequences × {} positions", max_seqs, max_ctx);
+  for (int l = 0; l < c.n_layer; ++l) {
+    shapes_.push_back(attn_shape(c, l));
+    KVLayer<E> kl;
+    kl.k = Cache<E>("sparsim::kcache", max_seqs, max_ctx, shapes_.back().k_width());
+    kl.v = Cache<E>("sparsim::vcache", max_seqs, max_ctx, shapes_.back().v_width());
+    layers_.push_back(kl);
+  }
+  kept_counts_.resize(static_cast<std::size_t>(c.n_layer));
+}
+
+template <class E>
+void KVCache<E>::store(const E& exec, int l, const CMat<E>& k, const CMat<E>& v, int n_seq, int T,
+                       int p0) {
+  const KVLayer<E>& kl = layer(l);
+  require(p0 >= kl.k_base,
+          "KV cache: layer {} holds compacted keys up to position {}; cannot write position {}", l,
+          kl.k_base - 1, p0);
+  require(p0 + T <= max_ctx_ && n_seq <= max_seqs_, "KV cache: rows beyond the cache");
+  const int kw = static_cast<int>(k.extent(1)), vw = static_cast<int>(v.extent(1));
+  const int w = std::max(kw, vw), base = kl.k_base;
+  auto kc = kl.k;
+  auto vc = kl.v;
+  Kokkos::parallel_for(
+      "sparsim::engine::kv_store",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, w}),
+      KOKKOS_LAMBDA(const int r, const int j) {
+        const int s = r / T, t = r % T;
+        if (j < kw) kc(s, p0 + t - base, j) = k(r, j);
+        if (j < vw) vc(s, p0 + t, j) = v(r, j);
+      });
+}
+
+template <class E>
+void KVCache<E>::set_dropped(const E& exec, int l, const IVec<E>& skip, int n_seq, int T, int p0) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  if (!kl.has_drops()) kl.dropped = IMat<E>("sparsim::kv_dropped", max_seqs_, max_ctx_);
+  auto d = kl.dropped;
+  Kokkos::parallel_for(
+      "sparsim::engine::kv_set_dropped", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
+      KOKKOS_LAMBDA(const int r) { d(r / T, p0 + r % T) = skip(r) ? 1 : 0; });
+}
+
+template <class E>
+void KVCache<E>::clear_dropped(int l) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  if (kl.has_drops()) Kokkos::deep_copy(kl.dropped, 0);
+}
+
+template <class E>
+void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  const AttnShape& sh = shape(l);
+  require(!kl.compacted(), "KV cache: layer {} is already compacted", l);
+  const int P = kept.positions;
+  require(P >= 1 && P <= max_ctx_, "KV cache: cannot compact {} positions of {}", P, max_ctx_);
+  require(static_cast<int>(kept.idx.size()) <= max_seqs_,
+          "KV cache: kept channels for {} sequences, the cache holds {}", kept.idx.size(),
+          max_seqs_);
+  // Host tables: per sequence the head offsets and the channel of every compact column.
+  std::vector<std::vector<int>> counts(static_cast<std::size_t>(max_seqs_),
+                                       std::vector<int>(sh.n_kv_head, 0));
+  int cap = 1;  // at least one column, so the views are never empty
+  for (std::size_t s = 0; s < kept.idx.size(); ++s) {
+    require(static_cast<int>(kept.idx[s].size()) == sh.n_kv_head,
+            "KV cache: sequence {} has kept channels for {} heads, layer {} has {}", s,
+            kept.idx[s].size(), l, sh.n_kv_head);
+    int tot = 0;
+    for (int h = 0; h < sh.n_kv_head; ++h) {
+      const auto& ch = kept.idx[s][static_cast<std::size_t>(h)];
+      for (std::size_t i = 0; i < ch.size(); ++i) {
+        require(ch[i] >= 0 && ch[i] < sh.qk_dim,
+                "KV cache: kept channel {} of head {} is outside 0 … {}", ch[i], h, sh.qk_dim - 1);
+        require(i == 0 || ch[i] > ch[i - 1],
+                "KV cache: kept channels of head {} must be ascending and distinct", h);
+      }
+      counts[s][static_cast<std::size_t>(h)] = static_cast<int>(ch.size());
+      tot += static_cast<int>(ch.size());
+    }
+    cap = std::max(cap, tot);
+  }
+  IMat<E> kidx("sparsim::kcache_idx", max_seqs_, cap),
+      koff("sparsim::kcache_off", max_seqs_, sh.n_kv_head + 1);
+  auto hi = Kokkos::create_mirror_view(kidx);
+  auto ho = Kokkos::create_mirror_view(koff);
+  Kokkos::deep_copy(hi, 0);
+  for (int s = 0; s < max_seqs_; ++s) {
+    int c = 0;
+    for (int h = 0; h < sh.n_kv_head; ++h) {
+      ho(s, h) = c;
+      if (s < static_cast<int>(kept.idx.size()))
+        for (int ch : kept.idx[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)])
+          hi(s, c++) = ch;
+    }
+    ho(s, sh.n_kv_head) = c;
+  }
+  Kokkos::deep_copy(kidx, hi);
+  Kokkos::deep_copy(koff, ho);
+
+  const int qk = sh.qk_dim, nkv = sh.n_kv_head, kw = sh.k_width();
+  Cache<E> kc(
+      Kokkos::view_alloc(std::string("sparsim::kcache_compact"), Kokkos::WithoutInitializing),
+      max_seqs_, P, cap);
+  Cache<E> rest("sparsim::kcache", max_seqs_, max_ctx_ - P, kw);
+  const Cache<E> old = kl.k;
+  Kokkos::parallel_for(
+      "sparsim::engine::kv_compact",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, P, cap}),
+      KOKKOS_LAMBDA(const int s, const int p, const int c) {
+        float val = 0.0f;
+        for (int h = 0; h < nkv; ++h)
+          if (c >= koff(s, h) && c < koff(s, h + 1)) val = old(s, p, h * qk + kidx(s, c));
+        kc(s, p, c) = val;
+      });
+  const int n_rest = max_ctx_ - P;
+  if (n_rest > 0)
+    Kokkos::parallel_for(
+        "sparsim::engine::kv_compact_rest",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, n_rest, kw}),
+        KOKKOS_LAMBDA(const int s, const int p, const int j) { rest(s, p, j) = old(s, P + p, j); });
+  exec.fence();
+  kl.kc = kc;
+  kl.kidx = kidx;
+  kl.koff = koff;
+  kl.k = rest;  // the dense key buffer is released here
+  kl.k_base = P;
+  kept_counts_[static_cast<std::size_t>(l)] = counts;
+}
+
+template <class E>
+void KVCache<E>::reset_layout(int l) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  if (!kl.compacted()) return;
+  kl.kc = Cache<E>();
+  kl.kidx = IMat<E>();
+  kl.koff = IMat<E>();
+  kl.k = Cache<E>();  // release before allocating the dense buffer
+  kl.k = Cache<E>("sparsim::kcache", max_seqs_, max_ctx_, shape(l).k_width());
+  kl.k_base = 0;
+  kept_counts_[static_cast<std::size_t>(l)].clear();
+}
+
+template <class E>
+std::size_t KVCache<E>::k_bytes(int l) const {
+  const KVLayer<E>& kl = layer(l);
+  return sizeof(float) * (kl.k.span() + kl.kc.span()) +
+         sizeof(int) * (kl.kidx.span() + kl.koff.span());
+}
+
+template <class E>
+std::size_t KVCache<E>::v_bytes(int l) const {
+  return sizeof(float) * layer(l).v.span();
+}
+
+template <class E>
+std::size_t KVCache<E>::bytes() const {
+  std::size_t b = 0;
+  for (int l = 0; l < n_layer(); ++l) b += k_bytes(l) + v_bytes(l);
+  return b;
+}
+
+#ifdef KOKKOS_ENABLE_SERIAL
+template class KVCache<Kokkos::Serial>;
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+template class KVCache<Kokkos::OpenMP>;
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+template class KVCache<Kokkos::Cuda>;
+#endif
+
+}  // namespace sparsim

@@ -1,0 +1,93 @@
+#pragma once
+/// The KV cache as an object with a layout per layer and head.
+///
+/// Dense layout of one layer: keys [seq][pos][n_kv·qk] and values [seq][pos][n_kv·vd].
+/// K-channel pruning (ThinK, GRACE) compacts the keys of the first P positions (the prompt)
+/// after prefill: they are stored with only the kept channels of each (sequence, KV head),
+/// the channel indices beside them, and keys written later stay full width:
+///
+///   kc  [seq][P][cap]          compact prompt keys; head h of sequence s owns the columns
+///                              koff(s, h) … koff(s, h + 1) − 1, holding channels kidx(s, c)
+///   k   [seq][max_ctx − P][n_kv·qk]   full-width keys of positions P … max_ctx − 1
+///
+/// The full-width region is reallocated smaller on compaction, so the bytes really shrink. The
+/// attention kernel (kernels/cached_attention.hpp) reads each region with the matching part of
+/// the query. Optionally each position carries a "dropped" flag (a token gate that removes
+/// skipped tokens from the cache): dropped positions take no part in later attention.
+///
+/// Shapes come from AttnShape per layer, so per-layer Q/K and V head widths (a pruned model)
+/// need only attn_shape() to read them from the model.
+#include "core/compat.hpp"
+#include "kernels/kv_layout.hpp"
+#include "model/config.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace sparsim {
+
+/// The attention shape of `layer` (the one place the engine reads head widths from).
+inline AttnShape attn_shape(const Config& c, int layer) {
+  (void)layer;  // per-layer widths: read them here
+  AttnShape s;
+  s.n_head = c.n_head;
+  s.n_kv_head = c.n_kv_head;
+  s.qk_dim = c.head_dim;
+  s.v_dim = c.head_dim;
+  s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  return s;
+}
+
+template <class E>
+class KVCache {
+ public:
+  KVCache() = default;
+  /// Dense layout for `max_seqs` sequences of `max_ctx` positions in every layer.
+  KVCache(const Config& c, int max_seqs, int max_ctx);
+
+  int n_layer() const { return static_cast<int>(layers_.size()); }
+  int max_seqs() const { return max_seqs_; }
+  int max_ctx() const { return max_ctx_; }
+  const AttnShape& shape(int l) const { return shapes_[static_cast<std::size_t>(l)]; }
+  const KVLayer<E>& layer(int l) const { return layers_[static_cast<std::size_t>(l)]; }
+
+  /// Writes rows r = s·T + t of k [n][k_width] and v [n][v_width] at positions p0 + t. The
+  /// positions must lie in the full-width region (p0 ≥ the compacted length).
+  void store(const E& exec, int l, const CMat<E>& k, const CMat<E>& v, int n_seq, int T, int p0);
+
+  /// Sets the dropped flag of positions p0 … p0+T−1 of the call's sequences from `skip`
+  /// (row s·T + t; 1: drop). Allocates the flags on first use.
+  void set_dropped(const E& exec, int l, const IVec<E>& skip, int n_seq, int T, int p0);
+
+  /// Compacts the keys of positions 0 … kept.positions − 1 of layer `l` to the kept channels.
+  /// Sequences beyond kept.idx.size() keep no channel. The full-width region shrinks to the
+  /// positions after the compacted ones. Throws when the layer is already compacted or the
+  /// indices are invalid.
+  void compact_keys(const E& exec, int l, const KeptChannels& kept);
+
+  /// Restores the dense layout of layer `l` (a new prompt starts at position 0); contents are
+  /// not kept. Nothing happens when the layer is dense.
+  void reset_layout(int l);
+  /// Clears the dropped flags of layer `l` (when allocated).
+  void clear_dropped(int l);
+
+  /// Bytes allocated for keys (compact region, indices and full-width region) and values.
+  std::size_t k_bytes(int l) const;
+  std::size_t v_bytes(int l) const;
+  std::size_t bytes() const;
+  /// Kept channels per (sequence, head) of a compacted layer, as the host sees them.
+  const std::vector<std::vector<int>>& kept_counts(int l) const {
+    return kept_counts_[static_cast<std::size_t>(l)];
+  }
+
+ private:
+  int max_seqs_ = 0, max_ctx_ = 0;
+  std::vector<AttnShape> shapes_;
+  std::vector<KVLayer<E>> layers_;
+  std::vector<std::vector<std::vector<int>>> kept_counts_;  // [layer][seq][head]
+};
+
+}  // namespace sparsim

@@ -1,0 +1,462 @@
+#include "gating/token_filter.hpp"
+
+#include "core/error.hpp"
+#include "io/hdf5.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace sparsim::gating {
+
+const char* to_string(Criterion c) {
+  switch (c) {
+    case Criterion::Key:
+      return "key";
+    case Criterion::Value:
+      return "value";
+    case Criterion::KV:
+      break;
+  }
+  return "kv";
+}
+
+const char* to_string(AnchorKind a) {
+  return a == AnchorKind::Mean ? "mean" : "ema";
+}
+
+const char* to_string(LayerSet s) {
+  switch (s) {
+    case LayerSet::Tail:
+      return "tail";
+    case LayerSet::Head:
+      return "head";
+    case LayerSet::Uniform:
+      break;
+  }
+  return "uniform";
+}
+
+Criterion parse_criterion(const std::string& s) {
+  if (s == "key") return Criterion::Key;
+  if (s == "value") return Criterion::Value;
+  if (s == "kv") return Criterion::KV;
+  fail("--tf-criterion must be key, value or kv, got '{}'", s);
+}
+
+AnchorKind parse_anchor(const std::string& s) {
+  if (s == "mean") return AnchorKind::Mean;
+  if (s == "ema") return AnchorKind::Ema;
+  fail("--tf-anchor must be mean or ema, got '{}'", s);
+}
+
+LayerSet parse_layer_set(const std::string& s) {
+  if (s == "tail") return LayerSet::Tail;
+  if (s == "head") return LayerSet::Head;
+  if (s == "uniform") return LayerSet::Uniform;
+  fail("--tf-layers must be tail, head or uniform, got '{}'", s);
+}
+
+int TokenFilterOptions::gated_layers(int n_layer) const {
+  return num_layers > 0 ? num_layers : (3 * n_layer + 3) / 4;
+}
+
+double TokenFilterOptions::layer_target(int n_layer) const {
+  return ratio * n_layer / gated_layers(n_layer);
+}
+
+void TokenFilterOptions::validate(int n_layer) const {
+  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1, "--tf-ratio must be in [0, 1), got {}",
+          ratio);
+  const int n = gated_layers(n_layer);
+  require(n >= 1 && n <= n_layer,
+          "--tf-num-layers must be between 1 and the model's {} layers, got {}", n_layer, n);
+  require(layer_target(n_layer) <= 1.0 + 1e-12,
+          "--tf-ratio {} over {} gated layers of {} needs a per-layer skip ratio r·L/N = {:.3f} "
+          "above 1: gate more layers (--tf-num-layers) or lower the ratio",
+          ratio, n, n_layer, layer_target(n_layer));
+  require(warmup >= 2, "--tf-warmup must be at least 2 tokens (the first has no anchor), got {}",
+          warmup);
+  require(std::isfinite(eta) && eta >= 0, "--tf-eta must be non-negative, got {}", eta);
+  require(std::isfinite(gamma) && gamma >= 0 && gamma < 1, "--tf-gamma must be in [0, 1), got {}",
+          gamma);
+  require(trace_sequences >= 0, "--tf-trace must be non-negative, got {}", trace_sequences);
+}
+
+std::vector<int> select_layers(LayerSet set, int n, int n_layer) {
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) {
+    switch (set) {
+      case LayerSet::Tail:
+        out.push_back(n_layer - n + i);
+        break;
+      case LayerSet::Head:
+        out.push_back(i);
+        break;
+      case LayerSet::Uniform:
+        out.push_back(static_cast<int>(std::floor((i + 0.5) * n_layer / n)));
+        break;
+    }
+  }
+  return out;
+}
+
+namespace detail {
+
+/// One team per sequence walks the call's tokens in order: head cosines (threads over heads),
+/// the decision and the controller (one thread), the anchor update (threads over channels).
+template <class E>
+struct GateStep {
+  using Team = typename Kokkos::TeamPolicy<E>::member_type;
+  using D3 = Kokkos::View<double***, Layout, DeviceOf<E>>;
+  using D2 = Kokkos::View<double**, Layout, DeviceOf<E>>;
+  using I2 = Kokkos::View<int**, Layout, DeviceOf<E>>;
+  CMat<E> k, v;
+  D3 ak, av, warm;
+  I2 count, nwarm, decided, nskipped;
+  D2 tau, cosb;
+  Kokkos::View<float**, Layout, DeviceOf<E>> out;  // [row][S, τ, skip, has anchor]
+  IVec<E> skip;
+  int a, T, p0, nkv, qk, vd, W, crit;
+  bool ema, may_skip, drop;
+  double gamma, target, eta;
+
+  KOKKOS_FUNCTION void operator()(const Team& team) const {
+    const int s = team.league_rank();
+    const int kw = nkv * qk, vw = nkv * vd;
+    for (int t = 0; t < T; ++t) {
+      const int r = s * T + t, pos = p0 + t;
+      const int cnt = count(a, s);
+      if (cnt > 0) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, 2 * nkv), [&](const int i) {
+          const bool isv = i >= nkv;
+          const int h = isv ? i - nkv : i, d = isv ? vd : qk;
+          double dot = 0, nx = 0, na = 0;
+          for (int j = 0; j < d; ++j) {
+            const double x = isv ? v(r, h * d + j) : k(r, h * d + j);
+            double an = isv ? av(a, s, h * d + j) : ak(a, s, h * d + j);
+            if (!ema) an /= cnt;
+            dot += x * an;
+            nx += x * x;
+            na += an * an;
+          }
+          cosb(s, i) = nx > 0 && na > 0 ? dot / kx::sqrt_d(nx * na) : 0.0;
+        });
+        team.team_barrier();
+      }
+      Kokkos::single(Kokkos::PerTeam(team), [&]() {
+        double S = 0, tu = tau(a, s);
+        int sk = 0;
+        if (cnt > 0) {
+          double mk = 0, mv = 0;
+          for (int h = 0; h < nkv; ++h) {
+            mk += cosb(s, h);
+            mv += cosb(s, nkv + h);
+          }
+          mk /= nkv;
+          mv /= nkv;
+          double vk = 0, vv = 0;
+          for (int h = 0; h < nkv; ++h) {
+            vk += (cosb(s, h) - mk) * (cosb(s, h) - mk);
+            vv += (cosb(s, nkv + h) - mv) * (cosb(s, nkv + h) - mv);
+          }
+          vk /= nkv;
+          vv /= nkv;
+          S = crit == 0 ? mk : crit == 1 ? mv : fuse_kv(mk, vk, mv, vv);
+          if (pos < W) {
+            // warm-up: keep the S values sorted, τ follows their (1 − r_ℓ) quantile
+            double* w = &warm(a, s, 0);
+            int m = nwarm(a, s);
+            int i = m;
+            while (i > 0 && w[i - 1] > S) {
+              w[i] = w[i - 1];
+              --i;
+            }
+            w[i] = S;
+            nwarm(a, s) = ++m;
+            tu = sorted_quantile(w, m, 1.0 - target);
+          } else {
+            sk = may_skip && S > tu ? 1 : 0;
+            const int dec = decided(a, s) + 1, sks = nskipped(a, s) + sk;
+            decided(a, s) = dec;
+            nskipped(a, s) = sks;
+            tu += eta * (static_cast<double>(sks) / dec - target);
+          }
+          tau(a, s) = tu;
+        }
+        skip(r) = sk;
+        out(r, 0) = static_cast<float>(S);
+        out(r, 1) = static_cast<float>(tu);
+        out(r, 2) = static_cast<float>(sk);
+        out(r, 3) = cnt > 0 ? 1.0f : 0.0f;
+      });
+      team.team_barrier();
+      if (!(drop && skip(r))) {
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, kw + vw), [&](const int j) {
+          const bool isv = j >= kw;
+          const int jj = isv ? j - kw : j;
+          const double x = isv ? v(r, jj) : k(r, jj);
+          double& an = isv ? av(a, s, jj) : ak(a, s, jj);
+          if (!ema)
+            an += x;
+          else
+            an = cnt == 0 ? x : gamma * an + (1.0 - gamma) * x;
+        });
+        team.team_barrier();
+        Kokkos::single(Kokkos::PerTeam(team), [&]() { count(a, s) = cnt + 1; });
+      }
+      team.team_barrier();
+    }
+  }
+};
+
+}  // namespace detail
+
+template <class E>
+TokenFilter<E>::TokenFilter(const TokenFilterOptions& opt, int n_layer, int n_kv_head, int qk_dim,
+                            int v_dim, int max_seqs)
+    : opt_(opt), n_layer_(n_layer), nkv_(n_kv_head), qk_(qk_dim), vd_(v_dim), max_seqs_(max_seqs) {
+  opt_.validate(n_layer);
+  target_ = opt_.layer_target(n_layer);
+  layers_ = select_layers(opt_.layers, opt_.gated_layers(n_layer), n_layer);
+  slot_.assign(static_cast<std::size_t>(n_layer), -1);
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    slot_[static_cast<std::size_t>(layers_[i])] = static_cast<int>(i);
+  const int A = static_cast<int>(layers_.size());
+  ak_ = decltype(ak_)("sparsim::token_filter::anchor_k", A, max_seqs, nkv_ * qk_);
+  av_ = decltype(av_)("sparsim::token_filter::anchor_v", A, max_seqs, nkv_ * vd_);
+  count_ = decltype(count_)("sparsim::token_filter::count", A, max_seqs);
+  nwarm_ = decltype(nwarm_)("sparsim::token_filter::nwarm", A, max_seqs);
+  decided_ = decltype(decided_)("sparsim::token_filter::decided", A, max_seqs);
+  nskipped_ = decltype(nskipped_)("sparsim::token_filter::skipped", A, max_seqs);
+  tau_ = decltype(tau_)("sparsim::token_filter::tau", A, max_seqs);
+  warm_ = decltype(warm_)("sparsim::token_filter::warmup_s", A, max_seqs, opt_.warmup);
+  cos_ = decltype(cos_)("sparsim::token_filter::cos", max_seqs, 2 * nkv_);
+  skipped_.assign(layers_.size(), 0);
+  decided_l_.assign(layers_.size(), 0);
+  s_sum_.assign(layers_.size(), 0.0);
+  tau_last_.assign(layers_.size() * static_cast<std::size_t>(max_seqs),
+                   std::numeric_limits<double>::quiet_NaN());
+  trace_of_seq_.assign(static_cast<std::size_t>(max_seqs), -1);
+}
+
+template <class E>
+void TokenFilter<E>::begin_call(const E& exec, int n_seq, int T, int p0) {
+  require(n_seq <= max_seqs_, "token filter: {} sequences, sized for {}", n_seq, max_seqs_);
+  n_seq_ = n_seq;
+  T_ = T;
+  p0_ = p0;
+  if (static_cast<int>(out_.extent(0)) < n_seq * T)
+    out_ = decltype(out_)("sparsim::token_filter::out", n_seq * T, 4);
+  if (p0 != 0) return;
+  // New sequences: anchors, thresholds and counters start over.
+  Kokkos::deep_copy(exec, ak_, 0.0);
+  Kokkos::deep_copy(exec, av_, 0.0);
+  Kokkos::deep_copy(exec, count_, 0);
+  Kokkos::deep_copy(exec, nwarm_, 0);
+  Kokkos::deep_copy(exec, decided_, 0);
+  Kokkos::deep_copy(exec, nskipped_, 0);
+  Kokkos::deep_copy(exec, tau_, 0.0);
+  std::fill(tau_last_.begin(), tau_last_.end(), std::numeric_limits<double>::quiet_NaN());
+  for (int s = 0; s < max_seqs_; ++s) {
+    int& tr = trace_of_seq_[static_cast<std::size_t>(s)];
+    tr = -1;
+    if (s < n_seq && static_cast<int>(traces_.size()) < opt_.trace_sequences) {
+      tr = static_cast<int>(traces_.size());
+      traces_.emplace_back(layers_.size());
+    }
+  }
+}
+
+template <class E>
+int TokenFilter<E>::decide(const E& exec, int layer, const CMat<E>& k, const CMat<E>& v,
+                           const IVec<E>& skip, PolicyCost& cost) {
+  const int a = slot_.at(static_cast<std::size_t>(layer));
+  require(a >= 0, "token filter: layer {} is not gated", layer);
+  const int n = n_seq_ * T_;
+  detail::GateStep<E> f;
+  f.k = k;
+  f.v = v;
+  f.ak = ak_;
+  f.av = av_;
+  f.warm = warm_;
+  f.count = count_;
+  f.nwarm = nwarm_;
+  f.decided = decided_;
+  f.nskipped = nskipped_;
+  f.tau = tau_;
+  f.cosb = cos_;
+  f.out = out_;
+  f.skip = skip;
+  f.a = a;
+  f.T = T_;
+  f.p0 = p0_;
+  f.nkv = nkv_;
+  f.qk = qk_;
+  f.vd = vd_;
+  f.W = opt_.warmup;
+  f.crit = opt_.criterion == Criterion::Key ? 0 : opt_.criterion == Criterion::Value ? 1 : 2;
+  f.ema = opt_.anchor == AnchorKind::Ema;
+  // r_ℓ = 0 never skips (the run is then the dense one, bit for bit)
+  f.may_skip = !opt_.observe_only && target_ > 0;
+  f.drop = opt_.drop_skipped;
+  f.gamma = opt_.gamma;
+  f.target = target_;
+  f.eta = opt_.eta;
+  Kokkos::parallel_for("sparsim::gating::token_filter", team_policy(exec, n_seq_), f);
+  auto ho = Kokkos::create_mirror_view_and_copy(
+      Kokkos::HostSpace(), Kokkos::subview(out_, Kokkos::make_pair(0, n), Kokkos::ALL));
+  const std::size_t ai = static_cast<std::size_t>(a);
+  int n_skip = 0;
+  for (int s = 0; s < n_seq_; ++s) {
+    const int tr = trace_of_seq_[static_cast<std::size_t>(s)];
+    for (int t = 0; t < T_; ++t) {
+      const int r = s * T_ + t, pos = p0_ + t;
+      const bool has = ho(r, 3) > 0;
+      const int sk = ho(r, 2) > 0 ? 1 : 0;
+      n_skip += sk;
+      if (has) tau_last_[ai * max_seqs_ + s] = ho(r, 1);
+      if (has && pos >= opt_.warmup) {
+        ++decided_l_[ai];
+        skipped_[ai] += sk;
+        s_sum_[ai] += ho(r, 0);
+        if (a == 0) ++decided_tokens_;
+      }
+      if (tr >= 0) {
+        GateTrace& g = traces_[static_cast<std::size_t>(tr)][ai];
+        g.similarity.push_back(has ? ho(r, 0) : std::numeric_limits<float>::quiet_NaN());
+        g.threshold.push_back(has ? ho(r, 1) : std::numeric_limits<float>::quiet_NaN());
+        g.skipped.push_back(static_cast<std::uint8_t>(sk));
+      }
+    }
+  }
+  const double kvw = static_cast<double>(nkv_) * (qk_ + vd_);
+  cost.flops = static_cast<double>(n) * (8.0 * kvw + 10.0 * nkv_);
+  cost.bytes = static_cast<double>(n) * 28.0 * kvw;
+  return n_skip;
+}
+
+template <class E>
+std::uint64_t TokenFilter<E>::skipped(int layer) const {
+  const int a = slot_.at(static_cast<std::size_t>(layer));
+  return a < 0 ? 0 : skipped_[static_cast<std::size_t>(a)];
+}
+
+template <class E>
+double TokenFilter<E>::realised() const {
+  if (decided_tokens_ == 0) return 0.0;
+  std::uint64_t tot = 0;
+  for (std::uint64_t s : skipped_) tot += s;
+  return static_cast<double>(tot) / (static_cast<double>(n_layer_) * decided_tokens_);
+}
+
+template <class E>
+double TokenFilter<E>::realised(int layer) const {
+  const int a = slot_.at(static_cast<std::size_t>(layer));
+  if (a < 0 || decided_l_[static_cast<std::size_t>(a)] == 0) return 0.0;
+  return static_cast<double>(skipped_[static_cast<std::size_t>(a)]) /
+         decided_l_[static_cast<std::size_t>(a)];
+}
+
+template <class E>
+double TokenFilter<E>::similarity_mean(int layer) const {
+  const int a = slot_.at(static_cast<std::size_t>(layer));
+  if (a < 0 || decided_l_[static_cast<std::size_t>(a)] == 0) return 0.0;
+  return s_sum_[static_cast<std::size_t>(a)] / decided_l_[static_cast<std::size_t>(a)];
+}
+
+template <class E>
+double TokenFilter<E>::threshold_final_mean(int layer) const {
+  const int a = slot_.at(static_cast<std::size_t>(layer));
+  if (a < 0) return 0.0;
+  double sum = 0;
+  int cnt = 0;
+  for (int s = 0; s < max_seqs_; ++s) {
+    const double t = tau_last_[static_cast<std::size_t>(a) * max_seqs_ + s];
+    if (std::isfinite(t)) sum += t, ++cnt;
+  }
+  return cnt ? sum / cnt : 0.0;
+}
+
+template <class E>
+void TokenFilter<E>::reset_stats() {
+  decided_tokens_ = 0;
+  std::fill(skipped_.begin(), skipped_.end(), 0);
+  std::fill(decided_l_.begin(), decided_l_.end(), 0);
+  std::fill(s_sum_.begin(), s_sum_.end(), 0.0);
+  traces_.clear();
+  sequences_started_ = 0;
+}
+
+template <class E>
+void TokenFilter<E>::write(io::Group& g) const {
+  g.set_attr("target", opt_.ratio);
+  g.set_attr("realised", realised());
+  g.set_attr("layer_target", target_);
+  g.set_attr("criterion", to_string(opt_.criterion));
+  g.set_attr("anchor", to_string(opt_.anchor));
+  g.set_attr("gamma", opt_.gamma);
+  g.set_attr("keys", opt_.pre_rope ? "pre-rope" : "post-rope");
+  g.set_attr("warmup", opt_.warmup);
+  g.set_attr("eta", opt_.eta);
+  g.set_attr("layer_set", to_string(opt_.layers));
+  g.set_attr("num_layers", static_cast<int>(layers_.size()));
+  g.set_attr("drop_skipped", opt_.drop_skipped ? 1 : 0);
+  g.set_attr("observe_only", opt_.observe_only ? 1 : 0);
+  g.set_attr("decided_tokens", static_cast<std::int64_t>(decided_tokens_));
+  std::vector<std::int32_t> li(layers_.begin(), layers_.end());
+  g.write<std::int32_t>("layers", li, {"", "gated layers"});
+  std::vector<double> real, tgt, smean, tfin;
+  std::vector<std::uint64_t> sk, dec;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    real.push_back(realised(layers_[i]));
+    tgt.push_back(target_);
+    smean.push_back(similarity_mean(layers_[i]));
+    tfin.push_back(threshold_final_mean(layers_[i]));
+    sk.push_back(skipped_[i]);
+    dec.push_back(decided_l_[i]);
+  }
+  g.write<double>("target_per_layer", tgt,
+                  {"1", "target skip ratio r_l = r*L/N of each gated layer"});
+  g.write<double>("realised_per_layer", real,
+                  {"1", "skipped / decided tokens of each gated layer (warm-up excluded)"});
+  g.write<std::uint64_t>("skipped", sk, {"token", "tokens skipped in each gated layer"});
+  g.write<std::uint64_t>("decided", dec, {"token", "tokens decided in each gated layer"});
+  g.write<double>("similarity_mean", smean, {"1", "mean similarity S over decided tokens"});
+  g.write<double>("threshold_final", tfin,
+                  {"1", "threshold after the last token, mean over the last call's sequences"});
+  if (traces_.empty()) return;
+  io::Group tg = g.create_group("trace");
+  tg.set_attr("meaning",
+              "per traced sequence: [gated layer][position] similarity S (NaN: no anchor), "
+              "threshold after the token, skip decision");
+  for (std::size_t q = 0; q < traces_.size(); ++q) {
+    const auto& tr = traces_[q];
+    const std::size_t len = tr.empty() ? 0 : tr[0].similarity.size();
+    std::vector<float> S, tau;
+    std::vector<std::uint8_t> sk8;
+    for (const GateTrace& x : tr) {
+      S.insert(S.end(), x.similarity.begin(), x.similarity.end());
+      tau.insert(tau.end(), x.threshold.begin(), x.threshold.end());
+      sk8.insert(sk8.end(), x.skipped.begin(), x.skipped.end());
+    }
+    io::Group sg = tg.create_group("seq" + std::to_string(q));
+    const std::vector<hsize_t> dims = {static_cast<hsize_t>(tr.size()), static_cast<hsize_t>(len)};
+    sg.write<float>("similarity", S.data(), dims,
+                    {"1", "similarity S per gated layer and position"});
+    sg.write<float>("threshold", tau.data(), dims, {"1", "threshold after each position"});
+    sg.write<std::uint8_t>("skipped", sk8.data(), dims, {"", "1: attention skipped"});
+  }
+}
+
+#ifdef KOKKOS_ENABLE_SERIAL
+template class TokenFilter<Kokkos::Serial>;
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+template class TokenFilter<Kokkos::OpenMP>;
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+template class TokenFilter<Kokkos::Cuda>;
+#endif
+
+}  // namespace sparsim::gating

@@ -1,0 +1,327 @@
+#pragma once
+/// Attention kernels for devices: a split-K decode kernel and a tiled (flash-attention style)
+/// prefill kernel. Both read the dense KV cache [seq][max_ctx][kv_dim] of one layer.
+///
+/// Decode (one new token per sequence): the cached positions are cut into splits of kChunk
+/// positions; one team takes one (sequence, KV head, split) and serves every query head of the
+/// KV head's group, so each key and value is read once per group. A team writes a partial
+/// result (its split's max score m, Σ exp(score − m) l and the unnormalised Σ exp(score − m)·v);
+/// the last team of a (sequence, KV head) to finish — told by an integer counter — combines the
+/// splits in split order and resets the counter. The launch shape depends on the cache size,
+/// not on the position, which is read from device memory: a decode step can be replayed as a
+/// graph. Every output has one fixed summation order.
+///
+/// Prefill (many tokens): one team takes one (sequence, query head, block of kBlock queries) and
+/// walks the key blocks up to the causal limit, keeping Q, the current K and V blocks, the
+/// scores and the output accumulators in team scratch (online softmax: running max and sum per
+/// query). Scores past a query's position are masked.
+///
+/// Both kernels also run on host backends (one thread per team), which is how the tests check
+/// them against the reference kernel; the engine uses them on devices.
+#include "core/compat.hpp"
+#include "kernels/gemv_device.hpp"
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <algorithm>
+
+namespace sparsim {
+
+namespace attn {
+
+/// Reads a value another team wrote before a fence: on GPUs through L2 (ld.global.cg, not
+/// cached in the reading SM's L1), elsewhere through a volatile read.
+KOKKOS_INLINE_FUNCTION float load_shared(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldcg(p);
+#else
+  return *static_cast<const volatile float*>(p);
+#endif
+}
+
+/// Cached positions per split of the decode kernel.
+inline constexpr int kChunk = 64;
+
+/// Team shape of the attention kernels: 4 warps of 32 lanes on devices, one thread on the host.
+template <class E>
+struct TeamShape {
+  static constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+  static constexpr int threads = host ? 1 : 4;
+  static constexpr int vector = host ? 1 : 32;
+};
+
+/// Partial results and completion counters of the decode kernel, sized once per engine.
+template <class E>
+struct DecodeWorkspace {
+  Kokkos::View<float*, DeviceOf<E>> o;    ///< [seq][head][split][hd]
+  Kokkos::View<float*, DeviceOf<E>> ml;   ///< [seq][head][split][2]: max, sum
+  Kokkos::View<int*, DeviceOf<E>> count;  ///< [seq][kv_head], zero between calls
+  int n_split = 0;
+
+  void ensure(int n_seq, int n_head, int n_kv, int hd, int max_ctx) {
+    const int ns = (max_ctx + kChunk - 1) / kChunk;
+    const std::size_t need_o = static_cast<std::size_t>(n_seq) * n_head * ns * hd;
+    if (ns != n_split || o.extent(0) < need_o) {
+      n_split = ns;
+      o = Kokkos::View<float*, DeviceOf<E>>(
+          Kokkos::view_alloc("sparsim::attention::partial_o", Kokkos::WithoutInitializing), need_o);
+      ml = Kokkos::View<float*, DeviceOf<E>>(
+          Kokkos::view_alloc("sparsim::attention::partial_ml", Kokkos::WithoutInitializing),
+          static_cast<std::size_t>(n_seq) * n_head * ns * 2);
+    }
+    if (count.extent(0) < static_cast<std::size_t>(n_seq) * n_kv)
+      count = Kokkos::View<int*, DeviceOf<E>>("sparsim::attention::count",
+                                              static_cast<std::size_t>(n_seq) * n_kv);
+  }
+};
+
+/// Query rows per team of the prefill kernel for a head width: Q, K, V, the output and the
+/// scores of a block fit in about 40 KB of team scratch.
+inline int prefill_block(int head_dim) {
+  int b = 64;
+  while (b > 8 && b * (head_dim + 1) * 4 * 4 + b * b * 4 > 40 * 1024) b /= 2;
+  return b;
+}
+
+}  // namespace attn
+
+/// Decode attention: out[s][h·hd + i] for one new token per sequence (rows s = 0 … n_seq−1),
+/// at position pos(s) (keys 0 … pos(s) of the cache). ws must have been ensure()d for the
+/// cache's size.
+template <class E>
+void attention_decode_split(const E& exec, const CMat<E>& q,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
+                            int hd, attn::DecodeWorkspace<E>& ws) {
+  using Policy = Kokkos::TeamPolicy<E>;
+  using Member = typename Policy::member_type;
+  using Scratch = Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  constexpr int C = attn::kChunk;
+  const int group = n_head / n_kv;
+  const int ns = ws.n_split;
+  const int max_ctx = static_cast<int>(kc.extent(1));
+  const int kvd = n_kv * hd, qd = n_head * hd;
+  const float scale = 1.0f / kx::sqrt(static_cast<float>(hd));
+  const float* qp = q.data();
+  const float* kp = kc.data();
+  const float* vp = vc.data();
+  const int* pp = pos.data();
+  float* op = out.data();
+  float* po = ws.o.data();
+  float* pml = ws.ml.data();
+  int* cnt = ws.count.data();
+  Policy pol(exec, n_seq * n_kv * ns, attn::TeamShape<E>::threads, attn::TeamShape<E>::vector);
+  const int words = group * C + 1;
+  pol = pol.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(words)));
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention_decode", pol, KOKKOS_LAMBDA(const Member& team) {
+        const int b = team.league_rank();
+        const int sp = b % ns, sk = b / ns;
+        const int kvh = sk % n_kv, s = sk / n_kv;
+        const int npos = pp[s] + 1;
+        const int p0 = sp * C;
+        const int len = npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C;
+        Scratch sh(team.team_scratch(0), words);
+        float* sc = sh.data();
+        if (len > 0) {
+          const std::size_t kv_base =
+              static_cast<std::size_t>(s) * max_ctx * kvd + static_cast<std::size_t>(kvh) * hd;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len), [&](const int i) {
+            const float* kr = kp + kv_base + static_cast<std::size_t>(p0 + i) * kvd;
+            for (int g = 0; g < group; ++g) {
+              const float* qr = qp + static_cast<std::size_t>(s) * qd + (kvh * group + g) * hd;
+              float d = 0.0f;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, hd),
+                  [&](const int e, float& a) { a += qr[e] * kr[e]; }, d);
+              Kokkos::single(Kokkos::PerThread(team), [&]() { sc[g * C + i] = d * scale; });
+            }
+          });
+          team.team_barrier();
+          for (int g = 0; g < group; ++g) {
+            float* sg = sc + g * C;
+            float m = -3.0e38f;
+            Kokkos::parallel_reduce(
+                Kokkos::TeamVectorRange(team, len),
+                [&](const int i, float& mx) { mx = sg[i] > mx ? sg[i] : mx; },
+                Kokkos::Max<float>(m));
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, len),
+                                 [&](const int i) { sg[i] = kx::exp(sg[i] - m); });
+            team.team_barrier();
+            float l = 0.0f;
+            Kokkos::parallel_reduce(
+                Kokkos::TeamVectorRange(team, len), [&](const int i, float& a) { a += sg[i]; }, l);
+            const int h = kvh * group + g;
+            const std::size_t part = (static_cast<std::size_t>(s) * n_head + h) * ns + sp;
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
+              // four independent sums keep four value loads in flight
+              float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+              const float* vr = vp + kv_base + static_cast<std::size_t>(p0) * kvd + e;
+              const std::size_t st = static_cast<std::size_t>(kvd);
+              int i = 0;
+              for (; i + 4 <= len; i += 4) {
+                a0 += sg[i] * vr[i * st];
+                a1 += sg[i + 1] * vr[(i + 1) * st];
+                a2 += sg[i + 2] * vr[(i + 2) * st];
+                a3 += sg[i + 3] * vr[(i + 3) * st];
+              }
+              for (; i < len; ++i) a0 += sg[i] * vr[i * st];
+              po[part * hd + e] = (a0 + a1) + (a2 + a3);
+            });
+            Kokkos::single(Kokkos::PerTeam(team), [&]() {
+              pml[part * 2] = m;
+              pml[part * 2 + 1] = l;
+            });
+          }
+        }
+        // the last team of this (sequence, KV head) combines the splits: every thread makes
+        // its partial writes visible before the team counts itself done
+        Kokkos::memory_fence();
+        team.team_barrier();
+        int* last = reinterpret_cast<int*>(sc + group * C);
+        Kokkos::single(Kokkos::PerTeam(team), [&]() {
+          const int done = Kokkos::atomic_fetch_add(&cnt[sk], 1);
+          *last = done == ns - 1 ? 1 : 0;
+        });
+        team.team_barrier();
+        if (*last) {
+          Kokkos::memory_fence();
+          const int active = (npos + C - 1) / C;
+          for (int g = 0; g < group; ++g) {
+            const int h = kvh * group + g;
+            const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
+            const float* vml = pml + part0 * 2;
+            const float* vo = po + part0 * hd;
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
+              float mx = -3.0e38f;
+              for (int k = 0; k < active; ++k) {
+                const float m = attn::load_shared(vml + 2 * k);
+                mx = m > mx ? m : mx;
+              }
+              float lsum = 0.0f, acc = 0.0f;
+              for (int k = 0; k < active; ++k) {
+                const float f = kx::exp(attn::load_shared(vml + 2 * k) - mx);
+                lsum += attn::load_shared(vml + 2 * k + 1) * f;
+                acc += attn::load_shared(vo + static_cast<std::size_t>(k) * hd + e) * f;
+              }
+              op[static_cast<std::size_t>(s) * qd + h * hd + e] = acc / lsum;
+            });
+          }
+          Kokkos::single(Kokkos::PerTeam(team), [&]() { cnt[sk] = 0; });
+        }
+      });
+}
+
+/// Prefill attention: rows r = s·T + t at positions p0 + t, keys 0 … p0 + t of the cache.
+template <class E>
+void attention_prefill_tiled(const E& exec, const CMat<E>& q,
+                             const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
+                             const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
+                             const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv,
+                             int hd) {
+  using Policy = Kokkos::TeamPolicy<E>;
+  using Member = typename Policy::member_type;
+  using Scratch = Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryUnmanaged>;
+  const int B = attn::prefill_block(hd);
+  const int nqb = (T + B - 1) / B;
+  const int group = n_head / n_kv;
+  const int max_ctx = static_cast<int>(kc.extent(1));
+  const int kvd = n_kv * hd, qd = n_head * hd;
+  const int kst = hd + 1;  // padded K rows: threads reading a column hit distinct banks
+  const float scale = 1.0f / kx::sqrt(static_cast<float>(hd));
+  const float* qp = q.data();
+  const float* kp = kc.data();
+  const float* vp = vc.data();
+  float* op = out.data();
+  const int words = B * kst + 3 * B * hd + B * B + 3 * B;
+  const int threads = attn::TeamShape<E>::host ? 1 : 128;
+  Policy pol(exec, n_seq * n_head * nqb, threads, 1);
+  pol = pol.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(words)));
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention_prefill", pol, KOKKOS_LAMBDA(const Member& team) {
+        const int b = team.league_rank();
+        const int qb = b % nqb, sh_ = b / nqb;
+        const int h = sh_ % n_head, s = sh_ / n_head;
+        const int kvh = h / group;
+        const int t0 = qb * B;
+        const int nq = T - t0 < B ? T - t0 : B;
+        Scratch sh(team.team_scratch(0), words);
+        float* Ks = sh.data();
+        float* Vs = Ks + B * kst;
+        float* Qs = Vs + B * hd;
+        float* Os = Qs + B * hd;
+        float* S = Os + B * hd;
+        float* M = S + B * B;
+        float* L = M + B;
+        float* A = L + B;
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B * hd), [&](const int x) {
+          const int i = x / hd, e = x % hd;
+          Qs[x] = i < nq ? qp[(static_cast<std::size_t>(s) * T + t0 + i) * qd + h * hd + e] : 0.0f;
+          Os[x] = 0.0f;
+        });
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B), [&](const int i) {
+          M[i] = -3.0e38f;
+          L[i] = 0.0f;
+        });
+        const int kend = p0 + t0 + nq;  // keys [0, kend) are visible to some query of the block
+        const std::size_t kv_base =
+            static_cast<std::size_t>(s) * max_ctx * kvd + static_cast<std::size_t>(kvh) * hd;
+        for (int k0 = 0; k0 < kend; k0 += B) {
+          const int nk = kend - k0 < B ? kend - k0 : B;
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B * hd), [&](const int x) {
+            const int j = x / hd, e = x % hd;
+            const std::size_t at = kv_base + static_cast<std::size_t>(k0 + j) * kvd + e;
+            Ks[j * kst + e] = j < nk ? kp[at] : 0.0f;
+            Vs[x] = j < nk ? vp[at] : 0.0f;
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B * B), [&](const int x) {
+            const int i = x / B, j = x % B;
+            float d = -3.0e38f;
+            if (i < nq && j < nk && k0 + j <= p0 + t0 + i) {
+              d = 0.0f;
+              const float* qr = Qs + i * hd;
+              const float* kr = Ks + j * kst;
+              for (int e = 0; e < hd; ++e) d += qr[e] * kr[e];
+              d *= scale;
+            }
+            S[x] = d;
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B), [&](const int i) {
+            float* si = S + i * B;
+            float mx = M[i];
+            for (int j = 0; j < B; ++j) mx = si[j] > mx ? si[j] : mx;
+            float sum = 0.0f;
+            for (int j = 0; j < B; ++j) {
+              const float p = si[j] > -1.0e38f ? kx::exp(si[j] - mx) : 0.0f;
+              si[j] = p;
+              sum += p;
+            }
+            const float a = kx::exp(M[i] - mx);
+            A[i] = a;
+            L[i] = L[i] * a + sum;
+            M[i] = mx;
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, B * hd), [&](const int x) {
+            const int i = x / hd, e = x % hd;
+            const float* si = S + i * B;
+            float acc = 0.0f;
+            for (int j = 0; j < nk; ++j) acc += si[j] * Vs[j * hd + e];
+            Os[x] = Os[x] * A[i] + acc;
+          });
+        }
+        team.team_barrier();
+        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, nq * hd), [&](const int x) {
+          const int i = x / hd, e = x % hd;
+          op[(static_cast<std::size_t>(s) * T + t0 + i) * qd + h * hd + e] = Os[x] / L[i];
+        });
+      });
+}
+
+}  // namespace sparsim

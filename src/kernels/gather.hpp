@@ -1,0 +1,67 @@
+#pragma once
+/// Row gather and scatter for the token gate: the kept rows of a call run Q projection,
+/// attention and O projection on their own, and their outputs go back to their places.
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+namespace sparsim {
+
+/// dst[i][:] = src[rows(i)][:] for i < rows.extent(0).
+template <class E>
+void gather_rows(const E& exec, const CMat<E>& src, const IVec<E>& rows, const Mat<E>& dst) {
+  const int n = static_cast<int>(rows.extent(0)), d = static_cast<int>(src.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::gather_rows",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      KOKKOS_LAMBDA(const int i, const int j) { dst(i, j) = src(rows(i), j); });
+}
+
+/// dst[r][:] = 0 for every row, then dst[rows(i)][:] = src[i][:] (rows distinct).
+template <class E>
+void scatter_rows(const E& exec, const CMat<E>& src, const IVec<E>& rows, const Mat<E>& dst) {
+  Kokkos::deep_copy(exec, dst, 0.0f);
+  const int n = static_cast<int>(rows.extent(0)), d = static_cast<int>(src.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::scatter_rows",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      KOKKOS_LAMBDA(const int i, const int j) { dst(rows(i), j) = src(i, j); });
+}
+
+/// dst[to(i)][:] = src[i][:] for the rows i with to(i) ≥ 0 (targets distinct).
+template <class E>
+void copy_rows_to(const E& exec, const CMat<E>& src, const IVec<E>& to, const Mat<E>& dst) {
+  const int n = static_cast<int>(to.extent(0)), d = static_cast<int>(src.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::copy_rows_to",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      KOKKOS_LAMBDA(const int i, const int j) {
+        if (to(i) >= 0) dst(to(i), j) = src(i, j);
+      });
+}
+
+/// Rotates the heads of x[t][n_heads·hd] in place by the angle of position pos[t] (the same
+/// arithmetic as rope() in kernels/pointwise.hpp, for one matrix).
+template <class E>
+void rope_rows(const E& exec, const Mat<E>& x, const IVec<E>& pos, const CMat<E>& cos_t,
+               const CMat<E>& sin_t, int head_dim, bool adjacent) {
+  const int n = static_cast<int>(x.extent(0));
+  if (n == 0) return;
+  const int half = head_dim / 2;
+  const int nh = static_cast<int>(x.extent(1)) / head_dim;
+  Kokkos::parallel_for(
+      "sparsim::kernels::rope_rows",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, nh, half}),
+      KOKKOS_LAMBDA(const int t, const int h, const int j) {
+        const int p = pos(t);
+        const float c = cos_t(p, j), s = sin_t(p, j);
+        const int base = h * head_dim;
+        const int i0 = adjacent ? base + 2 * j : base + j;
+        const int i1 = adjacent ? base + 2 * j + 1 : base + j + half;
+        const float a = x(t, i0), b = x(t, i1);
+        x(t, i0) = a * c - b * s;
+        x(t, i1) = a * s + b * c;
+      });
+}
+
+}  // namespace sparsim

@@ -1,0 +1,447 @@
+#pragma once
+/// Decode GEMV for devices: one warp per output row (or per pair of rows), coalesced wide loads,
+/// and the epilogues that let one launch do the work of several kernels.
+///
+/// A team is kWarpsPerTeam "warps": team threads with kLanes vector lanes each. A warp owns one
+/// work unit (one output row, or two rows that are finished together) for every token of the
+/// call. Lane l reads the chunks c ≡ l (mod kLanes) of the input dimension, kVec consecutive
+/// elements per chunk (16 bytes of weights: 4 fp32 or 8 bf16/f16), so a warp reads 512
+/// contiguous bytes of a weight row per step; the lanes' partial sums are then added by the
+/// backend's fixed vector reduction (a shuffle tree on GPUs, lane order on the host). The
+/// summation order depends only on the code and the lane count, never on the schedule, so
+/// results are the same run after run.
+///
+/// The same kernels run on host backends (one thread per team, the lanes as a loop), which is
+/// how the tests check them; the engine uses them on devices only, where the host's streaming
+/// kernel (linear_direct) would give each output row a single thread.
+///
+/// Epilogues (what a warp does with its dot products):
+///  - Store:    y[t][o] = acc
+///  - AddTo:    y[t][o] += acc                  (projection + residual in one launch)
+///  - SwiGLU:   h[t][o] = silu(gate_o·x) · (up_o·x)   (gate, up and SwiGLU in one launch)
+///  - QKVRope:  q, k, v rows of one token; rotary pairs rotated, k and v written straight
+///              into the KV cache at the token's position (Q/K/V + RoPE + cache store)
+/// and an optional RMSNorm of the input (x[t][j] · g[j] / rms(x[t])), computed by each team
+/// before its dot products (norm + projection in one launch).
+#include "core/compat.hpp"
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sparsim {
+
+/// An array of N floats with +=, the value type of the lane reductions below.
+template <int N>
+struct FArr {
+  float v[N];
+  KOKKOS_INLINE_FUNCTION FArr() {
+    for (int i = 0; i < N; ++i) v[i] = 0.0f;
+  }
+  KOKKOS_INLINE_FUNCTION FArr& operator+=(const FArr& o) {
+    for (int i = 0; i < N; ++i) v[i] += o.v[i];
+    return *this;
+  }
+  KOKKOS_INLINE_FUNCTION void operator+=(const volatile FArr& o) volatile {
+    for (int i = 0; i < N; ++i) v[i] += o.v[i];
+  }
+};
+
+}  // namespace sparsim
+
+namespace Kokkos {
+template <int N>
+struct reduction_identity<sparsim::FArr<N>> {
+  KOKKOS_FORCEINLINE_FUNCTION static sparsim::FArr<N> sum() { return sparsim::FArr<N>(); }
+};
+}  // namespace Kokkos
+
+namespace sparsim {
+
+namespace gemv {
+
+/// Lanes per warp: the vector length of the device teams, and the stride of the chunk loop.
+inline constexpr int kLanes = 32;
+/// Warps per team on devices (128 threads per block).
+inline constexpr int kWarpsPerTeam = 4;
+/// Tokens whose dot products a warp keeps in registers at once; more tokens are taken in groups.
+inline constexpr int kTokGroup = 4;
+
+/// Team shape: kWarpsPerTeam × kLanes on devices, one thread on the host.
+template <class E>
+struct Shape {
+  static constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+  static constexpr int warps = host ? 1 : kWarpsPerTeam;
+  static constexpr int vector = host ? 1 : kLanes;
+  static Kokkos::TeamPolicy<E> policy(const E& exec, int units) {
+    return Kokkos::TeamPolicy<E>(exec, (units + warps - 1) / warps, warps, vector);
+  }
+};
+
+/// 16 bytes, the width of one load.
+struct alignas(16) Q16 {
+  std::uint32_t a, b, c, d;
+};
+
+KOKKOS_INLINE_FUNCTION float lo_bf16(std::uint32_t u) {
+  union {
+    std::uint32_t u;
+    float f;
+  } c;
+  c.u = u << 16;
+  return c.f;
+}
+KOKKOS_INLINE_FUNCTION float hi_bf16(std::uint32_t u) {
+  union {
+    std::uint32_t u;
+    float f;
+  } c;
+  c.u = u & 0xffff0000u;
+  return c.f;
+}
+KOKKOS_INLINE_FUNCTION float as_f32(std::uint32_t u) {
+  union {
+    std::uint32_t u;
+    float f;
+  } c;
+  c.u = u;
+  return c.f;
+}
+
+/// Elements of T per 16-byte load.
+template <class T>
+inline constexpr int kVec = 16 / static_cast<int>(sizeof(T));
+
+/// w[0, kVec) as floats (w 16-byte aligned).
+template <class T>
+KOKKOS_INLINE_FUNCTION void load_w(const T* w, float* out) {
+  const Q16 q = *reinterpret_cast<const Q16*>(w);
+  if constexpr (sizeof(T) == 4) {
+    out[0] = as_f32(q.a);
+    out[1] = as_f32(q.b);
+    out[2] = as_f32(q.c);
+    out[3] = as_f32(q.d);
+  } else if constexpr (std::is_same_v<T, bf16_t>) {
+    out[0] = lo_bf16(q.a);
+    out[1] = hi_bf16(q.a);
+    out[2] = lo_bf16(q.b);
+    out[3] = hi_bf16(q.b);
+    out[4] = lo_bf16(q.c);
+    out[5] = hi_bf16(q.c);
+    out[6] = lo_bf16(q.d);
+    out[7] = hi_bf16(q.d);
+  } else {  // IEEE fp16: the halves of each word (read as integers: no type punning)
+    const std::uint32_t u[4] = {q.a, q.b, q.c, q.d};
+    for (int i = 0; i < 4; ++i) {
+      out[2 * i] = T{static_cast<std::uint16_t>(u[i] & 0xffffu)}.to_float();
+      out[2 * i + 1] = T{static_cast<std::uint16_t>(u[i] >> 16)}.to_float();
+    }
+  }
+}
+
+/// x[0, n) as floats, n a multiple of 4 (x 16-byte aligned).
+template <int N>
+KOKKOS_INLINE_FUNCTION void load_x(const float* x, float* out) {
+  for (int i = 0; i < N; i += 4) {
+    const Q16 q = *reinterpret_cast<const Q16*>(x + i);
+    out[i] = as_f32(q.a);
+    out[i + 1] = as_f32(q.b);
+    out[i + 2] = as_f32(q.c);
+    out[i + 3] = as_f32(q.d);
+  }
+}
+
+/// Whether the wide loads may be used: rows and the input start on 16-byte boundaries.
+template <class T>
+inline bool aligned(const void* w, int in, const void* x, int ldx) {
+  const auto a = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  return a(w) && a(x) && (static_cast<std::size_t>(in) * sizeof(T)) % 16 == 0 &&
+         (static_cast<std::size_t>(ldx) * sizeof(float)) % 16 == 0;
+}
+
+/// The input of the dot products: x[t][j], optionally RMS-normalised (x · g · inv_rms[t]).
+struct Input {
+  const float* x = nullptr;  ///< [n][ldx]
+  int ldx = 0;
+  const float* g = nullptr;  ///< RMSNorm weight [in], or null: x as it is
+  float eps = 0;
+};
+
+/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
+/// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm).
+/// Chunks a lane loads before it multiplies: several 16-byte loads in flight per lane.
+inline constexpr int kUnroll = 2;
+
+/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
+/// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm). The lane takes its
+/// chunks kUnroll at a time (loads first, then the multiply-adds), then the rest one by one.
+template <int R, int NT, bool kWide, class T>
+KOKKOS_INLINE_FUNCTION void lane_dots(int lane, const T* const* w, int in, const Input& inp, int t0,
+                                      int nt, const float* inv, FArr<R * NT>& acc) {
+  constexpr int V = kWide ? kVec<T> : 1;
+  const int chunks = in / V;
+  const auto load = [&](int c, float(&wv)[R][V], float(&gv)[V]) {
+    const int j = c * V;
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kWide)
+        load_w<T>(w[r] + j, wv[r]);
+      else
+        wv[r][0] = to_f32(w[r][j]);
+    }
+    for (int i = 0; i < V; ++i) gv[i] = 1.0f;
+    if (inp.g) {
+      if constexpr (kWide)
+        load_x<V>(inp.g + j, gv);
+      else
+        gv[0] = inp.g[j];
+    }
+  };
+  const auto madd = [&](int c, const float(&wv)[R][V], const float(&gv)[V]) {
+    const int j = c * V;
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      float xv[V];
+      const float* xr = inp.x + static_cast<std::size_t>(t0 + t) * inp.ldx + j;
+      if constexpr (kWide)
+        load_x<V>(xr, xv);
+      else
+        xv[0] = xr[0];
+      if (inp.g)
+        for (int i = 0; i < V; ++i) xv[i] *= gv[i] * inv[t];
+      for (int r = 0; r < R; ++r) {
+        float s = 0.0f;
+        for (int i = 0; i < V; ++i) s += xv[i] * wv[r][i];
+        acc.v[r * NT + t] += s;
+      }
+    }
+  };
+  int c = lane;
+  for (; c + (kUnroll - 1) * kLanes < chunks; c += kUnroll * kLanes) {
+    float wv[kUnroll][R][V], gv[kUnroll][V];
+    for (int u = 0; u < kUnroll; ++u) load(c + u * kLanes, wv[u], gv[u]);
+    for (int u = 0; u < kUnroll; ++u) madd(c + u * kLanes, wv[u], gv[u]);
+  }
+  for (; c < chunks; c += kLanes) {
+    float wv[R][V], gv[V];
+    load(c, wv, gv);
+    madd(c, wv, gv);
+  }
+  // the tail past the last whole chunk, one element per lane
+  for (int j = chunks * V + lane; j < in; j += kLanes) {
+    for (int t = 0; t < NT; ++t) {
+      if (t >= nt) break;
+      float xv = inp.x[static_cast<std::size_t>(t0 + t) * inp.ldx + j];
+      if (inp.g) xv *= inp.g[j] * inv[t];
+      for (int r = 0; r < R; ++r) acc.v[r * NT + t] += xv * to_f32(w[r][j]);
+    }
+  }
+}
+
+/// inv_rms of tokens t0 … t0+nt−1 of x[·][0, in), reduced by the whole team (every thread of
+/// the team must call this). Fixed order: the team's reduction of per-thread strided sums.
+template <class Member>
+KOKKOS_INLINE_FUNCTION void team_inv_rms(const Member& team, const Input& inp, int in, int t0,
+                                         int nt, float* inv) {
+  for (int t = 0; t < kTokGroup; ++t) {
+    inv[t] = 1.0f;
+    if (t >= nt || !inp.g) continue;
+    const float* xr = inp.x + static_cast<std::size_t>(t0 + t) * inp.ldx;
+    float ss = 0.0f;
+    Kokkos::parallel_reduce(
+        Kokkos::TeamVectorRange(team, in), [&](const int j, float& a) { a += xr[j] * xr[j]; }, ss);
+    inv[t] = 1.0f / kx::sqrt(ss / static_cast<float>(in) + inp.eps);
+  }
+}
+
+template <bool kWide, int R, class E, class T, class Rows, class Epi>
+void run_units_impl(const char* label, const E& exec, int units, int in, int n, const Input& inp,
+                    const Rows& rows, const Epi& epi) {
+  using Member = typename Kokkos::TeamPolicy<E>::member_type;
+  const int lanes = kLanes;  // a local copy: namespace-scope constants are not device-addressable
+  Kokkos::parallel_for(
+      label, Shape<E>::policy(exec, units), KOKKOS_LAMBDA(const Member& team) {
+        const int unit = team.league_rank() * team.team_size() + team.team_rank();
+        for (int t0 = 0; t0 < n; t0 += kTokGroup) {
+          const int nt = n - t0 < kTokGroup ? n - t0 : kTokGroup;
+          float inv[kTokGroup];
+          team_inv_rms(team, inp, in, t0, nt, inv);
+          if (unit < units) {
+            const T* w[R];
+            rows(unit, w);
+            FArr<R * kTokGroup> acc;
+            Kokkos::parallel_reduce(
+                Kokkos::ThreadVectorRange(team, lanes),
+                [&](const int lane, FArr<R * kTokGroup>& a) {
+                  lane_dots<R, kTokGroup, kWide, T>(lane, w, in, inp, t0, nt, inv, a);
+                },
+                acc);
+            Kokkos::single(Kokkos::PerThread(team), [&]() { epi(unit, t0, nt, acc); });
+          }
+        }
+      });
+}
+
+/// Runs `epi(unit, t0, nt, acc)` after the dot products of the R rows `rows(unit, w)` chooses
+/// for each work unit, for all n tokens in groups of kTokGroup. The epilogue runs on one lane
+/// per warp. `wide`: 16-byte loads (see aligned()).
+template <int R, class E, class T, class Rows, class Epi>
+void run_units(const char* label, const E& exec, int units, int in, int n, const Input& inp,
+               bool wide, const Rows& rows, const Epi& epi) {
+  if (wide)
+    run_units_impl<true, R, E, T>(label, exec, units, in, n, inp, rows, epi);
+  else
+    run_units_impl<false, R, E, T>(label, exec, units, in, n, inp, rows, epi);
+}
+
+}  // namespace gemv
+
+/// How a warp GEMV's results are written.
+enum class GemvOut { Store, AddTo };
+
+/// y[t][o] (=|+=) Σ_j x̂[t][j] · W[o][j] for t < n = x.extent(0), where x̂ is x or, with g
+/// given, RMSNorm(x)·g. W is [out][in] in T.
+template <class E, class T>
+void gemv_warp(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& w,
+               const Mat<E>& y, GemvOut mode = GemvOut::Store, const CVec<E>& g = CVec<E>(),
+               float eps = 0) {
+  const int n = static_cast<int>(x.extent(0));
+  const int out = static_cast<int>(w.extent(0)), in = static_cast<int>(w.extent(1));
+  gemv::Input inp{x.data(), static_cast<int>(x.stride(0)), g.extent(0) ? g.data() : nullptr, eps};
+  const bool wide = gemv::aligned<T>(w.data(), in, x.data(), inp.ldx) &&
+                    (!inp.g || reinterpret_cast<std::uintptr_t>(inp.g) % 16 == 0);
+  const T* wp = w.data();
+  float* yp = y.data();
+  const int ldy = static_cast<int>(y.stride(0));
+  const bool add = mode == GemvOut::AddTo;
+  gemv::run_units<1, E, T>(
+      "sparsim::kernels::gemv_warp", exec, out, in, n, inp, wide,
+      KOKKOS_LAMBDA(int o, const T** r) { r[0] = wp + static_cast<std::size_t>(o) * in; },
+      KOKKOS_LAMBDA(int o, int t0, int nt, const FArr<gemv::kTokGroup>& acc) {
+        for (int t = 0; t < nt; ++t) {
+          float& dst = yp[static_cast<std::size_t>(t0 + t) * ldy + o];
+          dst = add ? dst + acc.v[t] : acc.v[t];
+        }
+      });
+}
+
+/// h[t][o] = silu(Σ_j x̂[t][j] Wg[o][j]) · Σ_j x̂[t][j] Wu[o][j]: gate, up and SwiGLU at once.
+template <class E, class T>
+void gemv_swiglu(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& wg,
+                 const Kokkos::View<T**, Layout, DeviceOf<E>>& wu, const Mat<E>& h,
+                 const CVec<E>& g = CVec<E>(), float eps = 0) {
+  const int n = static_cast<int>(x.extent(0));
+  const int out = static_cast<int>(wg.extent(0)), in = static_cast<int>(wg.extent(1));
+  gemv::Input inp{x.data(), static_cast<int>(x.stride(0)), g.extent(0) ? g.data() : nullptr, eps};
+  const bool wide = gemv::aligned<T>(wg.data(), in, x.data(), inp.ldx) &&
+                    gemv::aligned<T>(wu.data(), in, x.data(), inp.ldx) &&
+                    (!inp.g || reinterpret_cast<std::uintptr_t>(inp.g) % 16 == 0);
+  const T* gp = wg.data();
+  const T* up = wu.data();
+  float* hp = h.data();
+  const int ldh = static_cast<int>(h.stride(0));
+  gemv::run_units<2, E, T>(
+      "sparsim::kernels::gemv_swiglu", exec, out, in, n, inp, wide,
+      KOKKOS_LAMBDA(int o, const T** r) {
+        r[0] = gp + static_cast<std::size_t>(o) * in;
+        r[1] = up + static_cast<std::size_t>(o) * in;
+      },
+      KOKKOS_LAMBDA(int o, int t0, int nt, const FArr<2 * gemv::kTokGroup>& acc) {
+        for (int t = 0; t < nt; ++t) {
+          const float gv = acc.v[t], uv = acc.v[gemv::kTokGroup + t];
+          hp[static_cast<std::size_t>(t0 + t) * ldh + o] = gv / (1.0f + kx::exp(-gv)) * uv;
+        }
+      });
+}
+
+/// Where the QKV kernel writes: q rows of the call, and the layer's KV cache.
+struct QKVTarget {
+  float* q = nullptr;   ///< [n][q_dim]
+  float* kc = nullptr;  ///< cache [seq][max_ctx][kv_dim]
+  float* vc = nullptr;
+  int max_ctx = 0;
+  const int* pos = nullptr;      ///< [n] position of each row (row t is sequence t / T_call)
+  int T = 1;                     ///< tokens per sequence in the call
+  const float* cos_t = nullptr;  ///< [max_ctx][head_dim/2]
+  const float* sin_t = nullptr;
+  int head_dim = 0;
+  bool adjacent = true;  ///< RoPE pairs (2j, 2j+1), else (j, j + head_dim/2)
+};
+
+/// q, k, v of every row, RoPE on q and k, k and v stored in the cache at the row's position:
+/// one warp per rotary pair of q or k rows, or per two consecutive v rows. All three weights
+/// are [·][in] in T and read the same input (optionally RMS-normalised).
+template <class E, class T>
+void gemv_qkv_rope(const E& exec, const CMat<E>& x,
+                   const Kokkos::View<T**, Layout, DeviceOf<E>>& wq,
+                   const Kokkos::View<T**, Layout, DeviceOf<E>>& wk,
+                   const Kokkos::View<T**, Layout, DeviceOf<E>>& wv, const QKVTarget& tg,
+                   const CVec<E>& g = CVec<E>(), float eps = 0) {
+  const int n = static_cast<int>(x.extent(0));
+  const int in = static_cast<int>(wq.extent(1));
+  const int qd = static_cast<int>(wq.extent(0)), kvd = static_cast<int>(wk.extent(0));
+  const int hd = tg.head_dim, half = hd / 2;
+  gemv::Input inp{x.data(), static_cast<int>(x.stride(0)), g.extent(0) ? g.data() : nullptr, eps};
+  const bool wide = gemv::aligned<T>(wq.data(), in, x.data(), inp.ldx) &&
+                    gemv::aligned<T>(wk.data(), in, x.data(), inp.ldx) &&
+                    gemv::aligned<T>(wv.data(), in, x.data(), inp.ldx) &&
+                    (!inp.g || reinterpret_cast<std::uintptr_t>(inp.g) % 16 == 0);
+  const T* qp = wq.data();
+  const T* kp = wk.data();
+  const T* vp = wv.data();
+  const int qpairs = qd / 2, kpairs = kvd / 2, units = qpairs + kpairs + kvd / 2;
+  const bool adjacent = tg.adjacent;  // the row lambda captures only what it needs
+  gemv::run_units<2, E, T>(
+      "sparsim::kernels::gemv_qkv_rope", exec, units, in, n, inp, wide,
+      KOKKOS_LAMBDA(int u, const T** r) {
+        if (u < qpairs + kpairs) {
+          const bool isq = u < qpairs;
+          const int i = isq ? u : u - qpairs;
+          const int h = i / half, j = i % half;
+          const int r0 = h * hd + (adjacent ? 2 * j : j);
+          const int r1 = h * hd + (adjacent ? 2 * j + 1 : j + half);
+          const T* base = isq ? qp : kp;
+          r[0] = base + static_cast<std::size_t>(r0) * in;
+          r[1] = base + static_cast<std::size_t>(r1) * in;
+        } else {
+          const int r0 = 2 * (u - qpairs - kpairs);
+          r[0] = vp + static_cast<std::size_t>(r0) * in;
+          r[1] = vp + static_cast<std::size_t>(r0 + 1) * in;
+        }
+      },
+      KOKKOS_LAMBDA(int u, int t0, int nt, const FArr<2 * gemv::kTokGroup>& acc) {
+        for (int t = 0; t < nt; ++t) {
+          const int row = t0 + t;
+          const int p = tg.pos[row];
+          const int s = row / tg.T;
+          const float a = acc.v[t], b = acc.v[gemv::kTokGroup + t];
+          const std::size_t cache_row =
+              (static_cast<std::size_t>(s) * tg.max_ctx + p) * static_cast<std::size_t>(kvd);
+          if (u < qpairs + kpairs) {
+            const bool isq = u < qpairs;
+            const int i = isq ? u : u - qpairs;
+            const int h = i / half, j = i % half;
+            const int r0 = h * hd + (tg.adjacent ? 2 * j : j);
+            const int r1 = h * hd + (tg.adjacent ? 2 * j + 1 : j + half);
+            const float c = tg.cos_t[static_cast<std::size_t>(p) * half + j];
+            const float sn = tg.sin_t[static_cast<std::size_t>(p) * half + j];
+            const float ra = a * c - b * sn, rb = a * sn + b * c;
+            if (isq) {
+              tg.q[static_cast<std::size_t>(row) * qd + r0] = ra;
+              tg.q[static_cast<std::size_t>(row) * qd + r1] = rb;
+            } else {
+              tg.kc[cache_row + r0] = ra;
+              tg.kc[cache_row + r1] = rb;
+            }
+          } else {
+            const int r0 = 2 * (u - qpairs - kpairs);
+            tg.vc[cache_row + r0] = a;
+            tg.vc[cache_row + r0 + 1] = b;
+          }
+        }
+      });
+}
+
+}  // namespace sparsim

@@ -1,0 +1,56 @@
+#pragma once
+/// What the attention kernels read of a layer's KV cache: its widths (AttnShape) and its
+/// regions (KVLayer). The cache object that owns them is engine/kv_cache.hpp.
+#include "kernels/attention.hpp"
+#include "kernels/views.hpp"
+
+#include <Kokkos_Core.hpp>
+
+#include <vector>
+
+namespace sparsim {
+
+template <class E>
+using IMat = Kokkos::View<int**, Layout, DeviceOf<E>>;
+
+/// Attention widths of one layer. Dense Llama: every layer alike; a RAP / KVPruner model has
+/// its own Q/K width (2·pairs kept) and V width per layer. The softmax scale stays the full
+/// model's 1/√head_dim.
+struct AttnShape {
+  int n_head = 0;     ///< query heads
+  int n_kv_head = 0;  ///< key/value heads
+  int qk_dim = 0;     ///< per-head width of queries and keys
+  int v_dim = 0;      ///< per-head width of values (and of the attention output)
+  float scale = 1.0f;
+  int group() const { return n_head / n_kv_head; }
+  int q_width() const { return n_head * qk_dim; }
+  int k_width() const { return n_kv_head * qk_dim; }
+  int v_width() const { return n_kv_head * v_dim; }
+  int out_width() const { return n_head * v_dim; }
+};
+
+/// What kernels read of one layer's cache (views are reference-counted handles: copy freely).
+template <class E>
+struct KVLayer {
+  Cache<E> k;    ///< full-width keys of positions k_base …: k(s, p − k_base, j)
+  Cache<E> v;    ///< values: v(s, p, j)
+  Cache<E> kc;   ///< compact keys of positions 0 … k_base − 1 (empty when k_base = 0)
+  IMat<E> kidx;  ///< [seq][cap] channel within its head of each compact column
+  IMat<E> koff;  ///< [seq][n_kv + 1] first compact column of each head
+  int k_base = 0;
+  IMat<E> dropped;  ///< [seq][pos] 1: excluded from attention (empty: no position is)
+  bool compacted() const { return k_base > 0; }
+  bool has_drops() const { return dropped.extent(0) > 0; }
+};
+
+/// Kept key channels of every (sequence, KV head) of one layer, for the first `positions`
+/// cached positions. idx[s][h] lists channels within the head, ascending and distinct.
+/// What a channel selector returns; flops/bytes are its own cost (ledger op channel_select).
+struct KeptChannels {
+  int positions = 0;
+  std::vector<std::vector<std::vector<int>>> idx;  ///< [seq][kv head] → kept channels
+  double flops = 0, bytes = 0;
+  bool empty() const { return idx.empty(); }
+};
+
+}  // namespace sparsim

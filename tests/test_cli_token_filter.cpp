@@ -1,0 +1,165 @@
+// sparsim eval / bench / generate with Token Filtering and the generated retrieval task: an
+// end-to-end run on a tiny model, composition with an activation method, and bad input.
+#include "helpers.hpp"
+#include "io/hdf5.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace sparsim::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CliTokenFilter : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    SynthSpec s = tiny_spec(31);
+    s.cfg.context_length = 1024;  // room for retrieval prompts of the byte-level test tokenizer
+    model_ = make_model(*dir_, "m.gguf", s);
+    corpus_ = dir_->file("corpus.txt");
+    write_word_corpus(corpus_, 5, 6000, 13);
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string eval(const std::string& extra) {
+    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
+           " --context 96 --stride 64 --max-windows 3 --progress never " + extra;
+  }
+  static nlohmann::json read_json(const std::string& p) {
+    std::ifstream f(p);
+    return nlohmann::json::parse(f);
+  }
+
+  static TempDir* dir_;
+  static std::string model_, corpus_;
+};
+TempDir* CliTokenFilter::dir_ = nullptr;
+std::string CliTokenFilter::model_, CliTokenFilter::corpus_;
+
+TEST_F(CliTokenFilter, EvalReportsTargetRealisedAndPerLayer) {
+  const std::string js = dir_->file("tf.json"), out = dir_->file("tf.h5"),
+                    dj = dir_->file("dense.json");
+  RunResult r =
+      run_cmd(eval("--method token-filter --tf-ratio 0.3 --tf-warmup 8 --tf-num-layers 2"
+                   " --tf-attention-mass --json " +
+                   js + " --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(eval("--json " + dj));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js), d = read_json(dj);
+  const auto& tf = j.at("token_filter");
+  EXPECT_DOUBLE_EQ(tf.at("target").get<double>(), 0.3);
+  EXPECT_EQ(tf.at("criterion"), "kv");
+  EXPECT_EQ(tf.at("layers"), (std::vector<int>{0, 1}));
+  EXPECT_NEAR(tf.at("realised").get<double>(), 0.3, 0.1);
+  ASSERT_EQ(tf.at("per_layer").size(), 2u);
+  EXPECT_EQ(tf.at("decided_tokens").get<int>(), 3 * (96 - 8));
+  EXPECT_LT(j.at("flops").at("realised").get<double>(), j.at("flops").at("dense").get<double>());
+  EXPECT_EQ(d.at("flops").at("realised").get<double>(), d.at("flops").at("dense").get<double>());
+  EXPECT_NE(j.at("perplexity").get<double>(), d.at("perplexity").get<double>());
+  io::H5File f = io::H5File::open_read(out);
+  io::Group g = f.root().open_group("token_filter");
+  std::vector<hsize_t> dims;
+  g.open_group("trace").open_group("seq0").read<float>("similarity", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 96}));
+  const auto mass = g.open_group("attention_mass").read<float>("attention_received", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 96}));
+  EXPECT_GT(mass[0], 0.0f);           // position 0 receives attention from every query
+  EXPECT_TRUE(std::isnan(mass[95]));  // the last position has no later query
+  const auto ops = f.root().open_group("flops").read_strings("ops");
+  EXPECT_NE(std::find(ops.begin(), ops.end(), "gate_similarity"), ops.end());
+}
+
+TEST_F(CliTokenFilter, ComposesWithAnActivationMethod) {
+  const std::string cal = dir_->file("cal.h5"), js = dir_->file("both.json");
+  RunResult r = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ +
+                        " --out " + cal +
+                        " --context 64 --max-windows 2 --greedy-seqs 2 --greedy-tokens 16"
+                        " --alpha 0.1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(eval("--method topk-guided+token-filter --sparsity 0.4 --calibration " + cal +
+                   " --tf-ratio 0.25 --tf-warmup 8 --json " + js));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js);
+  EXPECT_EQ(j.at("sparsity").at("method"), "topk-guided");
+  EXPECT_DOUBLE_EQ(j.at("token_filter").at("target").get<double>(), 0.25);
+  EXPECT_GT(j.at("token_filter").at("realised").get<double>(), 0.1);
+}
+
+TEST_F(CliTokenFilter, RetrievalTaskAccuracyPerCell) {
+  const std::string js = dir_->file("ret.json"), out = dir_->file("ret.h5");
+  const RunResult r = run_cmd(sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
+                              " --no-perplexity --task passkey --retrieval-lengths 320,384"
+                              " --retrieval-depths 0,0.5,1 --retrieval-samples 2 --batch 2"
+                              " --progress never --json " +
+                              js + " --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js);
+  const auto& rt = j.at("retrieval");
+  EXPECT_EQ(rt.at("items").get<int>(), 12);
+  ASSERT_EQ(rt.at("cells").size(), 6u);
+  EXPECT_GE(rt.at("accuracy").get<double>(), 0.0);
+  io::H5File f = io::H5File::open_read(out);
+  std::vector<hsize_t> dims;
+  f.root().open_group("results").open_group("retrieval").read<double>("accuracy", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 3}));
+  const auto answers =
+      f.root().open_group("results").open_group("retrieval").read_strings("item_answer");
+  ASSERT_EQ(answers.size(), 12u);
+  for (const auto& a : answers) EXPECT_EQ(a.size(), 5u);
+}
+
+TEST_F(CliTokenFilter, BenchAndGenerateTakeTheSameOptions) {
+  const std::string js = dir_->file("bench.json");
+  RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ +
+                        " --prompt 24 --decode 24 --reps 2 --batch 3 --method token-filter"
+                        " --tf-ratio 0.5 --tf-warmup 8 --json " +
+                        js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js);
+  EXPECT_GT(j.at("attention_stage_ratio").get<double>(), 0.0);
+  EXPECT_EQ(j.at("batch").get<int>(), 3);
+  EXPECT_NEAR(j.at("token_filter").at("realised").get<double>(), 0.5, 0.15);
+  EXPECT_GT(j.at("decode_ledger_last_rep").at("q_proj").at("flops_dense").get<double>(),
+            j.at("decode_ledger_last_rep").at("q_proj").at("flops_realised").get<double>());
+  r = run_cmd(sparsim_bin() + " generate --model " + model_ +
+              " --prompt 'abc def ghi' -n 20 --method token-filter --tf-ratio 0.3 --tf-warmup 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("token filter: target 0.300"), std::string::npos) << r.output;
+}
+
+TEST_F(CliTokenFilter, BadInputFailsWithoutOutput) {
+  const std::string js = dir_->file("bad.json"), out = dir_->file("bad.h5");
+  const std::string sink = " --json " + js + " --out " + out;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--method token-filter --tf-ratio 1", "--tf-ratio"},
+      {"--method token-filter --tf-ratio -0.2", "--tf-ratio"},
+      {"--method token-filter --tf-ratio 0.6 --tf-num-layers 1", "above 1"},
+      {"--method token-filter --tf-warmup 200", "--tf-warmup"},
+      {"--method token-filter --tf-criterion cosine", "--tf-criterion"},
+      {"--method token-filter --tf-layers middle", "--tf-layers"},
+      {"--method token-filter --tf-keys both", "--tf-keys"},
+      {"--tf-ratio 0.3", "add token-filter to --method"},
+      {"--method token-filter+token-filter", "twice"},
+      {"--method teal+wina", "at most one"},
+      {"--no-perplexity --task passkey --retrieval-lengths 4096", "context"},
+      {"--no-perplexity --task haystack", "--task"},
+      {"--no-perplexity --task passkey --retrieval-depths 0,1.5", "outside"},
+  };
+  for (const auto& [args, msg] : cases) {
+    const RunResult r = run_cmd(eval(args + sink));
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(js)) << args;
+    EXPECT_FALSE(fs::exists(out)) << args;
+  }
+}
+
+}  // namespace
+}  // namespace sparsim::test
