@@ -320,10 +320,8 @@ TEST(SweepCli, TwoSweepsOnTheSameFolderRunEveryPointOnce) {
 TEST(SweepCli, StatusNamesRunningAndFailedPointsAndARerunCompletesOnlyThose) {
   Study s;
   s.add_model("a", 45);
-  s.add_model("b", 46);
-  // c.gguf: b's header and half its tensors, so the plan reads it and the points fail when run
-  const std::string b = read_file(s.file("b.gguf"));
-  write_text(s.file("c.gguf"), b.substr(0, b.size() / 2));
+  // short.txt: too little text for one window, which only the point's own run finds out
+  write_text(s.file("short.txt"), "A few words only.\n");
   s.write_spec(R"(
 [sweep]
 name = "status"
@@ -331,10 +329,10 @@ output = "out"
 
 [models]
 a = "a.gguf"
-c = "c.gguf"
 
 [corpora]
 text = "corpus.txt"
+short = "short.txt"
 
 [options]
 context = 128
@@ -342,8 +340,8 @@ stride = 64
 max-windows = 2
 
 [grid]
-model = ["a", "c"]
-corpus = ["text"]
+model = ["a"]
+corpus = ["text", "short"]
 method = ["dense"]
 score = [8, 12]
 )");
@@ -351,7 +349,7 @@ score = [8, 12]
   ASSERT_EQ(plan["points"].size(), 4u);
   std::vector<std::string> ok, bad;
   for (const auto& p : plan["points"])
-    (p["config"]["model"].get<std::string>().find("c.gguf") != std::string::npos ? bad : ok)
+    (p["config"]["corpus"].get<std::string>().find("short.txt") != std::string::npos ? bad : ok)
         .push_back(p["id"]);
   ASSERT_EQ(ok.size(), 2u);
   ASSERT_EQ(bad.size(), 2u);
@@ -383,9 +381,9 @@ score = [8, 12]
   ASSERT_EQ(run_cmd(sparsim_bin() + " collect " + s.spec()).exit_code, 0);
   EXPECT_EQ(read_csv(s.out() + "/results.csv").size(), 2u);
 
-  // 2. the model is repaired; another process holds one failed point: status says running,
+  // 2. the corpus is repaired; another process holds one failed point: status says running,
   //    with the holder's note, and a sweep leaves that point alone
-  write_text(s.file("c.gguf"), b);
+  fs::copy_file(s.file("corpus.txt"), s.file("short.txt"), fs::copy_options::overwrite_existing);
   auto v = s.view();
   auto held = sweep::FileLock::try_acquire(v->store->point_lock(bad[0]),
                                            "host=elsewhere pid=4242 since=now");
