@@ -7,12 +7,14 @@
 #include "io/run_file.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
+#include "pruning/kv_prune.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <stdlib.h>
 #include <algorithm>
 #include <iostream>
+#include <limits>
 
 namespace sparsim::app {
 
@@ -260,13 +262,69 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
   return 0;
 }
 
+/// Seconds of the attention module in a profile: the q, k, v, o projections, RoPE, the cache
+/// store and the attention kernel (the ops RAP narrows).
+double attention_seconds(const std::array<double, flops::kNumOps>& sec) {
+  double t = 0;
+  for (flops::Op op : {flops::Op::QProj, flops::Op::KProj, flops::Op::VProj, flops::Op::OProj,
+                       flops::Op::RoPE, flops::Op::AttnScore})
+    t += sec[static_cast<int>(op)];
+  return t;
+}
+
+struct AttentionTimes {
+  std::vector<double> prefill, decode, prefill_total, decode_total;  // per repetition
+};
+
+/// One profiled prefill of `batch` sequences of `prompt` tokens and `decode` steps of one token
+/// per sequence; records the attention-module seconds of the prefill and the median per step.
+template <class E>
+void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab, bool prefill,
+                   AttentionTimes& out) {
+  std::vector<std::vector<int>> toks(static_cast<std::size_t>(batch));
+  for (int b = 0; b < batch; ++b)
+    for (int i = 0; i < prompt; ++i) toks[b].push_back((i * 7919 + 13 + b * 101) % vocab);
+  eng.set_profile(true);
+  auto snap = eng.op_seconds();
+  auto delta = [&](double& attn, double& total) {
+    const auto now = eng.op_seconds();
+    attn = attention_seconds(now) - attention_seconds(snap);
+    total = 0;
+    for (int o = 0; o < flops::kNumOps; ++o) total += now[o] - snap[o];
+    snap = now;
+  };
+  double a = 0, t = 0;
+  if (prefill) {
+    eng.forward(toks, 0, false);
+    delta(a, t);
+    out.prefill.push_back(a);
+    out.prefill_total.push_back(t);
+  }  // else the decode steps read a cache of `prompt` positions that were never written:
+     // the same work, meaningless values (timing only)
+  std::vector<double> steps, totals;
+  std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
+  for (int b = 0; b < batch; ++b) next[b] = {toks[b].back()};
+  for (int s = 0; s < decode; ++s) {
+    eng.forward(next, prompt + s, false);
+    delta(a, t);
+    if (s > 0 || decode == 1) {  // the first step warms up after the prefill
+      steps.push_back(a);
+      totals.push_back(t);
+    }
+    for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
+  }
+  out.decode.push_back(median(steps));
+  out.decode_total.push_back(median(totals));
+  eng.set_profile(false);
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
   CommonOptions co;
-  std::string model, storage, json_out, skipping = "on", decode_path = "fused";
+  std::string model, storage, json_out, skipping = "on", decode_path = "fused", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false, graph = false;
+  bool profile = false, graph = false, decode_only = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -286,7 +344,15 @@ int cmd_bench(int argc, char** argv) {
       "CUDA: replay each dense decode step as a captured CUDA graph")(
       "profile", po::bool_switch(&profile),
       "after the timed runs, one profiled prefill + decode: time per op (fences after each "
-      "kernel)");
+      "kernel)")("baseline", po::value(&baseline),
+                 "time the attention module (q, k, v, o projections, RoPE, cache store, "
+                 "attention) of --model against this model in the same run, repetitions "
+                 "interleaved, e.g. a pruned model against the dense one it came from; replaces "
+                 "the throughput runs")(
+      "decode-only", po::bool_switch(&decode_only),
+      "with --baseline: time only the decode steps, at positions --prompt onwards, over a cache "
+      "that was never filled (the same work as after a prefill; for long prompts at large "
+      "batches, whose prefill would dominate the run)");
   ma.add_options(d);
   d.add_options()("column-skipping", po::value(&skipping)->default_value("on"),
                   "sparse methods: decode masked projections with the column-skipping sparse GEMV "
@@ -303,6 +369,8 @@ int cmd_bench(int argc, char** argv) {
   ma.resolve(&vm);
   require(batch == 1 || ma.token_filter || !ma.sparse(),
           "--batch: activation-sparsity methods decode one sequence; leave --batch at 1");
+  require(baseline.empty() || !ma.sparse(), "--baseline and --method cannot be combined");
+  require(!decode_only || !baseline.empty(), "--decode-only needs --baseline");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
           skipping);
   const bool sparse = ma.sparse();
@@ -313,6 +381,77 @@ int cmd_bench(int argc, char** argv) {
   const std::string backend = resolve_backend(co.backend);
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
+    if (!baseline.empty()) {
+      const ResolvedModel rb = resolve_model(baseline);
+      ModelInfo ma_, mb_;
+      std::shared_ptr<const Weights<E>> wa = load_model<E>(rm.path, lo, &ma_);
+      std::shared_ptr<const Weights<E>> wb = load_model<E>(rb.path, lo, &mb_);
+      const int ctx = prompt + decode;
+      for (const auto* w : {&wa, &wb})
+        require(ctx <= (*w)->cfg.context_length,
+                "--prompt + --decode = {} exceeds a model's context of {}", ctx,
+                (*w)->cfg.context_length);
+      require(wa->cfg.vocab == wb->cfg.vocab, "--baseline has another vocabulary");
+      Engine<E> ea(wa, batch, ctx, nullptr, exec), eb(wb, batch, ctx, nullptr, exec);
+      AttentionTimes ta, tb;
+      for (int r = 0; r < reps; ++r) {  // alternate which model goes first
+        if (r % 2 == 0) {
+          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+        } else {
+          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+        }
+      }
+      std::vector<double> rp, rd, rpt, rdt;
+      for (int r = 0; r < reps; ++r) {
+        if (!decode_only) {
+          rp.push_back(ta.prefill[r] / tb.prefill[r]);
+          rpt.push_back(ta.prefill_total[r] / tb.prefill_total[r]);
+        }
+        rd.push_back(ta.decode[r] / tb.decode[r]);
+        rdt.push_back(ta.decode_total[r] / tb.decode_total[r]);
+      }
+      if (decode_only) {  // reported as NaN / null
+        for (auto* v : {&rp, &rpt, &ta.prefill, &tb.prefill})
+          v->push_back(std::numeric_limits<double>::quiet_NaN());
+      }
+      std::cout << fmt::format(
+          "attention module of {}\n  against {}, batch {}, prompt {}, {} decode steps, median of "
+          "{} interleaved repetitions (profiled: fences after every kernel), backend {}, {} "
+          "threads\n"
+          "  prefill  {:>10.4f} s vs {:>10.4f} s  = {:.3f} x  (whole forward {:.3f} x)\n"
+          "  decode   {:>10.6f} s vs {:>10.6f} s per step = {:.3f} x  (whole step {:.3f} x)\n",
+          ma_.path, mb_.path, batch, prompt, decode, reps, backend, rt.threads(),
+          median(ta.prefill), median(tb.prefill), median(rp), median(rpt), median(ta.decode),
+          median(tb.decode), median(rd), median(rdt));
+      if (!json_out.empty()) {
+        nlohmann::json j = {
+            {"model", {{"path", ma_.path}, {"fingerprint", ma_.fingerprint}}},
+            {"baseline", {{"path", mb_.path}, {"fingerprint", mb_.fingerprint}}},
+            {"storage", storage},
+            {"backend", backend},
+            {"threads", rt.threads()},
+            {"batch", batch},
+            {"prompt_tokens", prompt},
+            {"decode_tokens", decode},
+            {"reps", reps},
+            {"attention_prefill_seconds", {{"model", ta.prefill}, {"baseline", tb.prefill}}},
+            {"attention_decode_step_seconds", {{"model", ta.decode}, {"baseline", tb.decode}}},
+            {"forward_prefill_seconds",
+             {{"model", ta.prefill_total}, {"baseline", tb.prefill_total}}},
+            {"forward_decode_step_seconds",
+             {{"model", ta.decode_total}, {"baseline", tb.decode_total}}},
+            {"decode_only", decode_only},
+            {"attention_prefill_ratio", median(rp)},
+            {"attention_decode_ratio", median(rd)},
+            {"forward_prefill_ratio", median(rpt)},
+            {"forward_decode_ratio", median(rdt)}};
+        if (wa->cfg.pruned()) j["pruned"] = pruning::prune_report(wa->cfg).json();
+        io::write_file_atomically(json_out, j.dump(2) + "\n");
+      }
+      return 0;
+    }
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
     constexpr bool host =
         Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;

@@ -7,6 +7,8 @@
 #include "eval/corpus.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
+#include "pruning/fisher.hpp"
+#include "pruning/kv_prune.hpp"
 #include "records.hpp"
 #include "sparsity/calibrate.hpp"
 #include "sparsity/rotation.hpp"
@@ -32,7 +34,8 @@ std::vector<std::string> split_commas(const std::string& s) {
 int cmd_calibrate(int argc, char** argv) {
   CommonOptions co;
   std::string model_arg, corpus_arg, text_field, out, storage, variants, progress_mode;
-  bool strict = false;
+  bool strict = false, fisher = false;
+  int fisher_seqs = 32, fisher_tokens = 1024;
   po::options_description d("sparsim calibrate options");
   d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
                   "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
@@ -41,8 +44,16 @@ int cmd_calibrate(int argc, char** argv) {
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
       "out,o", po::value(&out), "calibration file to write (HDF5; required)")(
       "variants", po::value(&variants)->default_value("plain,rotated"),
-      "what to calibrate: plain (TEAL), rotated (WINA, TopK-Guided), or both")(
-      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "activation-sparsity variants: plain (TEAL), rotated (WINA, TopK-Guided), both, or none "
+      "(the default with --fisher)")(
+      "fisher", po::bool_switch(&fisher),
+      "Fisher scores of the K and V channels and RoPE pairs (RAP, KVPruner) from backward "
+      "passes over --fisher-seqs sequences of --fisher-tokens tokens")(
+      "fisher-seqs", po::value(&fisher_seqs)->default_value(32),
+      "calibration sequences for --fisher (consecutive, from the start of the corpus)")(
+      "fisher-tokens", po::value(&fisher_tokens)->default_value(1024),
+      "tokens per --fisher sequence")("storage", po::value(&storage)->default_value("f32"),
+                                      "weight storage: f32, bf16 or f16")(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "progress", po::value(&progress_mode)->default_value("auto"),
       "progress bar on stderr: auto, always, never");
@@ -58,14 +69,19 @@ int cmd_calibrate(int argc, char** argv) {
   cc.finish();
   const sparsity::CalibrateOptions& opt = cc.opt;
   bool do_plain = false, do_rot = false;
+  if (fisher && vm["variants"].defaulted()) variants = "none";
   for (const auto& v : split_commas(variants)) {
     if (v == "plain")
       do_plain = true;
     else if (v == "rotated")
       do_rot = true;
-    else
-      fail("--variants: '{}' is not plain or rotated", v);
+    else if (v != "none")
+      fail("--variants: '{}' is not plain, rotated or none", v);
   }
+  require(do_plain || do_rot || fisher,
+          "calibrate: nothing to do (--variants none without --fisher)");
+  require(!fisher || (fisher_seqs >= 1 && fisher_tokens >= 2),
+          "--fisher-seqs must be >= 1 and --fisher-tokens >= 2");
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
           "--progress must be auto, always or never, got '{}'", progress_mode);
   const bool show_progress =
@@ -85,8 +101,14 @@ int cmd_calibrate(int argc, char** argv) {
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
-    require(opt.context <= c.context_length && opt.greedy_tokens <= c.context_length,
+    require(!(do_plain || do_rot) ||
+                (opt.context <= c.context_length && opt.greedy_tokens <= c.context_length),
             "--context / --greedy-tokens exceed the model's context of {}", c.context_length);
+    require(!fisher || fisher_tokens <= c.context_length,
+            "--fisher-tokens {} exceeds the model's context of {}", fisher_tokens,
+            c.context_length);
+    require(!fisher || !c.pruned(), "--fisher needs the full model; {} is already pruned ({})",
+            mi.path, c.prune.method);
     const Tokenizer tok = tokenizer_for(rm.path);
     const std::vector<int> stream = corpus_stream(corpus, tok);
     log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
@@ -149,12 +171,32 @@ int cmd_calibrate(int argc, char** argv) {
       if (bar) bar->finish();
       bar.reset();
     }
+    if (fisher) {
+      const std::size_t need = static_cast<std::size_t>(fisher_seqs) * fisher_tokens;
+      require(stream.size() >= need,
+              "calibrate --fisher: the corpus has {} tokens, {} sequences of {} need {}",
+              stream.size(), fisher_seqs, fisher_tokens, need);
+      std::vector<std::vector<int>> seqs;
+      for (int i = 0; i < fisher_seqs; ++i) {
+        const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * fisher_tokens;
+        seqs.emplace_back(b, b + fisher_tokens);
+      }
+      log().info("Fisher scores: backward passes over {} sequences of {} tokens", fisher_seqs,
+                 fisher_tokens);
+      cal.fisher = pruning::fisher_scores<E>(
+          w, seqs, [&](int done, int total) { progress("fisher", done, total); });
+      if (bar) bar->finish();
+      bar.reset();
+    }
     sparsity::write_calibration(out, cal);
 
     std::cout << fmt::format("calibration {}\n  model {} (fingerprint {})\n", out, mi.path,
                              mi.fingerprint);
-    std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
-                             cal.tokens, cal.windows, cal.context);
+    if (do_plain || do_rot)
+      std::cout << fmt::format("  corpus {} ({} tokens in {} windows of {})\n", corpus.source,
+                               cal.tokens, cal.windows, cal.context);
+    else
+      std::cout << fmt::format("  corpus {} ({} tokens)\n", corpus.source, stream.size());
     for (const auto* v : {&cal.plain, &cal.rotated}) {
       if (!v->has_value()) continue;
       std::cout << fmt::format("\n  {} model: greedy rows per block, sensitivity e_i at s̄\n",
@@ -167,6 +209,30 @@ int cmd_calibrate(int argc, char** argv) {
         for (std::size_t k = 0; k < opt.probes.size(); ++k)
           std::cout << fmt::format(" {:>9.4f}", (*v)->sensitivity[k][l]);
         std::cout << "\n";
+      }
+    }
+    if (cal.fisher) {
+      const pruning::FisherScores& f = *cal.fisher;
+      double loss = 0;
+      for (double x : f.loss) loss += x;
+      const std::vector<double> sig = pruning::layer_sigma(f);
+      std::cout << fmt::format(
+          "\n  Fisher scores: {} sequences of {} tokens, mean loss {:.4f} nats\n"
+          "  forward {:.2f} s, backward {:.2f} s ({:.3f} ms / {:.3f} ms per token, backward / "
+          "forward {:.2f})\n  {:>5} {:>12} {:>12} {:>12}\n",
+          f.sequences, f.tokens, loss / f.sequences, f.forward_seconds, f.backward_seconds,
+          1e3 * f.forward_seconds / (static_cast<double>(f.sequences) * f.tokens),
+          1e3 * f.backward_seconds / (static_cast<double>(f.sequences) * f.tokens),
+          f.backward_seconds / f.forward_seconds, "layer", "sigma_l", "sum F(K)", "sum F(V)");
+      const std::size_t KV = static_cast<std::size_t>(f.kv_dim());
+      for (int l = 0; l < f.n_layer; ++l) {
+        double fk = 0, fv = 0;
+        for (std::size_t ch = 0; ch < KV; ++ch) {
+          fk += f.k[static_cast<std::size_t>(l) * KV + ch];
+          fv += f.v[static_cast<std::size_t>(l) * KV + ch];
+        }
+        std::cout << fmt::format("  {:>5} {:>12.4e} {:>12.4e} {:>12.4e}\n", l,
+                                 sig[static_cast<std::size_t>(l)], fk, fv);
       }
     }
     std::cout << fmt::format("\n  wall seconds {:.1f}\n", wall.seconds());

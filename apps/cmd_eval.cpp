@@ -13,6 +13,7 @@
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
+#include "pruning/kv_prune.hpp"
 #include "records.hpp"
 #include "sparsity/plan.hpp"
 #include "sparsity_report.hpp"
@@ -273,6 +274,14 @@ int cmd_eval(int argc, char** argv) {
     std::cout << fmt::format(
         "model     {}  [{}]\n          fingerprint {}, {} params, {} storage\n", mi.path, rm.origin,
         mi.fingerprint, c.n_params(), storage);
+    if (c.pruned()) {
+      const pruning::PruneReport pr = pruning::prune_report(c);
+      std::cout << fmt::format(
+          "          pruned ({}, retain {:.2f}): KV cache {:.3f}, attention parameters {:.3f}, "
+          "FLOPs {:.3f} of the full model, orphan ratio {:.3f}\n",
+          pr.method, pr.retain, pr.kv_bytes_fraction, pr.attn_params_fraction,
+          pr.attn_flops_fraction, pr.orphan_ratio);
+    }
     if (!no_ppl) {
       std::cout << fmt::format(
           "corpus    {}  ({} documents, {} bytes, {} tokens, fingerprint {})\n", corpus.source,
@@ -319,6 +328,7 @@ int cmd_eval(int argc, char** argv) {
     j["wall_seconds"] = wall_s;
     j["flops"] = {{"dense", tot.flops_dense}, {"realised", tot.flops_realised}};
     if (sparse) j["sparsity"] = report.json();
+    if (c.pruned()) j["pruned"] = pruning::prune_report(c).json();
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
       j["tokens_scored"] = ppl.tokens_scored;
@@ -457,6 +467,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("retrieval_seconds", t_ret, {"s", "retrieval task"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
       if (sparse) report.write(root);
+      if (c.pruned()) write_prune_group(root, c);
       if (dumper) dumper->write(root, plan);
       io::Group fl = root.create_group("flops");
       ledger.write(fl);

@@ -3,6 +3,7 @@
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
+#include "pruning/kv_prune.hpp"
 
 #include <filesystem>
 
@@ -16,7 +17,8 @@ int cmd_inspect(int argc, char** argv) {
   bool all_meta = false;
   po::options_description d("sparsim inspect options");
   d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
-      "all", po::bool_switch(&all_meta), "print long metadata arrays in full");
+      "all", po::bool_switch(&all_meta),
+      "print long metadata arrays in full (and, for a pruned model, every kept K channel)");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
@@ -77,7 +79,30 @@ int cmd_inspect(int argc, char** argv) {
       "context {}, rope theta {}, {} embeddings\n",
       c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.d_ff, c.vocab, c.context_length,
       c.rope_theta, c.tied_embeddings ? "tied" : "separate");
-  const double kv_per_tok = 2.0 * c.n_layer * c.kv_dim() * 4;
+  double kv_per_tok = 0;  // fp32 K and V of every layer
+  for (int l = 0; l < c.n_layer; ++l) kv_per_tok += 4.0 * (c.k_dim(l) + c.v_dim(l));
+  if (c.pruned()) {
+    const pruning::PruneReport r = pruning::prune_report(c);
+    std::cout << fmt::format(
+        "\npruned     {} at retain {:.3f} from model {}\n           Fisher scores: {}\n"
+        "           head widths per layer (q/k, v), RoPE pairs kept and orphaned K channels "
+        "(kept channels whose RoPE partner was cut), costs against the full model;\n"
+        "           RoPE uses each kept channel's original frequency, softmax scale 1/sqrt({})\n",
+        r.method, r.retain, c.prune.source_fingerprint, c.prune.calibration, c.head_dim);
+    std::cout << r.table();
+    if (all_meta) {
+      std::cout << "\n  kept K channels (RoPE frequency index) per layer and KV head\n";
+      for (int l = 0; l < c.n_layer; ++l)
+        for (int h = 0; h < c.n_kv_head; ++h) {
+          std::string line;
+          for (int i = 0; i < c.qk_head_dim(l); ++i) {
+            const int ch = c.k_channel(l, h, i);
+            line += fmt::format(" {}({})", ch, c.rope_freq_index(ch));
+          }
+          std::cout << fmt::format("  {:>3}.{}:{}\n", l, h, line);
+        }
+    }
+  }
   std::cout << "\nmemory estimate (weights as stored on the device; fp32 KV cache)\n";
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {
     // 1-D tensors (norms) stay fp32 whatever the storage type.

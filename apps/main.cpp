@@ -18,6 +18,7 @@ int cmd_calibrate(int argc, char** argv);
 int cmd_profile(int argc, char** argv);
 int cmd_sweep(int argc, char** argv);
 int cmd_collect(int argc, char** argv);
+int cmd_prune(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -35,6 +36,8 @@ const Command kCommands[] = {
      "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
     {"profile", sparsim::app::cmd_profile,
      "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
+    {"prune", sparsim::app::cmd_prune,
+     "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
      "show a model file's metadata, tensors and memory needs"},

@@ -1,5 +1,7 @@
 #include "records.hpp"
 
+#include "pruning/kv_prune.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <ctime>
@@ -51,6 +53,50 @@ void write_run_header(io::Group root, int argc, char** argv, const std::string& 
   m.set_attr("tied_embeddings", cfg.tied_embeddings ? 1 : 0);
   m.set_attr("n_params", static_cast<std::int64_t>(cfg.n_params()));
   m.set_attr("nonfinite_weights", static_cast<std::int64_t>(mi.nonfinite));
+}
+
+void write_prune_group(io::Group root, const Config& cfg) {
+  if (!cfg.pruned()) return;
+  const pruning::PruneReport r = pruning::prune_report(cfg);
+  io::Group g = root.create_group("pruned");
+  g.set_attr("method", r.method);
+  g.set_attr("retain", r.retain);
+  g.set_attr("retain_realised", r.retain_realised);
+  g.set_attr("orphan_ratio", r.orphan_ratio);
+  g.set_attr("kv_bytes_fraction", r.kv_bytes_fraction);
+  g.set_attr("attn_params_fraction", r.attn_params_fraction);
+  g.set_attr("attn_flops_fraction", r.attn_flops_fraction);
+  g.set_attr("flops_context", r.flops_context);
+  g.set_attr("source_fingerprint", cfg.prune.source_fingerprint);
+  g.set_attr("calibration", cfg.prune.calibration);
+  std::vector<std::int32_t> qk, vd, pairs, orphans, kc, vc;
+  std::vector<double> kvf, parf, flf;
+  for (int l = 0; l < cfg.n_layer; ++l) {
+    const pruning::LayerCost& lc = r.layers[static_cast<std::size_t>(l)];
+    qk.push_back(lc.qk_dim);
+    vd.push_back(lc.v_dim);
+    pairs.push_back(lc.pairs);
+    orphans.push_back(lc.orphans);
+    kvf.push_back(lc.kv_bytes_fraction);
+    parf.push_back(lc.attn_params_fraction);
+    flf.push_back(lc.attn_flops_fraction);
+    const LayerAttention& a = cfg.attn[static_cast<std::size_t>(l)];
+    kc.insert(kc.end(), a.k_channels.begin(), a.k_channels.end());
+    vc.insert(vc.end(), a.v_channels.begin(), a.v_channels.end());
+  }
+  g.write<std::int32_t>("qk_head_dim", qk, {"1", "[layer] per-head width of q and k"});
+  g.write<std::int32_t>("v_head_dim", vd, {"1", "[layer] per-head width of v"});
+  g.write<std::int32_t>("pairs", pairs, {"1", "[layer] whole RoPE pairs kept over the KV heads"});
+  g.write<std::int32_t>("orphans", orphans,
+                        {"1", "[layer] kept K channels whose RoPE partner was cut"});
+  g.write<std::int32_t>("k_channels", kc,
+                        {"1", "[layer][kv head][i] full-head channel of each kept K channel"});
+  g.write<std::int32_t>("v_channels", vc,
+                        {"1", "[layer][kv head][i] full-head channel of each kept V channel"});
+  g.write<double>("kv_bytes_fraction", kvf, {"1", "[layer] KV-cache bytes / full model"});
+  g.write<double>("attn_params_fraction", parf, {"1", "[layer] attention parameters / full"});
+  g.write<double>("attn_flops_fraction", flf,
+                  {"1", "[layer] attention FLOPs of a prefill of flops_context tokens / full"});
 }
 
 }  // namespace sparsim::app

@@ -19,4 +19,8 @@ void write_run_group(io::Group root, int argc, char** argv);
 void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
                       int threads, const ModelInfo& mi, const Config& cfg, DType storage);
 
+/// Writes /pruned for a pruned model: the method, the retain ratio and the per-layer widths,
+/// kept channels and cost fractions (nothing for a dense model).
+void write_prune_group(io::Group root, const Config& cfg);
+
 }  // namespace sparsim::app

@@ -39,6 +39,16 @@ class ReferenceLlama {
   std::function<bool(int, int)> skip;
   std::function<bool(int, int, int, int)> keep;
 
+  /// The full model with channels removed, as a pruned model computes it: per layer, flags
+  /// [n_kv_head·head_dim] of the K and V channels that survive. A removed K channel has its rows
+  /// of W_k and of W_q (every query head of the group) zeroed, and its rotated value zeroed after
+  /// RoPE, so a surviving channel whose RoPE partner was removed only keeps its own component of
+  /// the rotation; a removed V channel has its W_v row zeroed.
+  struct ChannelMask {
+    std::vector<std::vector<char>> k_keep, v_keep;
+  };
+  void set_mask(ChannelMask m) { mask_ = std::move(m); }
+
   /// Logits after feeding `token` at the next position.
   std::vector<double> step(int token) {
     const Config& c = cfg_;
@@ -51,8 +61,22 @@ class ReferenceLlama {
       auto q = matvec(w_[p + "attn_q.weight"], h, c.q_dim());
       auto k = matvec(w_[p + "attn_k.weight"], h, c.kv_dim());
       auto v = matvec(w_[p + "attn_v.weight"], h, c.kv_dim());
+      const bool masked = !mask_.k_keep.empty();
+      const int group = c.n_head / c.n_kv_head;
+      auto cut = [&](bool post) {
+        if (!masked) return;
+        for (int i = 0; i < c.kv_dim(); ++i) {
+          if (mask_.v_keep[l][i] == 0 && !post) v[i] = 0;
+          if (mask_.k_keep[l][i] != 0) continue;
+          k[i] = 0;
+          const int kvh = i / hd, ch = i % hd;
+          for (int g = 0; g < group; ++g) q[(kvh * group + g) * hd + ch] = 0;
+        }
+      };
+      cut(false);
       rotate(q, pos);
       rotate(k, pos);
+      cut(true);
       kc_[l].push_back(k);
       vc_[l].push_back(v);
       if (skip && skip(l, pos)) {  // the residual passes through; the MLP still runs
@@ -60,7 +84,6 @@ class ReferenceLlama {
         continue;
       }
       std::vector<double> att(c.q_dim(), 0.0);
-      const int group = c.n_head / c.n_kv_head;
       for (int hh = 0; hh < c.n_head; ++hh) {
         const int kvh = hh / group;
         std::vector<double> s(pos + 1);
@@ -132,6 +155,7 @@ class ReferenceLlama {
   std::vector<float> freq_factors_;
   std::vector<double> inv_freq_;
   std::vector<std::vector<std::vector<double>>> kc_, vc_;
+  ChannelMask mask_;
 };
 
 }  // namespace sparsim::test

@@ -77,6 +77,14 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
           "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,
           c.context_length);
   cache_ = KVCache<E>(c, max_seqs, max_ctx);
+  // a pruned layer that kept every channel rotates pair by pair, as a dense one (bitwise)
+  if (c.pruned())
+    for (int l = 0; l < c.n_layer; ++l) {
+      bool full = c.qk_head_dim(l) == c.head_dim;
+      for (int h = 0; h < c.n_kv_head && full; ++h)
+        for (int i = 0; i < c.head_dim && full; ++i) full = c.k_channel(l, h, i) == i;
+      rope_map_.push_back(full ? RopeMap<E>{} : make_rope_map<E>(c.rope_units(l)));
+    }
   // RoPE angles in double precision on the host, then rounded once to fp32.
   const int half = c.head_dim / 2;
   const std::vector<double> inv = c.rope_inv_freq(w_->rope_freq_factors);
@@ -105,10 +113,10 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     };
     x_ = alloc("sparsim::x", n, c.d_model);
     xn_ = alloc("sparsim::xn", n, c.d_model);
-    q_ = alloc("sparsim::q", n, c.q_dim());
-    k_ = alloc("sparsim::k", n, c.kv_dim());
-    v_ = alloc("sparsim::v", n, c.kv_dim());
-    att_ = alloc("sparsim::att", n, c.q_dim());
+    q_ = alloc("sparsim::q", n, c.max_q_dim());
+    k_ = alloc("sparsim::k", n, c.max_k_dim());
+    v_ = alloc("sparsim::v", n, c.max_v_dim());
+    att_ = alloc("sparsim::att", n, c.max_att_dim());
     tmp_ = alloc("sparsim::tmp", n, c.d_model);
     rx_ = alloc("sparsim::rx", n, c.d_model);
     sparse_flags_ = IVec<E>("sparsim::sparse_rows", n);
@@ -151,6 +159,11 @@ namespace {
 template <class E>
 Mat<E> rows(const Mat<E>& buf, int n) {
   return Mat<E>(buf.data(), n, buf.extent(1));
+}
+// The first n·cols elements of a capacity buffer as n rows of `cols` (a layer's own width).
+template <class E>
+Mat<E> rows(const Mat<E>& buf, int n, int cols) {
+  return Mat<E>(buf.data(), n, cols);
 }
 
 flops::Op op_of(Proj p) {
@@ -224,8 +237,8 @@ void Engine<E>::proj(const CMat<E>& x, Proj p, int layer, const Mat<E>& y, flops
     mark(op_of(p));
     if (ledger_)
       pending_.push_back({op_of(p), layer, ph, static_cast<double>(w.rows),
-                          static_cast<double>(w.cols), 1.0, 1.0, static_cast<double>(w.bytes()),
-                          -1, ticket});
+                          static_cast<double>(w.cols), 1.0, 1.0, static_cast<double>(w.bytes()), -1,
+                          ticket});
     return;
   }
   const CMat<E> xm = masker_->apply(exec_, layer, p, x, rows, ticket);
@@ -366,9 +379,9 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   const LayerWeights<E>& lw = w_->layers[l];
   const int n = n_seq * T;
   IVec<E> pos(pos_.data(), n);
-  Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n), k = rows(k_, n), v = rows(v_, n),
-         att = rows(att_, n), tmp = rows(tmp_, n), gate = rows(gate_, n), up = rows(up_, n),
-         rx = rows(rx_, n);
+  Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n, c.q_dim(l)), k = rows(k_, n, c.k_dim(l)),
+         v = rows(v_, n, c.v_dim(l)), att = rows(att_, n, c.att_dim(l)), tmp = rows(tmp_, n),
+         gate = rows(gate_, n), up = rows(up_, n), rx = rows(rx_, n);
   const bool rot = w_->rotated();
   // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
   auto residual = [&](const Matrix<E>* r) {
@@ -393,7 +406,6 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   mark(flops::Op::RMSNorm);
   observe(l, Site::Attn, xn);
   const AttnShape& sh = cache_.shape(l);
-  const bool adjacent = c.rope_layout == RopeLayout::Adjacent;
   const bool gated = tgate_ && tgate_->active(l);
   int n_keep = n;
   std::vector<int> h_skip;
@@ -402,8 +414,8 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     proj(xn, Proj::Q, l, q, ph);
     proj(xn, Proj::K, l, k, ph);
     proj(xn, Proj::V, l, v, ph);
-    rope_rows(exec_, k, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
-    rope_rows(exec_, q, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+    rope(l, k, pos, false);
+    rope(l, q, pos, true);
     mark(flops::Op::RoPE);
     cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
   } else {
@@ -419,7 +431,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       kg = rows(kpre_, n);
       Kokkos::deep_copy(exec_, kg, k);
     }
-    rope_rows(exec_, k, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+    rope(l, k, pos, false);
     mark(flops::Op::RoPE);
     cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
     IVec<E> skip(skip_.data(), n);
@@ -437,7 +449,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   if (h_skip.empty()) {
     if (gated) {
       proj(xn, Proj::Q, l, q, ph);
-      rope_rows(exec_, q, pos, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+      rope(l, q, pos, true);
       mark(flops::Op::RoPE);
     }
     attend(l, CMat<E>(q), att, n_seq, T, p0);
@@ -474,15 +486,15 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     }
     krows.flags = kf;
     krows.origin = h_keep_rows_.data();
-    const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep), ag = rows(att_, n_keep),
-                 og = rows(og_, n_keep);
+    const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep, c.q_dim(l)),
+                 ag = rows(att_, n_keep, c.att_dim(l)), og = rows(og_, n_keep);
     if (n_keep > 0) {
       gather_rows(exec_, CMat<E>(xn), kr, xg);
       mark(flops::Op::GatherScatter);
     }
     proj(CMat<E>(xg), Proj::Q, l, qg, ph, krows, n);
     if (n_keep > 0) {
-      rope_rows(exec_, qg, kp, CMat<E>(cos_), CMat<E>(sin_), sh.qk_dim, adjacent);
+      rope(l, qg, kp, true);
       mark(flops::Op::RoPE);
       cached_attention(exec_, CMat<E>(qg), ks, kp, cache_.layer(l), sh, ag, p0 + T);
       mark(flops::Op::AttnScore);
@@ -534,12 +546,26 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
 }
 
 template <class E>
+void Engine<E>::rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q) {
+  const Config& c = w_->cfg;
+  if (!c.pruned() || rope_map_[static_cast<std::size_t>(l)].units == 0) {
+    rope_rows(exec_, x, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
+              c.rope_layout == RopeLayout::Adjacent);
+    return;
+  }
+  const Mat<E> none;
+  rope_units(exec_, is_q ? x : none, is_q ? none : x, pos, CMat<E>(cos_), CMat<E>(sin_),
+             rope_map_[static_cast<std::size_t>(l)], c.qk_head_dim(l));
+}
+
+template <class E>
 void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0) {
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
-  if (!kv.compacted() && !kv.has_drops() && sh.qk_dim == sh.v_dim) {
-    if (!device_path_ || sh.qk_dim != w_->cfg.head_dim)
-      attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim);
+  if (!kv.compacted() && !kv.has_drops()) {
+    if (!device_path_ || sh.qk_dim != w_->cfg.head_dim || sh.v_dim != sh.qk_dim)
+      attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim,
+                sh.v_dim, sh.scale);
     else if (T == 1)
       attention_decode_split(exec_, q, kv.k, kv.v, IVec<E>(pos_.data(), n_seq), out, n_seq,
                              sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_);
@@ -783,8 +809,8 @@ bool Engine<E>::fusable(int l) const {
   const AttnShape& sh = cache_.shape(l);
   return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() &&
          sh.qk_dim == c.head_dim && sh.v_dim == c.head_dim && sh.n_head == c.n_head &&
-         sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype &&
-         lw.wv.dtype == lw.wq.dtype && lw.w_up.dtype == lw.w_gate.dtype;
+         sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
+         lw.w_up.dtype == lw.w_gate.dtype;
 }
 
 template <class E>
@@ -832,8 +858,7 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
 }
 
 template <class E>
-void Engine<E>::decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits,
-                               flops::Phase ph) {
+void Engine<E>::decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph) {
   const Config& c = w_->cfg;
   const int p0 = cur_p0_;
   embed(exec_, w_->tok_embd, IVec<E>(tok_.data(), n_seq), x);

@@ -11,12 +11,18 @@
 ///
 /// Prefill runs many tokens of several sequences at once (GEMM); decode runs one token per
 /// sequence (GEMV). Both write the same cache and produce the same logits.
+///
+/// A pruned model (RAP, KVPruner; Config::attn) has narrower heads per layer: q/k heads
+/// qk_head_dim(l) wide, v heads v_head_dim(l) wide, a per-layer KV cache of those widths, RoPE
+/// by rotation units at each kept pair's original frequency (Config::rope_units), and the full
+/// model's softmax scale 1/√head_dim.
 #include "engine/hooks.hpp"
 #include "engine/kv_cache.hpp"
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_device.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
 #include "kernels/views.hpp"
 #include "model/weights.hpp"
@@ -137,6 +143,9 @@ class Engine {
   void plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
                   flops::Phase ph, double realised_fraction = 1.0, int dense_rows = -1);
   void attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0);
+  /// RoPE of layer l on the query (is_q) or key rows x at positions pos: a pruned layer by its
+  /// rotation units (each kept pair at its own frequency), a dense one pair by pair.
+  void rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q);
   void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip);
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
@@ -158,7 +167,8 @@ class Engine {
   flops::Ledger* ledger_;
   E exec_;
   KVCache<E> cache_;
-  Mat<E> cos_, sin_;  // [max_ctx][head_dim/2]
+  std::vector<RopeMap<E>> rope_map_;  // pruned model, per layer: RoPE units of the reduced heads
+  Mat<E> cos_, sin_;                  // [max_ctx][head_dim/2], by frequency index
   int cap_rows_ = 0, cap_out_ = 0;
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out

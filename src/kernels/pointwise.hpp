@@ -90,6 +90,74 @@ void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, c
       });
 }
 
+/// RoPE rotation units of one layer on the device (Config::rope_units): [n_kv_head][units].
+template <class E>
+struct RopeMap {
+  IVec<E> i0, i1, freq;
+  int units = 0;
+};
+
+template <class E>
+RopeMap<E> make_rope_map(const RopeUnits& u) {
+  RopeMap<E> m;
+  m.units = u.units;
+  auto put = [](const std::vector<int>& src, const char* name) {
+    IVec<E> d(std::string(name), src.size());
+    auto h = Kokkos::create_mirror_view(d);
+    for (std::size_t i = 0; i < src.size(); ++i) h(i) = src[i];
+    Kokkos::deep_copy(d, h);
+    return d;
+  };
+  m.i0 = put(u.i0, "sparsim::rope::i0");
+  m.i1 = put(u.i1, "sparsim::rope::i1");
+  m.freq = put(u.freq, "sparsim::rope::freq");
+  return m;
+}
+
+/// RoPE by rotation units: the heads of q[t][n_head·w] and k[t][n_kv·w] (w = the layer's
+/// q/k head width) are rotated in place by the angle of position pos[t], each unit (a pair, or a
+/// single channel whose partner was pruned) by its own frequency index into cos/sin tables
+/// [position][head_dim/2]; query head h uses the units of KV head h / (n_head / n_kv). With
+/// `inverse` every rotation is by the opposite angle: the transpose, which carries gradients
+/// back through RoPE. For a dense layer this is exactly rope() above.
+template <class E, class T>
+void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
+                const Kokkos::View<T**, Layout, DeviceOf<E>>& k, const IVec<E>& pos,
+                const Kokkos::View<const T**, Layout, DeviceOf<E>>& cos_t,
+                const Kokkos::View<const T**, Layout, DeviceOf<E>>& sin_t, const RopeMap<E>& m,
+                int width, bool inverse = false) {
+  // either of q and k may be empty (rotate the other alone)
+  const int qh = q.extent(0) > 0 ? static_cast<int>(q.extent(1)) / width : 0;
+  const int kh = k.extent(0) > 0 ? static_cast<int>(k.extent(1)) / width : 0;
+  const int n = static_cast<int>(qh > 0 ? q.extent(0) : k.extent(0));
+  const int U = m.units;
+  const int n_kv = U > 0 ? static_cast<int>(m.i0.extent(0)) / U : 1;
+  const int group = n_kv > 0 && qh > 0 ? qh / n_kv : 1;
+  const auto i0 = m.i0, i1 = m.i1, fr = m.freq;
+  Kokkos::parallel_for(
+      "sparsim::kernels::rope_units",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, U}),
+      KOKKOS_LAMBDA(const int t, const int h, const int u) {
+        const bool is_q = h < qh;
+        const int kvh = is_q ? h / group : h - qh;
+        const int a0 = i0(kvh * U + u);
+        if (a0 < 0) return;
+        const int a1 = i1(kvh * U + u);
+        const int j = fr(kvh * U + u);
+        const int p = pos(t);
+        const T c = cos_t(p, j), s = inverse ? -sin_t(p, j) : sin_t(p, j);
+        const int base = (is_q ? h : h - qh) * width;
+        const auto& x = is_q ? q : k;
+        if (a1 < 0) {
+          x(t, base + a0) = x(t, base + a0) * c;
+        } else {
+          const T a = x(t, base + a0), b = x(t, base + a1);
+          x(t, base + a0) = a * c - b * s;
+          x(t, base + a1) = a * s + b * c;
+        }
+      });
+}
+
 /// gate[t][j] = silu(gate[t][j]) · up[t][j], in place.
 template <class E>
 void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace sparsim {
@@ -25,6 +26,37 @@ void Config::validate() const {
           rope_theta);
   require(rms_eps > 0 && std::isfinite(rms_eps),
           "model config: attention.layer_norm_rms_epsilon {} invalid", rms_eps);
+  if (!attn.empty()) {
+    require(static_cast<int>(attn.size()) == n_layer,
+            "model config: attention widths given for {} layers, the model has {}", attn.size(),
+            n_layer);
+    for (int l = 0; l < n_layer; ++l) {
+      const LayerAttention& a = attn[static_cast<std::size_t>(l)];
+      require(a.qk_dim >= 1 && a.qk_dim <= head_dim && a.v_dim >= 1 && a.v_dim <= head_dim,
+              "model config: layer {} has q/k head width {} and v head width {}; both must be in "
+              "1 … head_dim = {}",
+              l, a.qk_dim, a.v_dim, head_dim);
+      auto check = [&](const std::vector<int>& ch, int w, const char* what) {
+        require(ch.size() == static_cast<std::size_t>(n_kv_head) * w,
+                "model config: layer {} lists {} kept {} channels, expected n_kv_head × width = "
+                "{} × {}",
+                l, ch.size(), what, n_kv_head, w);
+        for (int h = 0; h < n_kv_head; ++h)
+          for (int i = 0; i < w; ++i) {
+            const int c = ch[static_cast<std::size_t>(h) * w + i];
+            require(c >= 0 && c < head_dim,
+                    "model config: layer {} KV head {} kept {} channel {} is {}, outside 0 … {}", l,
+                    h, what, i, c, head_dim - 1);
+            require(i == 0 || c > ch[static_cast<std::size_t>(h) * w + i - 1],
+                    "model config: layer {} KV head {} kept {} channels are not strictly "
+                    "ascending at position {}",
+                    l, h, what, i);
+          }
+      };
+      check(a.k_channels, a.qk_dim, "K");
+      check(a.v_channels, a.v_dim, "V");
+    }
+  }
   if (rope_scaling.enabled) {
     require(rope_scaling.factor >= 1 && rope_scaling.original_context > 0 &&
                 rope_scaling.high_freq_factor > rope_scaling.low_freq_factor,
@@ -37,11 +69,66 @@ void Config::validate() const {
 
 std::uint64_t Config::n_params() const {
   const std::uint64_t d = d_model, v = vocab;
-  std::uint64_t per_layer = 2 * d                                           // norms
-                            + d * q_dim() * 2                               // q, o
-                            + d * static_cast<std::uint64_t>(kv_dim()) * 2  // k, v
-                            + 3 * d * static_cast<std::uint64_t>(d_ff);     // gate, up, down
-  return v * d * (tied_embeddings ? 1 : 2) + d + per_layer * n_layer;
+  std::uint64_t n = v * d * (tied_embeddings ? 1 : 2) + d;
+  for (int l = 0; l < n_layer; ++l)
+    n += 2 * d                                                                          // norms
+         + d * static_cast<std::uint64_t>(q_dim(l) + k_dim(l) + v_dim(l) + att_dim(l))  // q k v o
+         + 3 * d * static_cast<std::uint64_t>(d_ff);  // gate, up, down
+  return n;
+}
+
+namespace {
+template <class F>
+int widest(int n_layer, F&& f) {
+  int m = 0;
+  for (int l = 0; l < n_layer; ++l) m = std::max(m, f(l));
+  return m;
+}
+}  // namespace
+
+int Config::max_q_dim() const {
+  return widest(n_layer, [this](int l) { return q_dim(l); });
+}
+int Config::max_k_dim() const {
+  return widest(n_layer, [this](int l) { return k_dim(l); });
+}
+int Config::max_v_dim() const {
+  return widest(n_layer, [this](int l) { return v_dim(l); });
+}
+int Config::max_att_dim() const {
+  return widest(n_layer, [this](int l) { return att_dim(l); });
+}
+
+RopeUnits Config::rope_units(int l) const {
+  const int w = qk_head_dim(l);
+  std::vector<std::vector<int>> i0(static_cast<std::size_t>(n_kv_head)), i1(i0), fr(i0);
+  std::size_t most = 0;
+  for (int h = 0; h < n_kv_head; ++h) {
+    // position of every kept full-head channel in the reduced head (−1: cut)
+    std::vector<int> at(static_cast<std::size_t>(head_dim), -1);
+    for (int i = 0; i < w; ++i) at[static_cast<std::size_t>(k_channel(l, h, i))] = i;
+    // units in the order of their first kept channel, so a dense head lists its pairs by j
+    for (int i = 0; i < w; ++i) {
+      const int c = k_channel(l, h, i);
+      const int partner = at[static_cast<std::size_t>(rope_partner(c))];
+      if (partner >= 0 && !rope_first(c)) continue;  // listed with its first member
+      i0[h].push_back(i);
+      i1[h].push_back(partner);
+      fr[h].push_back(rope_freq_index(c));
+    }
+    most = std::max(most, i0[h].size());
+  }
+  RopeUnits u;
+  u.units = static_cast<int>(most);
+  for (int h = 0; h < n_kv_head; ++h) {
+    i0[h].resize(most, -1);
+    i1[h].resize(most, -1);
+    fr[h].resize(most, 0);
+    u.i0.insert(u.i0.end(), i0[h].begin(), i0[h].end());
+    u.i1.insert(u.i1.end(), i1[h].begin(), i1[h].end());
+    u.freq.insert(u.freq.end(), fr[h].begin(), fr[h].end());
+  }
+  return u;
 }
 
 std::vector<double> Config::rope_inv_freq(const std::vector<float>& freq_factors) const {
@@ -51,6 +138,37 @@ std::vector<double> Config::rope_inv_freq(const std::vector<float>& freq_factors
   std::vector<double> inv(half);
   for (int j = 0; j < half; ++j) {
     double f = std::pow(static_cast<double>(rope_theta), -2.0 * j / head_dim);
+    if (!attn.empty()) {
+      require(static_cast<int>(attn.size()) == n_layer,
+              "model config: attention widths given for {} layers, the model has {}", attn.size(),
+              n_layer);
+      for (int l = 0; l < n_layer; ++l) {
+        const LayerAttention& a = attn[static_cast<std::size_t>(l)];
+        require(a.qk_dim >= 1 && a.qk_dim <= head_dim && a.v_dim >= 1 && a.v_dim <= head_dim,
+                "model config: layer {} has q/k head width {} and v head width {}; both must be in "
+                "1 … head_dim = {}",
+                l, a.qk_dim, a.v_dim, head_dim);
+        auto check = [&](const std::vector<int>& ch, int w, const char* what) {
+          require(ch.size() == static_cast<std::size_t>(n_kv_head) * w,
+                  "model config: layer {} lists {} kept {} channels, expected n_kv_head × width = "
+                  "{} × {}",
+                  l, ch.size(), what, n_kv_head, w);
+          for (int h = 0; h < n_kv_head; ++h)
+            for (int i = 0; i < w; ++i) {
+              const int c = ch[static_cast<std::size_t>(h) * w + i];
+              require(c >= 0 && c < head_dim,
+                      "model config: layer {} KV head {} kept {} channel {} is {}, outside 0 … {}",
+                      l, h, what, i, c, head_dim - 1);
+              require(i == 0 || c > ch[static_cast<std::size_t>(h) * w + i - 1],
+                      "model config: layer {} KV head {} kept {} channels are not strictly "
+                      "ascending at position {}",
+                      l, h, what, i);
+            }
+        };
+        check(a.k_channels, a.qk_dim, "K");
+        check(a.v_channels, a.v_dim, "V");
+      }
+    }
     if (rope_scaling.enabled) {
       // Llama-3: long wavelengths are divided by `factor`, short ones kept, a smooth ramp between.
       const double pi = 3.14159265358979323846;

@@ -1,5 +1,6 @@
 #pragma once
 /// Llama hyper-parameters, as read from a model file's metadata.
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -21,6 +22,41 @@ struct RopeScaling {
   int original_context = 8192;
 };
 
+/// Attention widths of one layer of a pruned model (RAP, KVPruner: METHODS.md §4). A reduced head
+/// keeps its kept channels in ascending order of their channel in the full head, so the full
+/// model's RoPE layout carries over: adjacent pairs stay adjacent, rotate_half pairs (j, j + D/2)
+/// become (i, i + m) when m whole pairs are kept.
+struct LayerAttention {
+  int qk_dim = 0;  ///< per-head width of q and k (the same for every head of the layer)
+  int v_dim = 0;   ///< per-head width of v and of each head's attention output
+  /// Channel of the full head (0 … head_dim−1) of every kept K channel, [n_kv_head][qk_dim]
+  /// flattened, strictly ascending within a head. The query heads of a group keep the same
+  /// channels of W_q as their KV head keeps of W_k.
+  std::vector<int> k_channels;
+  /// Channel of the full head of every kept V channel, [n_kv_head][v_dim], ascending within a
+  /// head. The query heads of a group keep the matching columns of W_o.
+  std::vector<int> v_channels;
+};
+
+/// How a pruned model was made (GGUF keys sparsim.prune.*); empty method = not pruned.
+struct PruneRecord {
+  std::string method;              ///< "rap" or "kvpruner"
+  double retain = 1.0;             ///< target mean retain ratio ρ
+  int flops_context = 0;           ///< context the attention FLOP fraction is reported at
+  std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
+  std::string calibration;         ///< model and corpus fingerprints of the Fisher scores
+};
+
+/// The RoPE rotations of one layer, per KV head (query heads use their KV head's): each unit is
+/// either a pair (i0, i1) of channels of the (possibly reduced) head rotated together by the
+/// angle pos·θ_freq, i0 the first member: (a, b) → (a·cos − b·sin, a·sin + b·cos); or a single
+/// channel i0 (i1 = −1) whose RoPE partner was pruned: it is rotated with a zero partner and
+/// keeps its own component, x → x·cos. Heads are padded to the same unit count with i0 = −1.
+struct RopeUnits {
+  int units = 0;                  ///< units per KV head (after padding)
+  std::vector<int> i0, i1, freq;  ///< [n_kv_head][units]
+};
+
 struct Config {
   std::string name;        ///< general.name, informational
   int n_layer = 0;         ///< transformer blocks
@@ -38,12 +74,54 @@ struct Config {
   bool tied_embeddings = false;  ///< LM head reuses the token embedding
   int bos_id = -1;
   int eos_id = -1;
+  /// Per-layer attention widths of a pruned model; empty for a dense model (every head
+  /// head_dim wide). The softmax scale stays 1/sqrt(head_dim) and RoPE frequencies stay those
+  /// of head_dim whatever the widths.
+  std::vector<LayerAttention> attn;
+  PruneRecord prune;
 
+  /// Widths of the full (unpruned) model.
   int q_dim() const { return n_head * head_dim; }
   int kv_dim() const { return n_kv_head * head_dim; }
+
+  bool pruned() const { return !attn.empty(); }
+  /// Per-head width of q and k in layer l.
+  int qk_head_dim(int l) const { return attn.empty() ? head_dim : attn[l].qk_dim; }
+  /// Per-head width of v (and of the attention output) in layer l.
+  int v_head_dim(int l) const { return attn.empty() ? head_dim : attn[l].v_dim; }
+  int q_dim(int l) const { return n_head * qk_head_dim(l); }     ///< rows of W_q
+  int k_dim(int l) const { return n_kv_head * qk_head_dim(l); }  ///< rows of W_k, K-cache width
+  int v_dim(int l) const { return n_kv_head * v_head_dim(l); }   ///< rows of W_v, V-cache width
+  int att_dim(int l) const { return n_head * v_head_dim(l); }    ///< columns of W_o
+  /// Widest of each over the layers (buffer sizes).
+  int max_q_dim() const;
+  int max_k_dim() const;
+  int max_v_dim() const;
+  int max_att_dim() const;
+  /// Full-head channel of kept K channel i of KV head h in layer l (identity when dense).
+  int k_channel(int l, int h, int i) const {
+    return attn.empty() ? i : attn[l].k_channels[static_cast<std::size_t>(h) * attn[l].qk_dim + i];
+  }
+  int v_channel(int l, int h, int i) const {
+    return attn.empty() ? i : attn[l].v_channels[static_cast<std::size_t>(h) * attn[l].v_dim + i];
+  }
+  /// RoPE frequency index j (θ_j = base^(−2j/head_dim)) of channel c of a full head, and the
+  /// channel it is rotated together with, in this model's layout.
+  int rope_freq_index(int c) const {
+    return rope_layout == RopeLayout::Adjacent ? c / 2 : c % (head_dim / 2);
+  }
+  int rope_partner(int c) const {
+    return rope_layout == RopeLayout::Adjacent ? (c ^ 1) : (c + head_dim / 2) % head_dim;
+  }
+  /// Whether c is the first member of its pair (rotated as a·cos − b·sin).
+  bool rope_first(int c) const {
+    return rope_layout == RopeLayout::Adjacent ? c % 2 == 0 : c < head_dim / 2;
+  }
+  /// How RoPE rotates the heads of layer l (see RopeUnits).
+  struct RopeUnits rope_units(int l) const;
   /// Throws sparsim::Error naming the first inconsistent field.
   void validate() const;
-  /// Number of parameters (embedding counted once when tied).
+  /// Number of parameters (embedding counted once when tied), at this model's widths.
   std::uint64_t n_params() const;
   /// Inverse RoPE frequencies θ_j for j < head_dim/2, with Llama-3 scaling applied and, when
   /// given, per-frequency divisors (GGUF `rope_freqs.weight`).

@@ -4,6 +4,7 @@
 #include "core/log.hpp"
 #include "model/detail/weight_builder.hpp"
 #include "model/gguf.hpp"
+#include "model/pruned_layout.hpp"
 #include "model/quant.hpp"
 
 #include <algorithm>
@@ -79,6 +80,7 @@ Config config_from_gguf(const gguf::File& f) {
   } catch (const Error& e) {
     fail("{}: {}", f.path(), e.what());
   }
+  read_pruned_layout(f, c);  // per-layer widths of a RAP / KVPruner model; dense otherwise
   return c;
 }
 
@@ -150,10 +152,10 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
     const std::string p = fmt::format("blk.{}.", l);
     LayerWeights<E> lw;
     lw.attn_norm = L.vec(p + "attn_norm.weight", d);
-    lw.wq = L.mat(p + "attn_q.weight", c.q_dim(), d);
-    lw.wk = L.mat(p + "attn_k.weight", c.kv_dim(), d);
-    lw.wv = L.mat(p + "attn_v.weight", c.kv_dim(), d);
-    lw.wo = L.mat(p + "attn_output.weight", d, c.q_dim());
+    lw.wq = L.mat(p + "attn_q.weight", c.q_dim(l), d);
+    lw.wk = L.mat(p + "attn_k.weight", c.k_dim(l), d);
+    lw.wv = L.mat(p + "attn_v.weight", c.v_dim(l), d);
+    lw.wo = L.mat(p + "attn_output.weight", d, c.att_dim(l));
     lw.ffn_norm = L.vec(p + "ffn_norm.weight", d);
     lw.w_gate = L.mat(p + "ffn_gate.weight", c.d_ff, d);
     lw.w_up = L.mat(p + "ffn_up.weight", c.d_ff, d);

@@ -244,10 +244,16 @@ void Calibration::validate() const {
   for (std::size_t k = 0; k < probe_levels.size(); ++k)
     require(probe_levels[k] >= 0.0 && probe_levels[k] < 1.0,
             "calibration: probe level {} = {} not in [0, 1)", k, probe_levels[k]);
-  require(plain.has_value() || rotated.has_value(),
-          "calibration: neither the plain nor the rotated variant is present");
+  require(plain.has_value() || rotated.has_value() || fisher.has_value(),
+          "calibration: neither the plain nor the rotated variant nor Fisher scores are present");
   if (plain) validate_variant(*this, *plain, "plain");
   if (rotated) validate_variant(*this, *rotated, "rotated");
+  if (fisher) {
+    fisher->validate();
+    require(fisher->n_layer == n_layer && fisher->kv_dim() == kv_dim,
+            "calibration: Fisher scores cover {} layers of {} K/V channels, the model has {} of {}",
+            fisher->n_layer, fisher->kv_dim(), n_layer, kv_dim);
+  }
 }
 
 void Calibration::check_model(const std::string& fingerprint, const Config& cfg,
@@ -364,6 +370,33 @@ void write_variant(io::Group g, const Calibration& c, const CalibrationVariant& 
   }
 }
 
+void write_fisher(io::Group g, const pruning::FisherScores& f) {
+  const auto S = static_cast<hsize_t>(f.sequences), L = static_cast<hsize_t>(f.n_layer),
+             KV = static_cast<hsize_t>(f.kv_dim()), H = static_cast<hsize_t>(f.n_kv_head),
+             P = static_cast<hsize_t>(f.head_dim / 2);
+  g.set_attr("sequences", f.sequences);
+  g.set_attr("tokens", f.tokens);
+  g.set_attr("n_kv_head", f.n_kv_head);
+  g.set_attr("head_dim", f.head_dim);
+  g.set_attr("rope_layout", f.rope_layout);
+  g.set_attr("forward_seconds", f.forward_seconds);
+  g.set_attr("backward_seconds", f.backward_seconds);
+  g.write<double>("loss", f.loss.data(), {S},
+                  {"nat", "[sequence] mean next-token cross-entropy of each calibration sequence"});
+  g.write<double>("gate_grad_k", f.gate_k.data(), {S, L, KV},
+                  {"nat", "[sequence][layer][kv channel] G_c = sum_t dL/dk_tc * k_tc (pre-RoPE)"});
+  g.write<double>("gate_grad_v", f.gate_v.data(), {S, L, KV},
+                  {"nat", "[sequence][layer][kv channel] G_c = sum_t dL/dv_tc * v_tc"});
+  g.write<double>("k", f.k.data(), {L, KV},
+                  {"nat^2", "[layer][kv channel] Fisher score F_c = sum over sequences of G_c^2"});
+  g.write<double>("v", f.v.data(), {L, KV},
+                  {"nat^2", "[layer][kv channel] Fisher score of the V channels"});
+  g.write<double>("pair", f.pair.data(), {L, H, P},
+                  {"nat^2",
+                   "[layer][kv head][RoPE frequency index] F_p = sum over sequences of "
+                   "(G_c + G_c')^2 over the pair's two K channels"});
+}
+
 }  // namespace
 
 void write_calibration(const std::string& path, const Calibration& cal) {
@@ -396,6 +429,7 @@ void write_calibration(const std::string& path, const Calibration& cal) {
              {"1", "[probe] probe sparsities of the sensitivity measurement"});
   if (cal.plain) write_variant(root.create_group("plain"), cal, *cal.plain);
   if (cal.rotated) write_variant(root.create_group("rotated"), cal, *cal.rotated);
+  if (cal.fisher) write_fisher(root.create_group("fisher"), *cal.fisher);
   out.commit();
 }
 
@@ -519,6 +553,38 @@ CalibrationVariant read_variant(const io::Group& g, const Calibration& c) {
   return v;
 }
 
+pruning::FisherScores read_fisher(const io::Group& g, const Calibration& c) {
+  pruning::FisherScores f;
+  f.sequences = int_attr(g, "sequences");
+  f.tokens = int_attr(g, "tokens");
+  f.n_layer = c.n_layer;
+  f.n_kv_head = int_attr(g, "n_kv_head");
+  f.head_dim = int_attr(g, "head_dim");
+  f.rope_layout = g.get_attr<std::string>("rope_layout");
+  f.forward_seconds = g.get_attr<double>("forward_seconds");
+  f.backward_seconds = g.get_attr<double>("backward_seconds");
+  require(f.sequences >= 1 && f.n_kv_head >= 1 && f.head_dim >= 2 &&
+              f.n_kv_head * f.head_dim == c.kv_dim,
+          "'{}': {} sequences, {} KV heads of width {} do not fit kv_dim {}", g.path(), f.sequences,
+          f.n_kv_head, f.head_dim, c.kv_dim);
+  const auto S = static_cast<hsize_t>(f.sequences), L = static_cast<hsize_t>(c.n_layer),
+             KV = static_cast<hsize_t>(c.kv_dim), H = static_cast<hsize_t>(f.n_kv_head),
+             P = static_cast<hsize_t>(f.head_dim / 2);
+  f.loss = read_shaped<double>(g, "loss", {S});
+  f.gate_k = read_shaped<double>(g, "gate_grad_k", {S, L, KV});
+  f.gate_v = read_shaped<double>(g, "gate_grad_v", {S, L, KV});
+  f.k = read_shaped<double>(g, "k", {L, KV});
+  f.v = read_shaped<double>(g, "v", {L, KV});
+  f.pair = read_shaped<double>(g, "pair", {L, H, P});
+  require_finite(f.loss, g, "loss");
+  require_finite(f.gate_k, g, "gate_grad_k");
+  require_finite(f.gate_v, g, "gate_grad_v");
+  require_finite(f.k, g, "k");
+  require_finite(f.v, g, "v");
+  require_finite(f.pair, g, "pair");
+  return f;
+}
+
 Calibration read_impl(const std::string& path) {
   io::H5File f = io::H5File::open_read(path);
   const io::Group root = f.root();
@@ -570,6 +636,10 @@ Calibration read_impl(const std::string& path) {
     require(root.has_group(name), "'/{}' is not a group", name);
     CalibrationVariant v = read_variant(root.open_group(name), c);
     (std::string(name) == "plain" ? c.plain : c.rotated) = std::move(v);
+  }
+  if (root.has("fisher")) {
+    require(root.has_group("fisher"), "'/fisher' is not a group");
+    c.fisher = read_fisher(root.open_group("fisher"), c);
   }
   c.validate();
   return c;

@@ -5,6 +5,7 @@
 /// file"). Plain host code; the model enums come from model/weights.hpp.
 #include "model/config.hpp"
 #include "model/weights.hpp"
+#include "pruning/fisher_scores.hpp"
 #include "sparsity/histogram.hpp"
 
 #include <array>
@@ -136,6 +137,8 @@ struct Calibration {
   std::optional<CalibrationVariant> plain;
   /// WINA-rotated model (WINA, TopK-Guided). Absent = not calibrated.
   std::optional<CalibrationVariant> rotated;
+  /// Fisher scores of the K and V channels (RAP, KVPruner). Absent = not calibrated.
+  std::optional<pruning::FisherScores> fisher;
 
   /// Set by read_calibration to the path read (not stored in the file); used in messages.
   std::string file;

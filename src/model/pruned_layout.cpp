@@ -1,0 +1,117 @@
+#include "model/pruned_layout.hpp"
+
+#include "core/error.hpp"
+#include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
+
+namespace sparsim {
+
+namespace {
+
+std::vector<int> int_array(const gguf::File& f, const char* key, std::size_t want) {
+  const std::vector<std::int64_t> v = f.require_int_array(key);
+  require(v.size() == want, "{}: metadata key '{}' has {} entries, expected {}", f.path(), key,
+          v.size(), want);
+  std::vector<int> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    require(v[i] >= 0 && v[i] <= 0x7fffffff, "{}: metadata key '{}' entry {} is {}", f.path(), key,
+            i, v[i]);
+    out[i] = static_cast<int>(v[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+void read_pruned_layout(const gguf::File& f, Config& c) {
+  using namespace prune_keys;
+  const bool any = f.has(kKeyWidths) || f.has(kValueWidths) || f.has(kKeyChannels) ||
+                   f.has(kValueChannels) || f.has(kFreqIndex);
+  if (!any) {
+    require(!f.has(kMethod), "{}: metadata key '{}' is set but the per-layer widths ('{}') are not",
+            f.path(), kMethod, kKeyWidths);
+    return;
+  }
+  const auto L = static_cast<std::size_t>(c.n_layer);
+  const std::vector<int> kw = int_array(f, kKeyWidths, L);
+  const std::vector<int> vw = int_array(f, kValueWidths, L);
+  std::size_t nk = 0, nv = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    require(kw[l] >= 1 && kw[l] <= c.head_dim && vw[l] >= 1 && vw[l] <= c.head_dim,
+            "{}: layer {} has q/k head width {} ('{}') and v head width {} ('{}'); both must be in "
+            "1 … {} (llama.attention.key_length)",
+            f.path(), l, kw[l], kKeyWidths, vw[l], kValueWidths, c.head_dim);
+    nk += static_cast<std::size_t>(c.n_kv_head) * kw[l];
+    nv += static_cast<std::size_t>(c.n_kv_head) * vw[l];
+  }
+  const std::vector<int> kc = int_array(f, kKeyChannels, nk);
+  const std::vector<int> vc = int_array(f, kValueChannels, nv);
+  const std::vector<int> fi = int_array(f, kFreqIndex, nk);
+  c.attn.assign(L, LayerAttention{});
+  std::size_t ok = 0, ov = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    LayerAttention& a = c.attn[l];
+    a.qk_dim = kw[l];
+    a.v_dim = vw[l];
+    const std::size_t k_n = static_cast<std::size_t>(c.n_kv_head) * kw[l];
+    const std::size_t v_n = static_cast<std::size_t>(c.n_kv_head) * vw[l];
+    a.k_channels.assign(kc.begin() + static_cast<std::ptrdiff_t>(ok),
+                        kc.begin() + static_cast<std::ptrdiff_t>(ok + k_n));
+    a.v_channels.assign(vc.begin() + static_cast<std::ptrdiff_t>(ov),
+                        vc.begin() + static_cast<std::ptrdiff_t>(ov + v_n));
+    ok += k_n;
+    ov += v_n;
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: inconsistent pruned layout: {}", f.path(), e.what());
+  }
+  ok = 0;
+  for (std::size_t l = 0; l < L; ++l)
+    for (int i = 0; i < c.n_kv_head * c.attn[l].qk_dim; ++i, ++ok) {
+      const int ch = c.attn[l].k_channels[static_cast<std::size_t>(i)];
+      require(fi[ok] == c.rope_freq_index(ch),
+              "{}: metadata key '{}' gives frequency index {} to kept K channel {} of layer {}, "
+              "whose RoPE frequency index is {}",
+              f.path(), kFreqIndex, fi[ok], ch, l, c.rope_freq_index(ch));
+    }
+  c.prune = PruneRecord{};
+  c.prune.method = f.get_string(kMethod).value_or("");
+  require(!c.prune.method.empty(), "{}: pruned layout without '{}'", f.path(), kMethod);
+  c.prune.retain = f.get_float(kRetain).value_or(0.0);
+  require(c.prune.retain > 0 && c.prune.retain <= 1, "{}: metadata key '{}' = {} is outside (0, 1]",
+          f.path(), kRetain, c.prune.retain);
+  c.prune.flops_context = static_cast<int>(f.get_uint(kFlopsContext).value_or(0));
+  c.prune.source_fingerprint = f.get_string(kSource).value_or("");
+  c.prune.calibration = f.get_string(kCalibration).value_or("");
+}
+
+void write_pruned_layout(gguf::Writer& w, const Config& c) {
+  using namespace prune_keys;
+  if (!c.pruned()) return;
+  c.validate();
+  std::vector<std::uint32_t> kw, vw;
+  std::vector<std::int32_t> kc, vc, fi;
+  for (const LayerAttention& a : c.attn) {
+    kw.push_back(static_cast<std::uint32_t>(a.qk_dim));
+    vw.push_back(static_cast<std::uint32_t>(a.v_dim));
+    for (int ch : a.k_channels) {
+      kc.push_back(ch);
+      fi.push_back(c.rope_freq_index(ch));
+    }
+    vc.insert(vc.end(), a.v_channels.begin(), a.v_channels.end());
+  }
+  w.set(kKeyWidths, kw);
+  w.set(kValueWidths, vw);
+  w.set(kKeyChannels, kc);
+  w.set(kValueChannels, vc);
+  w.set(kFreqIndex, fi);
+  w.set(kMethod, c.prune.method);
+  w.set(kRetain, c.prune.retain);
+  w.set(kFlopsContext, static_cast<std::uint32_t>(c.prune.flops_context));
+  w.set(kSource, c.prune.source_fingerprint);
+  w.set(kCalibration, c.prune.calibration);
+}
+
+}  // namespace sparsim

@@ -1,0 +1,47 @@
+#pragma once
+/// The GGUF metadata of a pruned model (RAP, KVPruner): per-layer head widths, the full-head
+/// channel of every kept K and V channel, the RoPE frequency index of every kept K channel and
+/// how the model was made. A model file without these keys is dense. Layout (all `sparsim.`):
+///
+///   attention.key_length_per_layer    uint32[L]   q/k head width of each layer
+///   attention.value_length_per_layer  uint32[L]   v head width of each layer
+///   attention.key_channels            int32[Σ_l n_kv·qk_l]  kept K channels, [layer][kv head][i]
+///   attention.value_channels          int32[Σ_l n_kv·v_l]   kept V channels, [layer][kv head][i]
+///   rope.freq_index                   int32[Σ_l n_kv·qk_l]  frequency index of each kept K channel
+///   prune.method, prune.retain, prune.flops_context, prune.source_fingerprint,
+///   prune.calibration
+///
+/// `llama.attention.key_length` stays the full head dimension D: it sets the softmax scale
+/// 1/√D and the RoPE frequencies θ_j = base^(−2j/D) of the reduced heads.
+#include "model/config.hpp"
+
+namespace sparsim {
+
+namespace gguf {
+class File;
+class Writer;
+}  // namespace gguf
+
+namespace prune_keys {
+inline constexpr const char* kKeyWidths = "sparsim.attention.key_length_per_layer";
+inline constexpr const char* kValueWidths = "sparsim.attention.value_length_per_layer";
+inline constexpr const char* kKeyChannels = "sparsim.attention.key_channels";
+inline constexpr const char* kValueChannels = "sparsim.attention.value_channels";
+inline constexpr const char* kFreqIndex = "sparsim.rope.freq_index";
+inline constexpr const char* kMethod = "sparsim.prune.method";
+inline constexpr const char* kRetain = "sparsim.prune.retain";
+inline constexpr const char* kFlopsContext = "sparsim.prune.flops_context";
+inline constexpr const char* kSource = "sparsim.prune.source_fingerprint";
+inline constexpr const char* kCalibration = "sparsim.prune.calibration";
+}  // namespace prune_keys
+
+/// Reads the pruned layout of `f` into c.attn and c.prune (c's shape fields must be set). A file
+/// without sparsim.attention.* keys leaves c dense. Throws sparsim::Error naming the file and the
+/// key for a partial or inconsistent layout (wrong lengths, widths outside 1 … head_dim, channels
+/// out of range or not ascending, a frequency index that does not match its channel).
+void read_pruned_layout(const gguf::File& f, Config& c);
+
+/// Adds the keys above for a pruned config (nothing for a dense one).
+void write_pruned_layout(gguf::Writer& w, const Config& c);
+
+}  // namespace sparsim

@@ -1,0 +1,371 @@
+#include "pruning/kv_prune.hpp"
+
+#include "core/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sparsim::pruning {
+
+const char* method_name(PruneMethod m) {
+  return m == PruneMethod::Rap ? "rap" : "kvpruner";
+}
+
+PruneMethod parse_prune_method(const std::string& s) {
+  if (s == "rap") return PruneMethod::Rap;
+  if (s == "kvpruner") return PruneMethod::KvPruner;
+  fail("pruning method '{}' is not rap or kvpruner", s);
+}
+
+std::vector<double> layer_sigma(const FisherScores& f) {
+  std::vector<double> s(static_cast<std::size_t>(f.n_layer), 0.0);
+  for (int l = 0; l < f.n_layer; ++l)
+    for (int h = 0; h < f.n_kv_head; ++h)
+      for (int j = 0; j < f.head_dim / 2; ++j) s[static_cast<std::size_t>(l)] += f.sigma(l, h, j);
+  return s;
+}
+
+std::vector<int> layer_pair_budgets(const std::vector<double>& sigma, double retain,
+                                    int max_pairs) {
+  const int L = static_cast<int>(sigma.size());
+  require(L >= 1 && max_pairs >= 1, "pair budgets: {} layers, {} pairs per head", L, max_pairs);
+  require(retain > 0 && retain <= 1 && std::isfinite(retain),
+          "the retain ratio must be in (0, 1], got {}", retain);
+  double total_sigma = 0;
+  for (int l = 0; l < L; ++l) {
+    require(std::isfinite(sigma[l]) && sigma[l] >= 0, "pair budgets: σ of layer {} is {}", l,
+            sigma[l]);
+    total_sigma += sigma[l];
+  }
+  const long budget = std::max<long>(L, std::lround(retain * L * max_pairs));
+  std::vector<double> w(sigma);
+  if (total_sigma <= 0) std::fill(w.begin(), w.end(), 1.0);
+  // real-valued targets r_ℓ = clamp(λ·w_ℓ, 1, max) with Σ r_ℓ = budget (λ by bisection)
+  auto total = [&](double lambda) {
+    double t = 0;
+    for (double x : w) t += std::clamp(lambda * x, 1.0, static_cast<double>(max_pairs));
+    return t;
+  };
+  double lo = 0, hi = 1;
+  while (total(hi) < budget && hi < 1e300) hi *= 2;
+  for (int it = 0; it < 200; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (total(mid) < budget ? lo : hi) = mid;
+  }
+  std::vector<double> r(static_cast<std::size_t>(L));
+  std::vector<int> m(static_cast<std::size_t>(L));
+  long assigned = 0;
+  for (int l = 0; l < L; ++l) {
+    r[l] = std::clamp(hi * w[l], 1.0, static_cast<double>(max_pairs));
+    m[l] = static_cast<int>(std::floor(r[l] + 1e-9));
+    m[l] = std::clamp(m[l], 1, max_pairs);
+    assigned += m[l];
+  }
+  // hand out what rounding left (or take back what it over-gave), largest remainder first
+  std::vector<int> order(static_cast<std::size_t>(L));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return (r[a] - m[a]) > (r[b] - m[b]); });
+  for (std::size_t i = 0; assigned < budget; i = (i + 1) % order.size()) {
+    const int l = order[i];
+    if (m[l] < max_pairs) {
+      ++m[l];
+      ++assigned;
+    }
+  }
+  for (std::size_t i = order.size(); assigned > budget;) {
+    i = i == 0 ? order.size() - 1 : i - 1;
+    const int l = order[i];
+    if (m[l] > 1) {
+      --m[l];
+      --assigned;
+    }
+  }
+  return m;
+}
+
+namespace {
+
+/// Indices of the `k` largest scores (ties: lower index first), returned ascending.
+std::vector<int> top_k(const std::vector<double>& score, int k) {
+  std::vector<int> idx(score.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return score[a] > score[b]; });
+  idx.resize(static_cast<std::size_t>(k));
+  std::sort(idx.begin(), idx.end());
+  return idx;
+}
+
+}  // namespace
+
+Config plan_pruning(const Config& full, const FisherScores& f, const PruneOptions& opt) {
+  require(!full.pruned(), "the model is already pruned ({}); prune the full model",
+          full.prune.method);
+  require(opt.retain > 0 && opt.retain <= 1 && std::isfinite(opt.retain),
+          "--retain must be in (0, 1], got {}", opt.retain);
+  require(f.n_layer == full.n_layer && f.n_kv_head == full.n_kv_head && f.head_dim == full.head_dim,
+          "the Fisher scores are for {} layers of {} KV heads of width {}, the model has {} of {} "
+          "of width {}",
+          f.n_layer, f.n_kv_head, f.head_dim, full.n_layer, full.n_kv_head, full.head_dim);
+  require(f.rope_layout == rope_layout_name(full.rope_layout),
+          "the Fisher scores pair channels in the '{}' RoPE layout, the model uses '{}'",
+          f.rope_layout, rope_layout_name(full.rope_layout));
+  const int D = full.head_dim, half = D / 2, H = full.n_kv_head;
+  const std::vector<int> m = layer_pair_budgets(layer_sigma(f), opt.retain, half);
+  Config c = full;
+  c.attn.assign(static_cast<std::size_t>(full.n_layer), LayerAttention{});
+  for (int l = 0; l < full.n_layer; ++l) {
+    LayerAttention& a = c.attn[static_cast<std::size_t>(l)];
+    const int ml = m[static_cast<std::size_t>(l)];
+    a.qk_dim = 2 * ml;
+    a.v_dim = 2 * ml;
+    for (int h = 0; h < H; ++h) {
+      const std::size_t base = (static_cast<std::size_t>(l) * H + h) * D;
+      std::vector<double> fk(f.k.begin() + static_cast<std::ptrdiff_t>(base),
+                             f.k.begin() + static_cast<std::ptrdiff_t>(base + D));
+      std::vector<double> fv(f.v.begin() + static_cast<std::ptrdiff_t>(base),
+                             f.v.begin() + static_cast<std::ptrdiff_t>(base + D));
+      std::vector<int> kept_k;
+      if (opt.method == PruneMethod::Rap) {
+        std::vector<double> fp(static_cast<std::size_t>(half));
+        for (int j = 0; j < half; ++j) fp[static_cast<std::size_t>(j)] = f.sigma(l, h, j);
+        for (int j : top_k(fp, ml)) {  // both channels of every kept pair
+          const int c0 = full.rope_layout == RopeLayout::Adjacent ? 2 * j : j;
+          kept_k.push_back(c0);
+          kept_k.push_back(full.rope_partner(c0));
+        }
+        std::sort(kept_k.begin(), kept_k.end());
+      } else {
+        kept_k = top_k(fk, 2 * ml);
+      }
+      const std::vector<int> kept_v = top_k(fv, 2 * ml);
+      a.k_channels.insert(a.k_channels.end(), kept_k.begin(), kept_k.end());
+      a.v_channels.insert(a.v_channels.end(), kept_v.begin(), kept_v.end());
+    }
+  }
+  c.prune.method = method_name(opt.method);
+  c.prune.retain = opt.retain;
+  c.prune.flops_context = opt.flops_context;
+  c.prune.source_fingerprint = opt.source_fingerprint;
+  c.prune.calibration = opt.calibration;
+  c.validate();
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fusion
+
+namespace {
+
+/// A device matrix with the given rows (and, if not empty, columns) of `src`, in its type.
+template <class E, class S>
+Kokkos::View<S**, Layout, DeviceOf<E>> select(const Kokkos::View<S**, Layout, DeviceOf<E>>& src,
+                                              const std::vector<int>& rows,
+                                              const std::vector<int>& cols,
+                                              const std::string& name) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), src);
+  const int nr = rows.empty() ? static_cast<int>(src.extent(0)) : static_cast<int>(rows.size());
+  const int nc = cols.empty() ? static_cast<int>(src.extent(1)) : static_cast<int>(cols.size());
+  Kokkos::View<S**, Layout, DeviceOf<E>> out(Kokkos::view_alloc(name, Kokkos::WithoutInitializing),
+                                             nr, nc);
+  auto ho = Kokkos::create_mirror_view(out);
+  for (int r = 0; r < nr; ++r) {
+    const int sr = rows.empty() ? r : rows[static_cast<std::size_t>(r)];
+    for (int k = 0; k < nc; ++k)
+      ho(r, k) = h(sr, cols.empty() ? k : cols[static_cast<std::size_t>(k)]);
+  }
+  Kokkos::deep_copy(out, ho);
+  return out;
+}
+
+template <class E>
+Matrix<E> select_matrix(const Matrix<E>& m, const std::vector<int>& rows,
+                        const std::vector<int>& cols, const std::string& name) {
+  Matrix<E> o;
+  o.dtype = m.dtype;
+  o.rows = rows.empty() ? m.rows : static_cast<int>(rows.size());
+  o.cols = cols.empty() ? m.cols : static_cast<int>(cols.size());
+  switch (m.dtype) {
+    case DType::F32:
+      o.f32 = select<E>(m.f32, rows, cols, name);
+      break;
+    case DType::BF16:
+      o.bf16 = select<E>(m.bf16, rows, cols, name);
+      break;
+    case DType::F16:
+      o.f16 = select<E>(m.f16, rows, cols, name);
+      break;
+  }
+  return o;
+}
+
+}  // namespace
+
+template <class E>
+std::shared_ptr<Weights<E>> fuse_pruned(const Weights<E>& full, const Config& pruned) {
+  const Config& c = full.cfg;
+  require(!c.pruned(), "fuse: the model is already pruned");
+  require(!full.rotated(), "fuse: a WINA-rotated model cannot be pruned");
+  require(pruned.pruned() && pruned.n_layer == c.n_layer && pruned.n_head == c.n_head &&
+              pruned.n_kv_head == c.n_kv_head && pruned.head_dim == c.head_dim &&
+              pruned.d_model == c.d_model && pruned.rope_layout == c.rope_layout,
+          "fuse: the pruned config does not belong to this model");
+  pruned.validate();
+  auto out = std::make_shared<Weights<E>>(full);  // shares every view
+  out->cfg = pruned;
+  const int D = c.head_dim, group = c.n_head / c.n_kv_head;
+  for (int l = 0; l < c.n_layer; ++l) {
+    std::vector<int> q_rows, k_rows, v_rows, o_cols;
+    for (int h = 0; h < c.n_head; ++h) {
+      const int kvh = h / group;
+      for (int i = 0; i < pruned.qk_head_dim(l); ++i)
+        q_rows.push_back(h * D + pruned.k_channel(l, kvh, i));
+      for (int i = 0; i < pruned.v_head_dim(l); ++i)
+        o_cols.push_back(h * D + pruned.v_channel(l, kvh, i));
+    }
+    for (int h = 0; h < c.n_kv_head; ++h) {
+      for (int i = 0; i < pruned.qk_head_dim(l); ++i)
+        k_rows.push_back(h * D + pruned.k_channel(l, h, i));
+      for (int i = 0; i < pruned.v_head_dim(l); ++i)
+        v_rows.push_back(h * D + pruned.v_channel(l, h, i));
+    }
+    const LayerWeights<E>& src = full.layers[static_cast<std::size_t>(l)];
+    LayerWeights<E>& dst = out->layers[static_cast<std::size_t>(l)];
+    const std::string p = fmt::format("blk.{}.", l);
+    dst.wq = select_matrix(src.wq, q_rows, {}, p + "attn_q.weight.pruned");
+    dst.wk = select_matrix(src.wk, k_rows, {}, p + "attn_k.weight.pruned");
+    dst.wv = select_matrix(src.wv, v_rows, {}, p + "attn_v.weight.pruned");
+    dst.wo = select_matrix(src.wo, {}, o_cols, p + "attn_output.weight.pruned");
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Costs
+
+double attention_params(const Config& c, int l) {
+  return static_cast<double>(c.d_model) * (c.q_dim(l) + c.k_dim(l) + c.v_dim(l) + c.att_dim(l));
+}
+
+double attention_flops(const Config& c, int l, int context) {
+  const double n = context;
+  const double pairs = n * (n + 1) / 2;  // (query, key) pairs of a causal prefill
+  const double nh = c.n_head;
+  const double proj = 2.0 * n * attention_params(c, l);
+  const double rope = 3.0 * n * (static_cast<double>(c.q_dim(l)) + c.k_dim(l));
+  const double score = 2.0 * pairs * nh * c.qk_head_dim(l);
+  const double softmax = 5.0 * pairs * nh;
+  const double value = 2.0 * pairs * nh * c.v_head_dim(l);
+  return proj + rope + score + softmax + value;
+}
+
+PruneReport prune_report(const Config& pruned) {
+  require(pruned.pruned(), "prune report: the model is not pruned");
+  Config full = pruned;
+  full.attn.clear();
+  PruneReport r;
+  r.method = pruned.prune.method;
+  r.retain = pruned.prune.retain;
+  r.flops_context = pruned.prune.flops_context > 0 ? pruned.prune.flops_context : 2048;
+  double kv = 0, kv_full = 0, par = 0, par_full = 0, fl = 0, fl_full = 0, kept_k = 0, orphans = 0;
+  for (int l = 0; l < pruned.n_layer; ++l) {
+    LayerCost lc;
+    lc.qk_dim = pruned.qk_head_dim(l);
+    lc.v_dim = pruned.v_head_dim(l);
+    for (int h = 0; h < pruned.n_kv_head; ++h) {
+      std::vector<char> kept(static_cast<std::size_t>(pruned.head_dim), 0);
+      for (int i = 0; i < lc.qk_dim; ++i)
+        kept[static_cast<std::size_t>(pruned.k_channel(l, h, i))] = 1;
+      for (int i = 0; i < lc.qk_dim; ++i) {
+        const int ch = pruned.k_channel(l, h, i);
+        if (!kept[static_cast<std::size_t>(pruned.rope_partner(ch))])
+          ++lc.orphans;
+        else if (pruned.rope_first(ch))
+          ++lc.pairs;
+      }
+    }
+    lc.k_channels = pruned.k_dim(l);
+    const double kvl = pruned.k_dim(l) + pruned.v_dim(l), kvf = full.k_dim(l) + full.v_dim(l);
+    lc.kv_bytes_fraction = kvl / kvf;
+    lc.attn_params_fraction = attention_params(pruned, l) / attention_params(full, l);
+    lc.attn_flops_fraction =
+        attention_flops(pruned, l, r.flops_context) / attention_flops(full, l, r.flops_context);
+    kv += kvl;
+    kv_full += kvf;
+    par += attention_params(pruned, l);
+    par_full += attention_params(full, l);
+    fl += attention_flops(pruned, l, r.flops_context);
+    fl_full += attention_flops(full, l, r.flops_context);
+    kept_k += lc.k_channels;
+    orphans += lc.orphans;
+    r.layers.push_back(lc);
+  }
+  r.retain_realised = kv / kv_full;
+  r.kv_bytes_fraction = kv / kv_full;  // fp32 cache: bytes ∝ channels
+  r.attn_params_fraction = par / par_full;
+  r.attn_flops_fraction = fl / fl_full;
+  r.orphan_ratio = kept_k > 0 ? orphans / kept_k : 0.0;
+  return r;
+}
+
+nlohmann::json PruneReport::json() const {
+  nlohmann::json j = {{"method", method},
+                      {"retain", retain},
+                      {"retain_realised", retain_realised},
+                      {"orphan_ratio", orphan_ratio},
+                      {"kv_bytes_fraction", kv_bytes_fraction},
+                      {"attn_params_fraction", attn_params_fraction},
+                      {"attn_flops_fraction", attn_flops_fraction},
+                      {"flops_context", flops_context}};
+  nlohmann::json ls = nlohmann::json::array();
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const LayerCost& c = layers[l];
+    ls.push_back(
+        {{"layer", l},
+         {"qk_head_dim", c.qk_dim},
+         {"v_head_dim", c.v_dim},
+         {"pairs", c.pairs},
+         {"orphans", c.orphans},
+         {"orphan_ratio", c.k_channels ? static_cast<double>(c.orphans) / c.k_channels : 0.0},
+         {"kv_bytes_fraction", c.kv_bytes_fraction},
+         {"attn_params_fraction", c.attn_params_fraction},
+         {"attn_flops_fraction", c.attn_flops_fraction}});
+  }
+  j["layers"] = ls;
+  return j;
+}
+
+std::string PruneReport::table() const {
+  std::string s = fmt::format("  {:>5} {:>5} {:>5} {:>6} {:>7} {:>8} {:>8} {:>8}\n", "layer", "qk",
+                              "v", "pairs", "orphans", "kv", "params", "flops");
+  for (std::size_t l = 0; l < layers.size(); ++l) {
+    const LayerCost& c = layers[l];
+    s += fmt::format("  {:>5} {:>5} {:>5} {:>6} {:>7} {:>8.3f} {:>8.3f} {:>8.3f}\n", l, c.qk_dim,
+                     c.v_dim, c.pairs, c.orphans, c.kv_bytes_fraction, c.attn_params_fraction,
+                     c.attn_flops_fraction);
+  }
+  s += fmt::format(
+      "  method {}, retain {:.3f} (realised {:.4f}), orphan ratio {:.4f}\n"
+      "  KV cache {:.4f}, attention parameters {:.4f}, attention FLOPs {:.4f} of the full model "
+      "(prefill of {} tokens)\n",
+      method, retain, retain_realised, orphan_ratio, kv_bytes_fraction, attn_params_fraction,
+      attn_flops_fraction, flops_context);
+  return s;
+}
+
+#define SPARSIM_INSTANTIATE_PRUNE(E) \
+  template std::shared_ptr<Weights<E>> fuse_pruned<E>(const Weights<E>&, const Config&);
+#ifdef KOKKOS_ENABLE_SERIAL
+SPARSIM_INSTANTIATE_PRUNE(Kokkos::Serial)
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+SPARSIM_INSTANTIATE_PRUNE(Kokkos::OpenMP)
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+SPARSIM_INSTANTIATE_PRUNE(Kokkos::Cuda)
+#endif
+
+}  // namespace sparsim::pruning

@@ -1,0 +1,192 @@
+// sparsim calibrate --fisher and sparsim prune end to end on a tiny model: the JSON summary, the
+// pruned model run by eval / generate / bench / inspect, thread-count independence, bad input.
+#include "helpers.hpp"
+#include "io/hdf5.hpp"
+#include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace sparsim::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+nlohmann::json read_json(const std::string& p) {
+  std::ifstream f(p);
+  return nlohmann::json::parse(f);
+}
+
+class CliPrune : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    model_ = make_model(*dir_, "m.gguf", tiny_spec(41));
+    other_ = make_model(*dir_, "other.gguf", tiny_spec(42));
+    corpus_ = dir_->file("corpus.txt");
+    write_word_corpus(corpus_, 5, 3000, 9);
+    calib_ = dir_->file("fisher.h5");
+    const RunResult c =
+        run_cmd(sparsim_bin() + " calibrate --fisher --model " + model_ + " --corpus " + corpus_ +
+                " --out " + calib_ + " --fisher-seqs 3 --fisher-tokens 48");
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+
+  static std::string prune(const std::string& method, const std::string& retain,
+                           const std::string& out, const std::string& extra = "") {
+    return sparsim_bin() + " prune --model " + model_ + " --method " + method + " --retain " +
+           retain + " --calibration " + calib_ + " --out " + out + " --flops-context 64 " + extra;
+  }
+
+  static TempDir* dir_;
+  static std::string model_, other_, corpus_, calib_;
+};
+TempDir* CliPrune::dir_ = nullptr;
+std::string CliPrune::model_, CliPrune::other_, CliPrune::corpus_, CliPrune::calib_;
+
+TEST_F(CliPrune, CalibrationHoldsFisherScores) {
+  io::H5File f = io::H5File::open_read(calib_);
+  const io::Group g = f.root().open_group("fisher");
+  std::vector<hsize_t> dims;
+  const auto k = g.read<double>("k", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 32}));
+  g.read<double>("pair", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2, 2, 8}));
+  g.read<double>("gate_grad_v", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{3, 2, 32}));
+  double s = 0;
+  for (double x : k) {
+    EXPECT_GE(x, 0);
+    s += x;
+  }
+  EXPECT_GT(s, 0);
+  EXPECT_EQ(f.root().get_attr<std::string>("model_fingerprint").size(), 16u);
+  EXPECT_EQ(f.root().get_attr<std::string>("corpus_fingerprint").size(), 16u);
+}
+
+TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
+  for (const std::string m : {"rap", "kvpruner"}) {
+    const std::string out = dir_->file(m + ".gguf"), js = dir_->file(m + ".json");
+    const RunResult r = run_cmd(prune(m, "0.5", out, "--json " + js));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto j = read_json(js);
+    EXPECT_EQ(j.at("method"), m);
+    EXPECT_DOUBLE_EQ(j.at("retain").get<double>(), 0.5);
+    for (const char* k :
+         {"orphan_ratio", "kv_bytes_fraction", "attn_params_fraction", "attn_flops_fraction"})
+      ASSERT_TRUE(j.contains(k)) << k;
+    if (m == "rap") {
+      EXPECT_EQ(j.at("orphan_ratio").get<double>(), 0.0);
+    }
+    EXPECT_NEAR(j.at("kv_bytes_fraction").get<double>(), 0.5, 0.07);
+    EXPECT_EQ(j.at("layers").size(), 2u);
+
+    const std::string ejs = dir_->file(m + "-eval.json"), run = dir_->file(m + "-eval.h5");
+    const RunResult e =
+        run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
+                " --context 64 --stride 32 --max-windows 2 --json " + ejs + " --out " + run);
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    const auto ej = read_json(ejs);
+    ASSERT_TRUE(ej.contains("pruned"));
+    nlohmann::json block = j;  // prune's summary without what only prune knows
+    for (const char* k :
+         {"source", "output", "calibration", "layer_sigma", "n_params", "n_params_full", "command"})
+      block.erase(k);
+    EXPECT_EQ(ej.at("pruned"), block);
+    EXPECT_TRUE(std::isfinite(ej.at("perplexity").get<double>()));
+    io::H5File rf = io::H5File::open_read(run);
+    EXPECT_EQ(rf.root().open_group("pruned").get_attr<std::string>("method"), m);
+
+    const RunResult g =
+        run_cmd(sparsim_bin() + " generate --model " + out + " --prompt 'abc def' --max-tokens 6");
+    EXPECT_EQ(g.exit_code, 0) << g.output;
+    const RunResult b =
+        run_cmd(sparsim_bin() + " bench --model " + out + " --prompt 16 --decode 4 --reps 1");
+    EXPECT_EQ(b.exit_code, 0) << b.output;
+    const RunResult i = run_cmd(sparsim_bin() + " inspect " + out);
+    ASSERT_EQ(i.exit_code, 0) << i.output;
+    EXPECT_NE(i.output.find("pruned     " + m), std::string::npos) << i.output;
+    EXPECT_NE(i.output.find("orphans"), std::string::npos) << i.output;
+  }
+}
+
+// Fisher scores and the pruned model are the same bits for any thread count.
+TEST_F(CliPrune, ThreadCountDoesNotChangeFisherScores) {
+  std::vector<double> first;
+  for (const std::string t : {"1", "2"}) {
+    const std::string cal = dir_->file("f" + t + ".h5");
+    const RunResult c =
+        run_cmd(sparsim_bin() + " calibrate --fisher --threads " + t + " --model " + model_ +
+                " --corpus " + corpus_ + " --out " + cal + " --fisher-seqs 2 --fisher-tokens 40");
+    ASSERT_EQ(c.exit_code, 0) << c.output;
+    io::H5File f = io::H5File::open_read(cal);
+    auto g = f.root().open_group("fisher").read<double>("gate_grad_k");
+    const auto v = f.root().open_group("fisher").read<double>("gate_grad_v");
+    g.insert(g.end(), v.begin(), v.end());
+    if (first.empty())
+      first = g;
+    else
+      EXPECT_EQ(g, first);
+  }
+}
+
+TEST_F(CliPrune, BadInputFailsClearlyWithoutOutput) {
+  const std::string out = dir_->file("bad.gguf");
+  auto expect_fail = [&](const std::string& cmd, const std::string& needle) {
+    const RunResult r = run_cmd(cmd);
+    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << cmd << "\n" << r.output;
+    EXPECT_FALSE(fs::exists(out)) << cmd;
+  };
+  expect_fail(prune("rap", "0", out), "(0, 1]");
+  expect_fail(prune("rap", "1.5", out), "(0, 1]");
+  expect_fail(prune("rap", "-0.2", out), "(0, 1]");
+  expect_fail(prune("rap", "nan", out), "(0, 1]");
+  expect_fail(prune("magic", "0.5", out), "not rap or kvpruner");
+  // Fisher scores of another model
+  expect_fail(sparsim_bin() + " prune --model " + other_ + " --retain 0.5 --calibration " + calib_ +
+                  " --out " + out,
+              "was made for model fingerprint");
+  // a calibration file without Fisher scores
+  const std::string teal = dir_->file("teal.h5");
+  ASSERT_EQ(run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ +
+                    " --out " + teal +
+                    " --variants plain --context 64 --max-windows 2 --greedy-seqs 2"
+                    " --greedy-tokens 16 --alpha 0.2")
+                .exit_code,
+            0);
+  expect_fail(
+      prune("rap", "0.5", out).replace(prune("rap", "0.5", out).find(calib_), calib_.size(), teal),
+      "no Fisher scores");
+  // a model without RoPE metadata
+  {
+    gguf::File f = gguf::File::open(model_);
+    gguf::Writer w;
+    for (const auto& kv : f.metadata())
+      if (kv.key != "general.alignment" && kv.key != "llama.rope.dimension_count" &&
+          kv.key != "llama.rope.freq_base")
+        w.set(kv.key, kv.value);
+    for (const auto& t : f.tensors()) w.add_tensor(t.name, t.ne, t.type, t.data, t.nbytes);
+    w.write(dir_->file("norope.gguf"));
+  }
+  expect_fail(sparsim_bin() + " prune --model " + dir_->file("norope.gguf") +
+                  " --retain 0.5 --calibration " + calib_ + " --out " + out,
+              "no RoPE metadata");
+  // a pruned model cannot be pruned or Fisher-calibrated again
+  const std::string p = dir_->file("once.gguf");
+  ASSERT_EQ(run_cmd(prune("rap", "0.7", p)).exit_code, 0);
+  expect_fail(sparsim_bin() + " calibrate --fisher --model " + p + " --corpus " + corpus_ +
+                  " --out " + out + " --fisher-seqs 1 --fisher-tokens 16",
+              "already pruned");
+  // a corpus too short for the requested Fisher sequences
+  expect_fail(sparsim_bin() + " calibrate --fisher --model " + model_ + " --corpus " + corpus_ +
+                  " --out " + out + " --fisher-seqs 1000 --fisher-tokens 200",
+              "corpus has");
+}
+
+}  // namespace
+}  // namespace sparsim::test

@@ -1,0 +1,438 @@
+// RAP and KVPruner: layer budgets, channel selection, the fused reduced model against the masked
+// full model (engine fp32 and the double-precision reference), ρ = 1 bitwise dense, orphans,
+// the pruned GGUF round trip and pruned GGUFs with inconsistent layouts.
+#include "backends.hpp"
+#include "core/error.hpp"
+#include "engine/engine.hpp"
+#include "helpers.hpp"
+#include "model/gguf.hpp"
+#include "model/gguf_writer.hpp"
+#include "model/loader.hpp"
+#include "model/pruned_layout.hpp"
+#include "model/synth_hf.hpp"
+#include "pruning/kv_prune.hpp"
+#include "pruning/pruned_gguf.hpp"
+#include "reference_llama.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sparsim::test {
+namespace {
+
+using pruning::FisherScores;
+using pruning::PruneMethod;
+
+/// Fisher scores of random gate gradients (three sequences) for config c.
+FisherScores random_fisher(const Config& c, std::uint64_t seed) {
+  FisherScores f;
+  f.sequences = 3;
+  f.tokens = 8;
+  f.n_layer = c.n_layer;
+  f.n_kv_head = c.n_kv_head;
+  f.head_dim = c.head_dim;
+  f.rope_layout = pruning::rope_layout_name(c.rope_layout);
+  SynthRng r(seed);
+  const std::size_t n = static_cast<std::size_t>(f.sequences) * c.n_layer * c.kv_dim();
+  for (std::size_t i = 0; i < n; ++i) {
+    // per-layer scale so the budgets differ between layers
+    const double s = 1.0 + static_cast<double>((i / c.kv_dim()) % c.n_layer);
+    f.gate_k.push_back(s * r.normal());
+    f.gate_v.push_back(s * r.normal());
+  }
+  f.loss.assign(3, 5.0);
+  f.finish();
+  f.validate();
+  return f;
+}
+
+Config plan(const Config& c, PruneMethod m, double retain, std::uint64_t seed = 1) {
+  pruning::PruneOptions o;
+  o.method = m;
+  o.retain = retain;
+  o.flops_context = 64;
+  o.source_fingerprint = "0000000000000000";
+  return pruning::plan_pruning(c, random_fisher(c, seed), o);
+}
+
+/// The dense model with the W_k rows of cut K channels and the W_v rows of cut V channels zeroed
+/// (fp32 storage), run at full width by the engine.
+template <class E>
+std::shared_ptr<Weights<E>> masked(const Weights<E>& w, const Config& p) {
+  auto out = std::make_shared<Weights<E>>(w);
+  const Config& c = w.cfg;
+  for (int l = 0; l < c.n_layer; ++l) {
+    auto zero_rows = [&](const Matrix<E>& m, bool k) {
+      Matrix<E> o = m;
+      o.f32 = decltype(o.f32)("masked", m.rows, m.cols);
+      auto h = Kokkos::create_mirror(Kokkos::HostSpace(), m.f32);  // a copy on every backend
+      Kokkos::deep_copy(h, m.f32);
+      for (int kvh = 0; kvh < c.n_kv_head; ++kvh) {
+        std::vector<char> keep(static_cast<std::size_t>(c.head_dim), 0);
+        const int width = k ? p.qk_head_dim(l) : p.v_head_dim(l);
+        for (int i = 0; i < width; ++i)
+          keep[static_cast<std::size_t>(k ? p.k_channel(l, kvh, i) : p.v_channel(l, kvh, i))] = 1;
+        for (int ch = 0; ch < c.head_dim; ++ch)
+          if (!keep[static_cast<std::size_t>(ch)])
+            for (int j = 0; j < m.cols; ++j) h(kvh * c.head_dim + ch, j) = 0;
+      }
+      Kokkos::deep_copy(o.f32, h);
+      return o;
+    };
+    out->layers[l].wk = zero_rows(w.layers[l].wk, true);
+    out->layers[l].wv = zero_rows(w.layers[l].wv, false);
+  }
+  return out;
+}
+
+ReferenceLlama::ChannelMask reference_mask(const Config& p) {
+  ReferenceLlama::ChannelMask m;
+  for (int l = 0; l < p.n_layer; ++l) {
+    std::vector<char> k(static_cast<std::size_t>(p.kv_dim()), 0), v(k);
+    for (int h = 0; h < p.n_kv_head; ++h) {
+      for (int i = 0; i < p.qk_head_dim(l); ++i) k[h * p.head_dim + p.k_channel(l, h, i)] = 1;
+      for (int i = 0; i < p.v_head_dim(l); ++i) v[h * p.head_dim + p.v_channel(l, h, i)] = 1;
+    }
+    m.k_keep.push_back(k);
+    m.v_keep.push_back(v);
+  }
+  return m;
+}
+
+std::vector<int> prompt(int n, int vocab) {
+  std::vector<int> t(n);
+  for (int i = 0; i < n; ++i) t[i] = 3 + (i * 53 + 7) % (vocab - 3);
+  return t;
+}
+
+double max_rel(const std::vector<float>& a, const std::vector<float>& b) {
+  double err = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return err / scale;
+}
+
+template <class E>
+std::vector<float> logits_of(std::shared_ptr<const Weights<E>> w, const std::vector<int>& toks) {
+  Engine<E> eng(w, 1, static_cast<int>(toks.size()));
+  return to_host(eng.forward({toks}, 0, true));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(PruneBudgets, ProportionalClampedAndExactlyOnBudget) {
+  const auto m = pruning::layer_pair_budgets({1, 2, 3, 4}, 0.5, 8);
+  EXPECT_EQ(m, (std::vector<int>{2, 3, 5, 6}));  // 1.6, 3.2, 4.8, 6.4 → largest remainders
+  for (double rho : {0.05, 0.3, 0.5, 0.7, 0.9, 1.0}) {
+    const std::vector<double> sig = {0.1, 5, 0.3, 2, 9, 0, 1};
+    const auto b = pruning::layer_pair_budgets(sig, rho, 32);
+    const long want = std::max<long>(7, std::lround(rho * 7 * 32));
+    EXPECT_EQ(std::accumulate(b.begin(), b.end(), 0L), want) << rho;
+    for (int x : b) {
+      EXPECT_GE(x, 1);
+      EXPECT_LE(x, 32);
+    }
+    for (std::size_t i = 0; i < sig.size(); ++i)
+      for (std::size_t j = 0; j < sig.size(); ++j)
+        if (sig[i] > sig[j]) {
+          EXPECT_GE(b[i], b[j]) << rho;
+        }
+  }
+  EXPECT_EQ(pruning::layer_pair_budgets({1, 100}, 1.0, 8), (std::vector<int>{8, 8}));
+  EXPECT_EQ(pruning::layer_pair_budgets({0, 0, 0}, 0.5, 8), (std::vector<int>{4, 4, 4}));
+  EXPECT_EQ(pruning::layer_pair_budgets({1, 1000}, 0.5, 8), (std::vector<int>{1, 7}));
+  for (double bad : {0.0, -0.1, 1.01, std::nan("")})
+    EXPECT_THROW(pruning::layer_pair_budgets({1, 2}, bad, 8), Error) << bad;
+  EXPECT_THROW(pruning::layer_pair_budgets({1, -2}, 0.5, 8), Error);
+}
+
+TEST(PrunePlan, RapKeepsTheBestWholePairsKvPrunerTheBestChannels) {
+  const Config c = tiny_config();
+  const FisherScores f = random_fisher(c, 3);
+  const auto m = pruning::layer_pair_budgets(pruning::layer_sigma(f), 0.5, c.head_dim / 2);
+  for (PruneMethod method : {PruneMethod::Rap, PruneMethod::KvPruner}) {
+    pruning::PruneOptions o;
+    o.method = method;
+    o.retain = 0.5;
+    const Config p = pruning::plan_pruning(c, f, o);
+    const pruning::PruneReport r = pruning::prune_report(p);
+    for (int l = 0; l < c.n_layer; ++l) {
+      EXPECT_EQ(p.qk_head_dim(l), 2 * m[l]);
+      EXPECT_EQ(p.v_head_dim(l), 2 * m[l]);
+      for (int h = 0; h < c.n_kv_head; ++h) {
+        const std::size_t base = (static_cast<std::size_t>(l) * c.n_kv_head + h) * c.head_dim;
+        // every kept V channel scores at least as high as every cut one
+        std::vector<char> kv(c.head_dim, 0), kk(c.head_dim, 0);
+        for (int i = 0; i < p.v_head_dim(l); ++i) kv[p.v_channel(l, h, i)] = 1;
+        for (int i = 0; i < p.qk_head_dim(l); ++i) kk[p.k_channel(l, h, i)] = 1;
+        for (int a = 0; a < c.head_dim; ++a)
+          for (int b = 0; b < c.head_dim; ++b)
+            if (kv[a] && !kv[b]) {
+              EXPECT_GE(f.v[base + a], f.v[base + b]);
+            }
+        if (method == PruneMethod::Rap) {
+          for (int j = 0; j < c.head_dim / 2; ++j) EXPECT_EQ(kk[2 * j], kk[2 * j + 1]) << j;
+          for (int a = 0; a < c.head_dim / 2; ++a)
+            for (int b = 0; b < c.head_dim / 2; ++b)
+              if (kk[2 * a] && !kk[2 * b]) {
+                EXPECT_GE(f.sigma(l, h, a), f.sigma(l, h, b));
+              }
+        } else {
+          for (int a = 0; a < c.head_dim; ++a)
+            for (int b = 0; b < c.head_dim; ++b)
+              if (kk[a] && !kk[b]) {
+                EXPECT_GE(f.k[base + a], f.k[base + b]);
+              }
+        }
+      }
+    }
+    if (method == PruneMethod::Rap) {
+      EXPECT_EQ(r.orphan_ratio, 0.0);  // by construction
+      for (const auto& lc : r.layers) EXPECT_EQ(lc.orphans, 0);
+    } else {
+      EXPECT_GT(r.orphan_ratio, 0.0);  // random scores split pairs
+    }
+    EXPECT_NEAR(r.retain_realised, 0.5, 1.0 / (c.n_layer * c.head_dim / 2));
+    EXPECT_DOUBLE_EQ(r.kv_bytes_fraction, r.retain_realised);
+    // q, k, v, o all shrink with the widths: the parameter fraction is the channel fraction
+    EXPECT_NEAR(r.attn_params_fraction, r.retain_realised, 1e-12);
+    EXPECT_GT(r.attn_flops_fraction, r.retain_realised);  // the softmax does not shrink
+    EXPECT_LT(r.attn_flops_fraction, r.retain_realised + 0.05);
+  }
+}
+
+template <class E>
+class PruneModel : public ::testing::Test {};
+TYPED_TEST_SUITE(PruneModel, Backends, BackendName);
+
+// Fused RAP = the full model with the cut W_k / W_v rows zeroed (fp32 engine against fp32
+// engine, ≤ 1e-5 relative; and both methods against the double-precision masked reference).
+TYPED_TEST(PruneModel, FusedModelEqualsMaskedFullModel) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string path = make_model(dir, "m.gguf", tiny_spec(31));
+  auto w = load_model<E>(path, LoadOptions{});
+  const auto toks = prompt(20, w->cfg.vocab);
+  for (double rho : {0.5, 0.75}) {
+    const Config p = plan(w->cfg, PruneMethod::Rap, rho);
+    const auto fused = logits_of<E>(pruning::fuse_pruned(*w, p), toks);
+    const auto mask = logits_of<E>(masked(*w, p), toks);
+    EXPECT_LE(max_rel(fused, mask), 1e-5) << "rap " << rho;
+    const auto dense = logits_of<E>(w, toks);
+    EXPECT_GT(max_rel(fused, dense), 1e-3) << "pruning must change the model";
+  }
+  const int V = w->cfg.vocab;
+  for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {
+    const Config p = plan(w->cfg, m, 0.6, 7);
+    if (m == PruneMethod::KvPruner) {
+      ASSERT_GT(pruning::prune_report(p).orphan_ratio, 0.0);
+    }
+    const auto fused = logits_of<E>(pruning::fuse_pruned(*w, p), toks);
+    ReferenceLlama ref(path);
+    ref.set_mask(reference_mask(p));
+    double err = 0, scale = 0;
+    for (std::size_t t = 0; t < toks.size(); ++t) {
+      const auto r = ref.step(toks[t]);
+      for (int v = 0; v < V; ++v) {
+        err = std::max(err, std::fabs(fused[t * V + v] - r[v]));
+        scale = std::max(scale, std::fabs(r[v]));
+      }
+    }
+    EXPECT_LE(err / scale, 1e-5) << pruning::method_name(m);
+  }
+}
+
+TYPED_TEST(PruneModel, RetainOneIsBitwiseDense) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string path = make_model(dir, "m.gguf", tiny_spec(32));
+  auto w = load_model<E>(path, LoadOptions{});
+  const auto toks = prompt(17, w->cfg.vocab);
+  const auto dense = logits_of<E>(w, toks);
+  for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {
+    const Config p = plan(w->cfg, m, 1.0);
+    EXPECT_EQ(logits_of<E>(pruning::fuse_pruned(*w, p), toks), dense);
+    const std::string out = dir.file("p1.gguf");
+    pruning::write_pruned_gguf(path, p, out);
+    EXPECT_EQ(logits_of<E>(load_model<E>(out, LoadOptions{}), toks), dense);
+    // decode too
+    auto wp = load_model<E>(out, LoadOptions{});
+    Engine<E> a(w, 1, 32), b(wp, 1, 32);
+    for (int t = 0; t < 5; ++t)
+      EXPECT_EQ(to_host(a.forward({{toks[t]}}, t)), to_host(b.forward({{toks[t]}}, t)));
+  }
+}
+
+// rotate_half layout (Hugging Face): pairs (j, j + D/2) stay pairs in the reduced head.
+TYPED_TEST(PruneModel, RotateHalfLayoutFusedEqualsMasked) {
+  using E = TypeParam;
+  TempDir dir;
+  write_synth_safetensors(tiny_spec(33), dir.file("hf"));
+  auto w = load_model<E>(dir.file("hf"), LoadOptions{});
+  ASSERT_EQ(w->cfg.rope_layout, RopeLayout::Half);
+  const Config p = plan(w->cfg, PruneMethod::Rap, 0.5);
+  EXPECT_EQ(pruning::prune_report(p).orphan_ratio, 0.0);
+  for (int l = 0; l < p.n_layer; ++l)  // channel j kept ⇔ channel j + D/2 kept
+    for (int h = 0; h < p.n_kv_head; ++h) {
+      const int w2 = p.qk_head_dim(l), m = w2 / 2;
+      for (int i = 0; i < m; ++i) EXPECT_EQ(p.k_channel(l, h, i + m), p.k_channel(l, h, i) + 8);
+    }
+  const auto toks = prompt(16, w->cfg.vocab);
+  EXPECT_LE(
+      max_rel(logits_of<E>(pruning::fuse_pruned(*w, p), toks), logits_of<E>(masked(*w, p), toks)),
+      1e-5);
+}
+
+// The pruned GGUF reads back as the same model: config, and logits bitwise equal to the fused
+// model in memory (quantized rows copied as stored, W_o dequantized to F32).
+TYPED_TEST(PruneModel, PrunedGgufRoundTrips) {
+  using E = TypeParam;
+  TempDir dir;
+  for (gguf::GGMLType type : {gguf::GGMLType::F32, gguf::GGMLType::Q4_1, gguf::GGMLType::F16}) {
+    SynthSpec s = tiny_spec(34);
+    s.type = type;
+    s.cfg.d_model = 64;
+    const std::string path = make_model(dir, "m.gguf", s);
+    auto w = load_model<E>(path, LoadOptions{});
+    for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {
+      const Config p = plan(w->cfg, m, 0.6, 9);
+      const std::string out = dir.file("p.gguf");
+      pruning::write_pruned_gguf(path, p, out);
+      ModelInfo mi;
+      auto wp = load_model<E>(out, LoadOptions{}, &mi);
+      const Config& q = wp->cfg;
+      ASSERT_TRUE(q.pruned());
+      EXPECT_EQ(q.prune.method, pruning::method_name(m));
+      EXPECT_DOUBLE_EQ(q.prune.retain, 0.6);
+      for (int l = 0; l < p.n_layer; ++l) {
+        EXPECT_EQ(q.attn[l].qk_dim, p.attn[l].qk_dim);
+        EXPECT_EQ(q.attn[l].v_dim, p.attn[l].v_dim);
+        EXPECT_EQ(q.attn[l].k_channels, p.attn[l].k_channels);
+        EXPECT_EQ(q.attn[l].v_channels, p.attn[l].v_channels);
+      }
+      EXPECT_EQ(q.n_params(), p.n_params());
+      const auto toks = prompt(12, w->cfg.vocab);
+      EXPECT_EQ(logits_of<E>(wp, toks), logits_of<E>(pruning::fuse_pruned(*w, p), toks))
+          << gguf::to_string(type);
+      // the tokenizer travels with the model
+      gguf::File f = gguf::File::open(out);
+      EXPECT_TRUE(f.has("tokenizer.ggml.tokens"));
+    }
+  }
+}
+
+// The ledger of a run on a pruned model counts the attention at the reduced widths, exactly
+// as the prune report's FLOP model says.
+TYPED_TEST(PruneModel, LedgerMatchesReportedAttentionFlops) {
+  using E = TypeParam;
+  TempDir dir;
+  auto w = load_model<E>(make_model(dir, "m.gguf", tiny_spec(35)), LoadOptions{});
+  const Config p = plan(w->cfg, PruneMethod::KvPruner, 0.6);
+  flops::Ledger ledger(p.n_layer);
+  Engine<E> eng(pruning::fuse_pruned(*w, p), 1, 40, &ledger);
+  eng.forward({prompt(40, p.vocab)}, 0, false);
+  for (int l = 0; l < p.n_layer; ++l) {
+    double fl = 0;
+    for (flops::Op op :
+         {flops::Op::QProj, flops::Op::KProj, flops::Op::VProj, flops::Op::OProj, flops::Op::RoPE,
+          flops::Op::AttnScore, flops::Op::AttnSoftmax, flops::Op::AttnValue})
+      fl += ledger.at(flops::Phase::Prefill, op, l).flops_dense;
+    EXPECT_DOUBLE_EQ(fl, pruning::attention_flops(p, l, 40)) << l;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pruned GGUFs with inconsistent layouts: a clear message naming the problem.
+
+class BadPrunedGguf : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = make_model(dir_, "m.gguf", tiny_spec(36));
+    good_ = dir_.file("good.gguf");
+    pruning::write_pruned_gguf(src_, plan(tiny_config(), PruneMethod::Rap, 0.5), good_);
+  }
+  /// The good file with `key` replaced by `v` (or removed when v is empty-typed nullopt).
+  std::string rewrite(const std::string& key, const gguf::Value* v) {
+    gguf::File f = gguf::File::open(good_);
+    gguf::Writer w;
+    for (const auto& kv : f.metadata()) {
+      if (kv.key == "general.alignment") continue;
+      if (kv.key == key) {
+        if (v) w.set(key, *v);
+        continue;
+      }
+      w.set(kv.key, kv.value);
+    }
+    for (const auto& t : f.tensors()) w.add_tensor(t.name, t.ne, t.type, t.data, t.nbytes);
+    const std::string out = dir_.file("bad.gguf");
+    w.write(out);
+    return out;
+  }
+  std::string error_of(const std::string& path) {
+    try {
+      load_model<Kokkos::DefaultHostExecutionSpace>(path, LoadOptions{});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+  TempDir dir_;
+  std::string src_, good_;
+};
+
+TEST_F(BadPrunedGguf, EachInconsistencyIsNamed) {
+  gguf::File f = gguf::File::open(good_);
+  auto widths = f.require_int_array(prune_keys::kKeyWidths);
+  {  // a width that disagrees with the tensors
+    std::vector<std::uint32_t> w2(widths.begin(), widths.end());
+    w2[0] += 2;
+    const gguf::Value v = gguf::Value::array_u32(w2);
+    const std::string e = error_of(rewrite(prune_keys::kKeyWidths, &v));
+    EXPECT_NE(e.find("has "), std::string::npos) << e;  // lists of the wrong length / shape
+  }
+  {  // a width outside 1 … head_dim
+    std::vector<std::uint32_t> w2(widths.begin(), widths.end());
+    w2[1] = 40;
+    const gguf::Value v = gguf::Value::array_u32(w2);
+    const std::string e = error_of(rewrite(prune_keys::kKeyWidths, &v));
+    EXPECT_NE(e.find("layer 1"), std::string::npos) << e;
+  }
+  {  // channels out of order
+    auto ch = f.require_int_array(prune_keys::kKeyChannels);
+    std::swap(ch[0], ch[1]);
+    std::vector<std::int32_t> c2(ch.begin(), ch.end());
+    const gguf::Value v = gguf::Value::array_i32(c2);
+    const std::string e = error_of(rewrite(prune_keys::kKeyChannels, &v));
+    EXPECT_NE(e.find("ascending"), std::string::npos) << e;
+  }
+  {  // a frequency index that does not belong to its channel
+    auto fi = f.require_int_array(prune_keys::kFreqIndex);
+    fi[3] += 1;
+    std::vector<std::int32_t> f2(fi.begin(), fi.end());
+    const gguf::Value v = gguf::Value::array_i32(f2);
+    const std::string e = error_of(rewrite(prune_keys::kFreqIndex, &v));
+    EXPECT_NE(e.find("frequency index"), std::string::npos) << e;
+  }
+  {  // a missing list
+    const std::string e = error_of(rewrite(prune_keys::kValueChannels, nullptr));
+    EXPECT_NE(e.find(prune_keys::kValueChannels), std::string::npos) << e;
+  }
+  {  // the method without a layout
+    gguf::File g = gguf::File::open(src_);
+    gguf::Writer w;
+    for (const auto& kv : g.metadata())
+      if (kv.key != "general.alignment") w.set(kv.key, kv.value);
+    w.set(prune_keys::kMethod, "rap");
+    for (const auto& t : g.tensors()) w.add_tensor(t.name, t.ne, t.type, t.data, t.nbytes);
+    w.write(dir_.file("half.gguf"));
+    const std::string e = error_of(dir_.file("half.gguf"));
+    EXPECT_NE(e.find(prune_keys::kKeyWidths), std::string::npos) << e;
+  }
+  EXPECT_EQ(error_of(good_), "");
+}
+
+}  // namespace
+}  // namespace sparsim::test
