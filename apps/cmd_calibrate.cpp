@@ -53,6 +53,7 @@ int cmd_calibrate(int argc, char** argv) {
   CalibrateCli cc;
   cc.add(d);
   add_common_options(d, co);
+  add_check_option(d);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim calibrate --out FILE [--model M] [--corpus C] [options]",
              d, vm))
@@ -77,6 +78,8 @@ int cmd_calibrate(int argc, char** argv) {
   const ProgressBar::Mode pmode = progress_mode(progress_mode_arg, ProgressBar::Mode::Lines);
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
+  require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
+  if (options_checked(vm)) return 0;
   lo.strict = strict;
   const ResolvedModel rm = resolve_model(model_arg);
   io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(corpus_arg)}},

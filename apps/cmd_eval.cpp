@@ -109,12 +109,16 @@ int cmd_eval(int argc, char** argv) {
       "progress bar on stderr: auto (when a terminal), always, never");
   da.add_options(d);
   add_common_options(d, co);
+  add_check_option(d);
   po::variables_map vm;
   if (!parse(argc, argv, "usage: sparsim eval [--model smollm2] [--corpus default] [options]", d,
              vm))
     return 0;
-  ma.resolve(&vm);
-  da.resolve(vm, ma.sparse(), !out.empty(), ma.cal ? ma.cal->n_layer : 0);
+  const bool check_only = vm["check-options"].as<bool>();
+  ma.resolve(&vm, /*read_calibration=*/!check_only);
+  // Without the calibration file (--check-options) the layer count is not known yet.
+  da.resolve(vm, ma.sparse(), !out.empty(),
+             ma.cal ? ma.cal->n_layer : (check_only ? std::numeric_limits<int>::max() : 0));
   const bool retrieval = !task.empty();
   if (retrieval) {
     require(task == "passkey" || task == "kv-needle",
@@ -174,6 +178,8 @@ int cmd_eval(int argc, char** argv) {
             "are not kept in the checkpoint)");
     checkpoint_path = checkpoint_arg;
   }
+  require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
+  if (options_checked(vm)) return 0;
   const ResolvedModel rm = resolve_model(model_arg);
   io::guard_run({{"--model", rm.path},
                  {"--corpus", no_ppl && !retrieval ? "" : corpus_input_path(corpus_arg)},

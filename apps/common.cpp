@@ -4,6 +4,8 @@
 #include "eval/corpus.hpp"
 #include "model/model_registry.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 #include <chrono>
 #include <filesystem>
@@ -40,6 +42,40 @@ bool parse(int argc, char** argv, const std::string& usage, po::options_descript
   } catch (const po::error& e) {
     fail("{} (see --help)", e.what());
   }
+  return true;
+}
+
+void add_check_option(po::options_description& d) {
+  d.add_options()("check-options", po::bool_switch(),
+                  "check the options, print them as JSON and stop (used by sparsim sweep)");
+}
+
+bool options_checked(const po::variables_map& vm) {
+  if (!vm.count("check-options") || !vm["check-options"].as<bool>()) return false;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, v] : vm) {
+    if (name == "check-options" || name == "help") continue;
+    const boost::any& a = v.value();
+    if (a.type() == typeid(int))
+      j[name] = boost::any_cast<int>(a);
+    else if (a.type() == typeid(double))
+      j[name] = boost::any_cast<double>(a);
+    else if (a.type() == typeid(float))
+      j[name] = boost::any_cast<float>(a);
+    else if (a.type() == typeid(bool))
+      j[name] = boost::any_cast<bool>(a);
+    else if (a.type() == typeid(std::string))
+      j[name] = boost::any_cast<std::string>(a);
+    else if (a.type() == typeid(std::int64_t))
+      j[name] = boost::any_cast<std::int64_t>(a);
+    else if (a.type() == typeid(std::uint64_t))
+      j[name] = boost::any_cast<std::uint64_t>(a);
+    else if (a.type() == typeid(std::vector<std::string>))
+      j[name] = boost::any_cast<std::vector<std::string>>(a);
+    else
+      j[name] = nullptr;  // a type this table does not know: present, value not shown
+  }
+  std::cout << j.dump() << "\n";
   return true;
 }
 

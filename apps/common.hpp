@@ -27,6 +27,13 @@ void add_common_options(po::options_description& d, CommonOptions& c);
 bool parse(int argc, char** argv, const std::string& usage, po::options_description& desc,
            po::variables_map& vm, const po::positional_options_description* pos = nullptr);
 
+/// Adds --check-options: the command checks its options as usual, prints them (defaults
+/// included) as one JSON object on stdout and stops before reading any input file or starting
+/// Kokkos. `sparsim sweep` checks every point this way before anything runs.
+void add_check_option(po::options_description& d);
+/// True (after printing the options) when --check-options was given: the command returns 0.
+bool options_checked(const po::variables_map& vm);
+
 /// Starts Kokkos (and sets the BLAS / OpenMP thread count) for the lifetime of the object.
 class Runtime {
  public:

@@ -20,6 +20,8 @@ int cmd_profile(int argc, char** argv);
 int cmd_flops(int argc, char** argv);
 int cmd_predict(int argc, char** argv);
 int cmd_probe(int argc, char** argv);
+int cmd_sweep(int argc, char** argv);
+int cmd_collect(int argc, char** argv);
 int cmd_prune(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
 }  // namespace sparsim::app
@@ -57,6 +59,10 @@ const Command kCommands[] = {
      "predicted time, tokens/s and speedup of a run on a hardware profile (roofline)"},
     {"probe", sparsim::app::cmd_probe,
      "measure this machine's bandwidth, GEMM/GEMV rates and launch cost: a hardware profile"},
+    {"sweep", sparsim::app::cmd_sweep,
+     "run a grid of evaluations from a spec: resumable, under MPI or as a Slurm job array"},
+    {"collect", sparsim::app::cmd_collect,
+     "merge a sweep's finished points into results.h5 and results.csv"},
 };
 
 void usage(std::ostream& os) {
@@ -68,6 +74,15 @@ void usage(std::ostream& os) {
 }
 
 }  // namespace
+
+namespace sparsim::app {
+/// The function of a subcommand, or null (sparsim sweep runs other subcommands' option checks).
+int (*command_function(const std::string& name))(int, char**) {
+  for (const auto& c : kCommands)
+    if (name == c.name) return c.run;
+  return nullptr;
+}
+}  // namespace sparsim::app
 
 int main(int argc, char** argv) {
   sparsim::select_blas_core(argv);

@@ -70,7 +70,7 @@ void MethodArgs::add_options(po::options_description& d) {
       "ThinK / GRACE: sequences whose kept channels go to the run file");
 }
 
-void MethodArgs::resolve(const po::variables_map* vm) {
+void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   // --method: at most one activation method and token-filter, joined by '+'
   std::string act;
   token_filter = false;
@@ -158,7 +158,7 @@ void MethodArgs::resolve(const po::variables_map* vm) {
           "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
   require(mopt.needs_calibration() || calib_path.empty(),
           "--calibration is only used by the sparse methods (--method teal, wina, topk-guided)");
-  if (!calib_path.empty()) cal = sparsity::read_calibration(calib_path);
+  if (!calib_path.empty() && read_calibration) cal = sparsity::read_calibration(calib_path);
 }
 
 }  // namespace sparsim::app

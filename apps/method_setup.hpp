@@ -41,10 +41,10 @@ struct MethodArgs {
   /// Adds the options to `d` (in the order eval's --help lists them).
   void add_options(po::options_description& d);
   /// After parsing: checks the values, fills mopt / tf and reads the calibration file (so that
-  /// bad arguments fail before the model is loaded). Throws sparsim::Error naming the option;
-  /// with `vm`, a --tf-* (--kv-*) option given without token-filter (think or grace) in --method
-  /// is an error too.
-  void resolve(const po::variables_map* vm = nullptr);
+  /// bad arguments fail before the model is loaded; `read_calibration` false skips the reading).
+  /// Throws sparsim::Error naming the option; with `vm`, a --tf-* (--kv-*) option given without
+  /// token-filter (think or grace) in --method is an error too.
+  void resolve(const po::variables_map* vm = nullptr, bool read_calibration = true);
   bool sparse() const { return mopt.method != sparsity::Method::Dense; }
 };
 

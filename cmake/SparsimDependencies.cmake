@@ -27,6 +27,12 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.9 REQUIRED)
 find_package(ZLIB REQUIRED)
+# toml++ reads sweep specifications (Debian: libtomlplusplus-dev; Spack: tomlplusplus).
+find_package(tomlplusplus 3 REQUIRED)
+# MPI only for sparsim sweep's MPI front end.
+if(SPARSIM_MPI)
+  find_package(MPI REQUIRED COMPONENTS C)
+endif()
 # PCRE2 (8-bit, UTF + UCP) runs the tokenizer pre-tokenizer regexes.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)

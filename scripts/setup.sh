@@ -42,7 +42,8 @@ debs=(build-essential cmake ninja-build pkg-config git ca-certificates dpkg-dev
       libhdf5-dev hdf5-tools zlib1g-dev libopenblas-openmp-dev liblapacke-dev
       libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libpcre2-dev
       libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
-      python3 python3-pip python3-venv)
+      python3 python3-pip python3-venv
+      libtomlplusplus-dev openmpi-bin libopenmpi-dev slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
