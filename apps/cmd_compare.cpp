@@ -197,10 +197,9 @@ int cmd_compare(int argc, char** argv) {
       std::shared_ptr<const Weights<E>> wv = w;
       runs[i].plan = prepare_method(cfgs[i].ma, mi, wv, lo.storage);
       const sparsity::Plan& plan = runs[i].plan;
-      const std::string key =
-          plan.rotated
-              ? fmt::format("rotated:{}:{}", cfgs[i].ma.calib_path, to_string(plan.opt.rotation_storage))
-              : "plain";
+      const std::string key = plan.rotated ? fmt::format("rotated:{}:{}", cfgs[i].ma.calib_path,
+                                                         to_string(plan.opt.rotation_storage))
+                                           : "plain";
       Group& g = groups[key];
       if (!g.w) {
         g.w = wv;
@@ -250,8 +249,12 @@ int cmd_compare(int argc, char** argv) {
           Mat<E> logits = eng.forward_tail({rest}, prefix, tail);
           eng.set_sparse_from(Engine<E>::kDecodeOnly);
           eng.set_ledger(nullptr);
-          // the prefix's cache is what counts; its one logit row is not part of a window's work
+          // the prefix's cache is what counts; its one logit row (final norm and LM head) is
+          // not part of a window's work
           r.ledger.merge(prefix_ledger, flops::Op::LMHead);
+          const auto fn = prefix_ledger.at(flops::Phase::Prefill, flops::Op::RMSNorm, -1);
+          r.ledger.add(flops::Op::RMSNorm, -1, flops::Phase::Prefill, -fn.flops_dense,
+                       -fn.flops_realised, -fn.bytes_dense, -fn.bytes_realised, 0);
           nll_rows(eng.exec(), CMat<E>(logits), target, nll, amax);
           auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), nll);
           auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), amax);
@@ -284,9 +287,8 @@ int cmd_compare(int argc, char** argv) {
                    {"fingerprint", corpus.fingerprint},
                    {"bytes", corpus.bytes},
                    {"tokens", stream.size()}};
-    j["protocol"] = {{"context", C},      {"stride", po_.stride}, {"score", S},
-                     {"bos", add_bos},    {"windows", starts.size()},
-                     {"shared_prefix", prefix}};
+    j["protocol"] = {{"context", C},   {"stride", po_.stride},     {"score", S},
+                     {"bos", add_bos}, {"windows", starts.size()}, {"shared_prefix", prefix}};
     j["command"] = command_line(argc, argv);
     nlohmann::json jc = nlohmann::json::array();
     std::cout << fmt::format("{} windows of {} tokens, stride {}, scoring the last {}; {}\n",
@@ -308,9 +310,8 @@ int cmd_compare(int argc, char** argv) {
       e["window_nll"] = r.ppl.window_nll;
       e["window_tokens"] = r.ppl.window_tokens;
       e["window_start"] = r.ppl.window_start;
-      e["perplexity_spread"] = {{"mean_nll_per_window", sp.mean_nll},
-                                {"se", sp.se},
-                                {"ci95", {sp.ci95[0], sp.ci95[1]}}};
+      e["perplexity_spread"] = {
+          {"mean_nll_per_window", sp.mean_nll}, {"se", sp.se}, {"ci95", {sp.ci95[0], sp.ci95[1]}}};
       const nlohmann::json cost = cost_json(r.ledger);
       e["flops"] = cost["flops"];
       e["bytes"] = cost["bytes"];
@@ -348,7 +349,8 @@ int cmd_compare(int argc, char** argv) {
         io::Group pg = g.create_group("perplexity");
         pg.set_attr("perplexity", r.ppl.perplexity());
         pg.set_attr("tokens_scored", static_cast<std::int64_t>(r.ppl.tokens_scored));
-        pg.write<double>("window_nll", r.ppl.window_nll, {"nat", "summed NLL of the scored tokens"});
+        pg.write<double>("window_nll", r.ppl.window_nll,
+                         {"nat", "summed NLL of the scored tokens"});
         pg.write<std::uint64_t>("window_start", r.ppl.window_start,
                                 {"token", "window start offset in the corpus token stream"});
         if (cfgs[i].ma.sparse()) {

@@ -15,8 +15,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -290,7 +290,7 @@ TEST(CalibGreedy, RunsToCapClipsAndSkipsAbsentMatrices) {
 // form sees which matrix changed and every commit.
 TEST(CalibGreedy, StepCapAndEvaluatorCallbacks) {
   const std::vector<double> f = {1, 31};  // F = 32: steps 0.8 and 0.0258 at α = 0.025
-  const std::vector<double> w = {0.2, 1};
+  const std::vector<double> w = {0.02, 1};
   std::vector<std::size_t> changed, committed;
   sparsim::sparsity::GreedyEvaluator ev;
   ev.error = [&](const std::vector<double>& p, std::size_t i) {

@@ -51,8 +51,10 @@ struct ProjShape {
 };
 ProjShape proj_shape(int i) {
   const Config c = tiny_config();
-  const int in[kNumProj] = {c.d_model, c.d_model, c.d_model, c.q_dim(), c.d_model, c.d_model, c.d_ff};
-  const int out[kNumProj] = {c.q_dim(), c.kv_dim(), c.kv_dim(), c.d_model, c.d_ff, c.d_ff, c.d_model};
+  const int in[kNumProj] = {c.d_model, c.d_model, c.d_model, c.q_dim(),
+                            c.d_model, c.d_model, c.d_ff};
+  const int out[kNumProj] = {c.q_dim(), c.kv_dim(), c.kv_dim(), c.d_model,
+                             c.d_ff,    c.d_ff,     c.d_model};
   return {in[i], static_cast<double>(in[i]) * out[i]};
 }
 
@@ -143,13 +145,15 @@ TEST_F(CliSparsity, EvalRefusesSettingsTheCalibrationContradicts) {
     EXPECT_NE(r.exit_code, 0) << bad;
     EXPECT_NE(r.output.find("holds no sensitivities probed with this evaluation's settings"),
               std::string::npos)
-        << bad << "\n" << r.output;
+        << bad << "\n"
+        << r.output;
     EXPECT_NE(r.output.find("guided δ = 0.01, norms on k,gate, positions ≥ 0"), std::string::npos)
         << r.output;
   }
-  for (const std::string ok : {"--masking topk", "--sensitivity-from 4", "--budget uniform --delta 0.02",
-                               "--greedy-lookup interpolate", "--rotation-storage bf16"}) {
-    const RunResult r = run_cmd(eval(base + ok + " --max-windows 1"));
+  for (const std::string ok :
+       {"--masking topk", "--sensitivity-from 4", "--budget uniform --delta 0.02",
+        "--greedy-lookup interpolate", "--rotation-storage bf16"}) {
+    const RunResult r = run_cmd(eval(base + ok));
     EXPECT_EQ(r.exit_code, 0) << ok << "\n" << r.output;
   }
   const RunResult r = run_cmd(eval(base + "--greedy-lookup nearby"));
@@ -170,9 +174,10 @@ TEST_F(CliSparsity, CompareEqualsEvalPerConfiguration) {
          "tkg16: --method topk-guided --sparsity 0.5 --rotation-storage bf16\n";
   }
   const std::string js = dir_->file("compare.json"), h5 = dir_->file("compare.h5");
-  const RunResult c = run_cmd(sparsim_bin() + " compare --model " + model_ + " --corpus " +
-                              corpus_ + " --context 128 --stride 64 --max-windows 3 --calibration " +
-                              calib_ + " --configs " + cfgfile + " --json " + js + " --out " + h5);
+  const RunResult c =
+      run_cmd(sparsim_bin() + " compare --model " + model_ + " --corpus " + corpus_ +
+              " --context 128 --stride 64 --max-windows 3 --calibration " + calib_ + " --configs " +
+              cfgfile + " --json " + js + " --out " + h5);
   ASSERT_EQ(c.exit_code, 0) << c.output;
   std::ifstream f(js);
   const auto j = nlohmann::json::parse(f);
@@ -195,7 +200,8 @@ TEST_F(CliSparsity, CompareEqualsEvalPerConfiguration) {
     const double pc = e.at("perplexity"), pe = ev.at("perplexity");
     EXPECT_NEAR(pc, pe, 1e-6 * pe) << name;
     EXPECT_EQ(e.at("tokens_scored").get<int>(), ev.at("tokens_scored").get<int>()) << name;
-    EXPECT_NEAR(e.at("flops").at("realised").get<double>(), ev.at("flops").at("realised").get<double>(),
+    EXPECT_NEAR(e.at("flops").at("realised").get<double>(),
+                ev.at("flops").at("realised").get<double>(),
                 1e-9 * ev.at("flops").at("realised").get<double>())
         << name;
     if (name == "dense") continue;
@@ -204,10 +210,11 @@ TEST_F(CliSparsity, CompareEqualsEvalPerConfiguration) {
           << name << " " << k;
   }
   EXPECT_TRUE(fs::exists(h5));
-  const RunResult bad = run_cmd(sparsim_bin() + " compare --model " + model_ + " --corpus " +
-                                corpus_ + " --context 128 --max-windows 1 --config 'x: --method "
-                                "topk-guided --delta 0.3' --calibration " + calib_ + " --json " +
-                                dir_->file("bad.json"));
+  const RunResult bad =
+      run_cmd(sparsim_bin() + " compare --model " + model_ + " --corpus " + corpus_ +
+              " --context 128 --stride 64 --max-windows 1 --config 'x: --method "
+              "topk-guided --sparsity 2' --calibration " +
+              calib_ + " --json " + dir_->file("bad.json"));
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("--config x"), std::string::npos) << bad.output;
   EXPECT_FALSE(fs::exists(dir_->file("bad.json")));
@@ -228,10 +235,9 @@ TEST_F(CliSparsity, CalibrateShowsProgressPerStage) {
   const sparsity::Calibration r = sparsity::read_calibration(cal);
   std::vector<std::string> stages;
   for (const auto& t : r.timings) stages.push_back(t.stage);
-  EXPECT_EQ(stages, (std::vector<std::string>{"histograms (plain)", "greedy (plain)",
-                                              "sensitivity (plain)", "rotation",
-                                              "histograms (rotated)", "greedy (rotated)",
-                                              "sensitivity (rotated)"}));
+  EXPECT_EQ(stages, (std::vector<std::string>{
+                        "histograms (plain)", "greedy (plain)", "sensitivity (plain)", "rotation",
+                        "histograms (rotated)", "greedy (rotated)", "sensitivity (rotated)"}));
   EXPECT_EQ(r.greedy_seqs, 2);
   EXPECT_EQ(r.greedy_seq_tokens, 16);
   // plain: threshold probes; rotated: guided and topk; each over positions ≥ 0 and ≥ 4
@@ -287,7 +293,10 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       EXPECT_NEAR(s.at("ideal_speedup_projections").get<double>(), 1.0 / (1.0 - sr), 1e-9);
       const double step = s.at("ideal_speedup_decode_step");
       EXPECT_GT(step, 0.5);
-      EXPECT_LT(step, 1.0 / (1.0 - sr));
+      // the step's ideal weighs each projection by its measured time, the FLOP-weighted ideal by
+      // its FLOPs: when the projections' times are not in proportion to their FLOPs the first
+      // can pass the second by a little, never by much
+      EXPECT_LT(step, 1.1 / (1.0 - sr));
       const double mask = s.at("mask_select_time_share"), rot = s.at("rotation_time_share");
       EXPECT_GT(mask, 0.0);
       EXPECT_LT(mask, 1.0);
@@ -343,10 +352,10 @@ TEST_F(CliSparsity, BadInputFailsAndWritesNothing) {
   EXPECT_FALSE(fs::exists(out));
   // calibrate refuses nonsense before writing
   const std::string cal2 = dir_->file("cal2.h5");
-  for (const std::string a : {"--alpha 0", "--probes 0.2,x", "--probes 1.5", "--variants odd",
-                              "--greedy-tokens 1", "--delta 0.9", "--greedy-step-cap 2",
-                              "--probe-masking odd", "--wina-norms kg,kg",
-                              "--greedy-tokens 16 --sensitivity-from 40", "--progress maybe"}) {
+  for (const std::string a :
+       {"--alpha 0", "--probes 0.2,x", "--probes 1.5", "--variants odd", "--greedy-tokens 1",
+        "--delta 0.9", "--greedy-step-cap 2", "--probe-masking odd", "--wina-norms kg,kg",
+        "--greedy-tokens 16 --sensitivity-from 40", "--progress maybe"}) {
     const RunResult b = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
                                 corpus_ + " --out " + cal2 + " " + a);
     EXPECT_NE(b.exit_code, 0) << a;

@@ -275,6 +275,14 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
         return static_cast<std::size_t>(l) < w.size() ? static_cast<std::uint64_t>(w[l]) : 0;
       };
       const std::uint64_t wq = at(s.qk_widths), wv = at(s.v_widths);
+      if (wq < 1 || wv < 1 || wq > static_cast<std::uint64_t>(hd) ||
+          wv > static_cast<std::uint64_t>(hd)) {
+        c.add(
+            fmt::format("the pruned layout gives layer {} q/k heads {} and v heads {} wide; "
+                        "both must be in 1 … {} (the head width)",
+                        l, wq, wv, hd));
+        continue;
+      }
       const auto H = static_cast<std::uint64_t>(heads), KV = static_cast<std::uint64_t>(kv);
       Shape lw[9] = {want[0], {H * wq, D}, {KV * wq, D}, {KV * wv, D}, {D, H * wv},
                      want[5], want[6],     want[7],      want[8]};

@@ -76,8 +76,11 @@ Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf
     both(6.0 * n * ff, 12.0 * n * ff);                      // SwiGLU
     both(2 * n * d, 2 * 12.0 * n * d);                      // residual adds
   }
-  both(0, 8.0 * n * d);                                      // embedding
-  proj(c.vocab, d, static_cast<double>(n_seq) * tail, 1.0);  // LM head
+  both(0, 8.0 * n * d);                                   // embedding
+  const double rows = static_cast<double>(n_seq) * tail;  // the rows that get logits
+  if (tail < T) both(0, 8.0 * rows * d);                  // gather of the scored rows
+  both(4.0 * rows * d, 8.0 * rows * d);                   // final RMSNorm
+  proj(c.vocab, d, rows, 1.0);                            // LM head
   k.tokens = n;
   return k;
 }

@@ -42,7 +42,7 @@ void Store::check_owner() const {
     // Empty, or holding only the stamp another sweep is writing right now: free to take.
     bool foreign = false;
     for (const auto& e : fs::directory_iterator(root_, ec))
-      if (e.path().filename().string().rfind("sweep.json.tmp.", 0) != 0) foreign = true;
+      if (e.path().filename().string().rfind("sweep.json.", 0) != 0) foreign = true;  // temp
     require(!foreign,
             "output folder '{}' exists, is not empty and was not made by sparsim sweep (no "
             "sweep.json): choose another [sweep] output",
