@@ -138,37 +138,6 @@ std::vector<double> Config::rope_inv_freq(const std::vector<float>& freq_factors
   std::vector<double> inv(half);
   for (int j = 0; j < half; ++j) {
     double f = std::pow(static_cast<double>(rope_theta), -2.0 * j / head_dim);
-    if (!attn.empty()) {
-      require(static_cast<int>(attn.size()) == n_layer,
-              "model config: attention widths given for {} layers, the model has {}", attn.size(),
-              n_layer);
-      for (int l = 0; l < n_layer; ++l) {
-        const LayerAttention& a = attn[static_cast<std::size_t>(l)];
-        require(a.qk_dim >= 1 && a.qk_dim <= head_dim && a.v_dim >= 1 && a.v_dim <= head_dim,
-                "model config: layer {} has q/k head width {} and v head width {}; both must be in "
-                "1 … head_dim = {}",
-                l, a.qk_dim, a.v_dim, head_dim);
-        auto check = [&](const std::vector<int>& ch, int w, const char* what) {
-          require(ch.size() == static_cast<std::size_t>(n_kv_head) * w,
-                  "model config: layer {} lists {} kept {} channels, expected n_kv_head × width = "
-                  "{} × {}",
-                  l, ch.size(), what, n_kv_head, w);
-          for (int h = 0; h < n_kv_head; ++h)
-            for (int i = 0; i < w; ++i) {
-              const int c = ch[static_cast<std::size_t>(h) * w + i];
-              require(c >= 0 && c < head_dim,
-                      "model config: layer {} KV head {} kept {} channel {} is {}, outside 0 … {}",
-                      l, h, what, i, c, head_dim - 1);
-              require(i == 0 || c > ch[static_cast<std::size_t>(h) * w + i - 1],
-                      "model config: layer {} KV head {} kept {} channels are not strictly "
-                      "ascending at position {}",
-                      l, h, what, i);
-            }
-        };
-        check(a.k_channels, a.qk_dim, "K");
-        check(a.v_channels, a.v_dim, "V");
-      }
-    }
     if (rope_scaling.enabled) {
       // Llama-3: long wavelengths are divided by `factor`, short ones kept, a smooth ramp between.
       const double pi = 3.14159265358979323846;
