@@ -99,6 +99,68 @@ std::vector<std::string> ids_of(const json& plan) {
   return ids;
 }
 
+// --plan predicts each point from the families its method names: a token-filter or think
+// point pays for no activation sparsity (its --sparsity resolves to the default 0.5 all the
+// same), a combined point for both of its families.
+TEST(SweepCli, PlanPredictsAttentionSideMethodsByTheirOwnSavings) {
+  Study s;
+  s.add_model("a", 11, false);
+  s.write_spec(R"(
+[sweep]
+name = "attention"
+output = "out"
+
+[models]
+a = "a.gguf"
+
+[corpora]
+text = "corpus.txt"
+
+[options]
+context = 64
+stride = 32
+score = 31
+max-windows = 2
+
+[grid]
+model = ["a"]
+corpus = ["text"]
+method = ["dense", "token-filter", "think", "token-filter+think"]
+
+[methods.token-filter]
+tf-ratio = 0.5
+tf-warmup = 4
+
+[methods.think]
+kv-prune = 0.5
+kv-window = 8
+
+[methods."token-filter+think"]
+tf-ratio = 0.5
+tf-warmup = 4
+kv-prune = 0.5
+kv-window = 8
+)");
+  const json plan = s.plan_json();
+  ASSERT_EQ(plan["points"].size(), 4u);
+  std::map<std::string, json> by;
+  for (const auto& p : plan["points"]) by[p["method"].get<std::string>()] = p["predicted"];
+  const double dense = by["dense"]["flops_realised"].get<double>();
+  EXPECT_EQ(by["dense"]["flops_dense"].get<double>(), dense);
+  for (const char* m : {"token-filter", "think", "token-filter+think"}) {
+    EXPECT_EQ(by[m]["flops_dense"].get<double>(), dense) << m;
+    EXPECT_LT(by[m]["flops_realised"].get<double>(), dense) << m;
+  }
+  const double tf = dense - by["token-filter"]["flops_realised"].get<double>();
+  const double th = dense - by["think"]["flops_realised"].get<double>();
+  const double both = dense - by["token-filter+think"]["flops_realised"].get<double>();
+  EXPECT_GT(tf, th);  // the whole attention stage of half the blocks, against half the keys
+  EXPECT_GT(both, tf);
+  EXPECT_LT(both, tf + th);  // the skipped blocks' compacted keys are not saved twice
+  // the projections stay dense: the saving is a fraction of the attention stage, not of all
+  EXPECT_LT(tf, 0.5 * dense);
+}
+
 TEST(SweepCli, PlanRunStatusCollectAndBitwiseEqualToDirectRuns) {
   Study s;
   s.add_model("a", 11, false);

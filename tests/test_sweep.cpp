@@ -348,6 +348,41 @@ TYPED_TEST(SweepCost, PredictedDenseCostEqualsTheLedgerOfARealRun) {
   EXPECT_NEAR(p.flops_dense, tot.flops_dense, 1e-9 * tot.flops_dense);
   ew.sparsity = 0.5;
   EXPECT_LT(predict_eval(shape, ew, CostRates{}).flops_realised, p.flops_realised);
+
+  // Token Filtering: a fraction r of the q and o projections, scores, softmax and value mixing
+  // is skipped (counted here from the shapes: per layer and window)
+  ew.sparsity = 0;
+  ew.tf_ratio = 0.25;
+  const double n = o.context, T = o.context, pairs = T * (T + 1) / 2;
+  const double stage = 2 * n * c.q_dim() * c.d_model * 2 + 4.0 * pairs * c.n_head * c.head_dim +
+                       5.0 * pairs * c.n_head;
+  const Cost tf = predict_eval(shape, ew, CostRates{});
+  EXPECT_EQ(tf.flops_dense, p.flops_dense);
+  EXPECT_NEAR(p.flops_realised - tf.flops_realised, 0.25 * stage * c.n_layer * 3,
+              1e-9 * p.flops_dense);
+  // ThinK / GRACE: the scored rows' query-key products with the prefix at (1 − λ) of the width
+  ew.tf_ratio = 0;
+  ew.kv_prune = 0.5;
+  const double tail = o.score + 1, prefix_pairs = tail * (T - tail);
+  const Cost kv = predict_eval(shape, ew, CostRates{});
+  EXPECT_NEAR(p.flops_realised - kv.flops_realised,
+              0.5 * 2.0 * prefix_pairs * c.n_head * c.head_dim * c.n_layer * 3,
+              1e-9 * p.flops_dense);
+  EXPECT_LT(kv.bytes_realised, p.bytes_realised);
+}
+
+TEST(SweepCostMethods, FamiliesOfAMethodString) {
+  const auto all = method_families("topk-guided+token-filter+grace");
+  EXPECT_TRUE(all.activation && all.token_filter && all.kv_prune);
+  const auto dense = method_families("dense");
+  EXPECT_FALSE(dense.activation || dense.token_filter || dense.kv_prune);
+  const auto tf = method_families("token-filter");
+  EXPECT_TRUE(tf.token_filter);
+  EXPECT_FALSE(tf.activation || tf.kv_prune);
+  const auto th = method_families("think");
+  EXPECT_TRUE(th.kv_prune && !th.activation && !th.token_filter);
+  EXPECT_TRUE(method_families("wina").activation);
+  EXPECT_TRUE(method_families("teal+think").activation);
 }
 
 // ---- locks

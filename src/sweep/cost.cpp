@@ -42,7 +42,22 @@ std::uint64_t corpus_bytes(const std::string& path) {
   return total;
 }
 
-Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf) {
+MethodFamilies method_families(const std::string& method) {
+  MethodFamilies f;
+  std::size_t start = 0;
+  while (start <= method.size()) {
+    const std::size_t plus = std::min(method.find('+', start), method.size());
+    const std::string part = method.substr(start, plus - start);
+    if (part == "teal" || part == "wina" || part == "topk-guided") f.activation = true;
+    if (part == "token-filter") f.token_filter = true;
+    if (part == "think" || part == "grace") f.kv_prune = true;
+    start = plus + 1;
+  }
+  return f;
+}
+
+Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf, double af,
+                  double kf) {
   Cost k;
   const double n = static_cast<double>(n_seq) * T, d = c.d_model, q = c.q_dim(), kv = c.kv_dim(),
                ff = c.d_ff, nh = c.n_head, hd = c.head_dim;
@@ -54,25 +69,29 @@ Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf
     k.bytes_dense += by;
     k.bytes_realised += by * fraction;
   };
-  auto both = [&](double fl, double by) {
+  auto both = [&](double fl, double by, double fraction = 1.0) {
     k.flops_dense += fl;
-    k.flops_realised += fl;
+    k.flops_realised += fl * fraction;
     k.bytes_dense += by;
-    k.bytes_realised += by;
+    k.bytes_realised += by * fraction;
   };
   const double pairs = static_cast<double>(n_seq) * T * (T + 1.0) / 2.0;
+  // query-key products of the scored rows with the prefix, whose keys ThinK / GRACE compact
+  const double prefix_pairs = static_cast<double>(n_seq) * std::min(tail, T) * (T - std::min(tail, T));
   for (int l = 0; l < c.n_layer; ++l) {
-    proj(q, d, n, pf);
+    proj(q, d, n, pf * af);
     proj(kv, d, n, pf);
     proj(kv, d, n, pf);
-    proj(d, q, n, pf);
+    proj(d, q, n, pf * af);
     proj(ff, d, n, pf);
     proj(ff, d, n, pf);
     proj(d, ff, n, pf);
     both(2 * 4.0 * n * d, 2 * 8.0 * n * d);                 // two RMSNorms
     both(6.0 * n * (q + kv) / 2, 8.0 * n * (q + kv));       // RoPE
-    both(2 * 2.0 * pairs * nh * hd, 2 * 4.0 * pairs * kv);  // scores and value mixing
-    both(5.0 * pairs * nh, 0);                              // softmax
+    both(2 * 2.0 * pairs * nh * hd, 2 * 4.0 * pairs * kv, af);  // scores and value mixing
+    both(5.0 * pairs * nh, 0, af);                              // softmax
+    k.flops_realised -= af * (1.0 - kf) * 2.0 * prefix_pairs * nh * hd;  // compacted keys
+    k.bytes_realised -= af * (1.0 - kf) * 4.0 * prefix_pairs * kv;
     both(6.0 * n * ff, 12.0 * n * ff);                      // SwiGLU
     both(2 * n * d, 2 * 12.0 * n * d);                      // residual adds
   }
@@ -111,11 +130,15 @@ void add(Cost& a, const Cost& b, double times) {
 Cost predict_eval(const ModelShape& m, const EvalWork& w, const CostRates& r) {
   const int windows = predicted_windows(w, r);
   const int tail = std::min(w.context, w.score + 1);
-  // Sparsity applies to the scored rows' projections; the context prefix stays dense.
+  // Sparsity applies to the scored rows' projections; the context prefix stays dense. Token
+  // Filtering skips a fraction r of all (token, layer) attention blocks; ThinK / GRACE compact
+  // the prefix's keys before the scored rows attend to them.
   const double scored = static_cast<double>(tail) / std::max(1, w.context);
   const double pf = 1.0 - std::clamp(w.sparsity, 0.0, 1.0) * scored;
+  const double af = 1.0 - std::clamp(w.tf_ratio, 0.0, 1.0);
+  const double kf = 1.0 - std::clamp(w.kv_prune, 0.0, 1.0);
   Cost k;
-  add(k, forward_cost(m.cfg, w.storage_bytes, 1, w.context, tail, pf), windows);
+  add(k, forward_cost(m.cfg, w.storage_bytes, 1, w.context, tail, pf, af, kf), windows);
   finish_seconds(k, m, r);
   return k;
 }

@@ -38,8 +38,17 @@ struct EvalWork {
   bool bos = true;
   int storage_bytes = 4;  ///< bytes per weight as stored (f32 4, bf16 / f16 2)
   double sparsity = 0;    ///< target activation sparsity of the scored rows (0: dense)
+  double tf_ratio = 0;    ///< Token Filtering: fraction of (token, layer) attention blocks skipped
+  double kv_prune = 0;    ///< ThinK / GRACE: pruned fraction of the prefix's key channels
   std::uint64_t corpus_bytes = 0;
 };
+
+/// The method families a `--method` value names ('+'-joined): an activation-sparsity method
+/// (teal, wina, topk-guided), token-filter, and a K-cache channel selector (think, grace).
+struct MethodFamilies {
+  bool activation = false, token_filter = false, kv_prune = false;
+};
+MethodFamilies method_families(const std::string& method);
 
 /// Perplexity windows of `w` over a corpus of w.corpus_bytes (estimated token count).
 int predicted_windows(const EvalWork& w, const CostRates& r);
@@ -59,8 +68,13 @@ Cost predict_calibrate(const ModelShape& m, const CalibrateWork& w, const CostRa
 
 /// FLOPs and bytes of one dense forward pass over `n_seq` sequences of `T` tokens from
 /// position 0 with logits for the last `tail` rows of each, as the ledger counts them;
-/// `proj_fraction` scales the projections' FLOPs and bytes (realised sparsity).
+/// `proj_fraction` scales the projections' FLOPs and bytes (realised sparsity);
+/// `attn_stage_fraction` the attention stage's (q_proj, scores, softmax, value mixing, o_proj:
+/// what a Token Filtering skip leaves out; k and v projections still run);
+/// `k_prefix_fraction` the query-key products of the last `tail` rows with the first T − tail
+/// positions (their keys compacted to that fraction of the channels by ThinK / GRACE).
 Cost forward_cost(const Config& c, int storage_bytes, int n_seq, int T, int tail,
-                  double proj_fraction = 1.0);
+                  double proj_fraction = 1.0, double attn_stage_fraction = 1.0,
+                  double k_prefix_fraction = 1.0);
 
 }  // namespace sparsim::sweep

@@ -305,7 +305,12 @@ Plan make_plan(const Spec& spec, const PlanHooks& hooks) {
     w.max_windows = get_or(resolved, "max-windows", w.max_windows);
     w.bos = get_or<std::string>(resolved, "bos", "auto") != "no";
     w.storage_bytes = storage_bytes(resolved);
-    w.sparsity = method == "dense" ? 0.0 : get_or(resolved, "sparsity", 0.0);
+    // only the families the method names change the cost (the options of the others are
+    // resolved to their defaults, e.g. --sparsity 0.5 for a token-filter point)
+    const MethodFamilies fam = method_families(method);
+    w.sparsity = fam.activation ? get_or(resolved, "sparsity", 0.0) : 0.0;
+    w.tf_ratio = fam.token_filter ? get_or(resolved, "tf-ratio", 0.0) : 0.0;
+    w.kv_prune = fam.kv_prune ? get_or(resolved, "kv-prune", 0.0) : 0.0;
     w.corpus_bytes = in.corpus_bytes[c];
     if (get_or(resolved, "no-perplexity", false)) w.max_windows = 1;
     p.predicted = predict_eval(in.shape.at(m), w, spec.cost);
