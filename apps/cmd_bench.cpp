@@ -8,6 +8,7 @@
 #include "flops/ledger.hpp"
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
+#include "kernels/bandwidth.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
@@ -28,30 +29,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/// Copy bandwidth (read + write bytes per second) of `bytes`-sized buffers, median of reps.
-template <class E>
-double copy_bandwidth(const E& exec, std::size_t bytes, int reps) {
-  const std::size_t n = bytes / sizeof(float);
-  Kokkos::View<float*, DeviceOf<E>> a("sparsim::bench::a", n), b("sparsim::bench::b", n);
-  Kokkos::deep_copy(a, 1.0f);
-  std::vector<double> t;
-  constexpr bool host =
-      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
-  for (int r = 0; r < reps + 1; ++r) {
-    exec.fence();
-    Stopwatch sw;
-    if constexpr (host)
-      Kokkos::parallel_for(
-          "sparsim::bench::copy", Kokkos::RangePolicy<E>(exec, 0, n),
-          KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
-    else  // the device's own copy engine path (cudaMemcpy device to device)
-      Kokkos::deep_copy(exec, b, a);
-    exec.fence();
-    if (r > 0) t.push_back(sw.seconds());  // first run warms up
-  }
-  return 2.0 * n * sizeof(float) / median(t);
 }
 
 bool is_projection(flops::Op o) {
@@ -506,7 +483,20 @@ int cmd_bench(int argc, char** argv) {
     // Measured before the model is loaded, so its buffers do not add to the peak memory.
     constexpr bool host =
         Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
-    const double bw = copy_bandwidth(exec, std::size_t(host ? 128 : 1024) << 20, 5);
+    // STREAM-like reference: arrays of 4 x the last-level cache (host) or 1 GiB (device),
+    // 11 repetitions; decode's ideal is the median copy rate, the spread is printed with it
+    const kernels::StreamBandwidth sb = kernels::stream_bandwidth(
+        exec, host ? kernels::host_stream_bytes() : std::size_t(1024) << 20, 11);
+    const double bw = sb.copy.median;
+    const nlohmann::json bw_json = {
+        {"array_bytes", sb.array_bytes},
+        {"reps", sb.reps},
+        {"copy_median", sb.copy.median},
+        {"copy_min", sb.copy.min},
+        {"copy_max", sb.copy.max},
+        {"read_median", sb.read.median},
+        {"read_min", sb.read.min},
+        {"read_max", sb.read.max}};
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
@@ -562,11 +552,13 @@ int cmd_bench(int argc, char** argv) {
         "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
         "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
         "decode   {:>9.1f} tokens/s  (median step of {} after the prompt)\n"
-        "bandwidth {:>8.2f} GB/s copy; decode reads {:.1f} MB/token; ideal {:.1f} tokens/s\n"
-        "decode / ideal = {:.3f}\n",
+        "bandwidth {:>8.2f} GB/s copy (min {:.2f}, max {:.2f} over {} runs of {} MiB; read "
+        "{:.2f} GB/s)\n"
+        "decode reads {:.1f} MB/token; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n",
         mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
         eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps, prompt,
-        reps, dec_tps, decode, bw / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
+        reps, dec_tps, decode, bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
+        sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -768,6 +760,7 @@ int cmd_bench(int argc, char** argv) {
                           {"decode_tokens_per_s", dec_tps},
                           {"decode_step_seconds_reps", t_dec},
                           {"copy_bandwidth_bytes_per_s", bw},
+                          {"bandwidth", bw_json},
                           {"decode_weight_bytes_per_token", wbytes},
                           {"decode_ideal_tokens_per_s", ideal_tps},
                           {"decode_fraction_of_ideal", dec_tps / ideal_tps}};

@@ -7,6 +7,7 @@
 #include "core/timer.hpp"
 #include "cost/hardware.hpp"
 #include "io/run_file.hpp"
+#include "kernels/bandwidth.hpp"
 #include "kernels/linear.hpp"
 #include "model/weights.hpp"
 #include "records.hpp"
@@ -26,33 +27,10 @@ namespace sparsim::app {
 
 namespace {
 
-constexpr int kLanes = 16;
-
 double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/// Size in bytes of the largest cache level sysfs lists for cpu0 (0 when unknown).
-std::pair<double, std::string> last_level_cache() {
-  double best = 0;
-  std::string where;
-  for (int i = 0; i < 8; ++i) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
-    std::ifstream sz(dir + "/size"), lv(dir + "/level");
-    std::string s;
-    int level = 0;
-    if (!(sz >> s) || !(lv >> level)) continue;
-    double v = std::atof(s.c_str());
-    if (!s.empty() && (s.back() == 'K' || s.back() == 'k')) v *= 1024;
-    if (!s.empty() && (s.back() == 'M' || s.back() == 'm')) v *= 1024 * 1024;
-    if (v > best) {
-      best = v;
-      where = fmt::format("{}/size (L{} of cpu0: {})", dir, level, s);
-    }
-  }
-  return {best, where};
 }
 
 std::string cpu_model() {
@@ -77,51 +55,17 @@ std::string utc_now() {
 /// details.
 template <class E>
 nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps, Clock clock) {
-  using Dev = DeviceOf<E>;
   nlohmann::json j;
   j["threads"] = threads;
   // --- copy and read bandwidth over arrays of array_bytes each
   {
-    const std::size_t n = static_cast<std::size_t>(array_bytes / sizeof(float));
-    Kokkos::View<float*, Dev> a("sparsim::probe::a", n), b("sparsim::probe::b", n);
-    Kokkos::deep_copy(a, 1.0f);
-    Kokkos::deep_copy(b, 0.0f);
-    std::vector<double> tc, tr;
-    float sink = 0;
-    for (int r = 0; r < reps + 1; ++r) {
-      exec.fence();
-      Stopwatch sw(clock);
-      Kokkos::parallel_for(
-          "sparsim::probe::copy", Kokkos::RangePolicy<E>(exec, 0, n),
-          KOKKOS_LAMBDA(const std::size_t i) { b(i) = a(i); });
-      exec.fence();
-      const double c = sw.seconds();
-      // the sum runs 16 independent lanes per block, so that it streams at memory speed
-      // rather than at the latency of one dependent addition per element
-      float s = 0;
-      const std::size_t blocks = n / kLanes;
-      sw.reset();
-      Kokkos::parallel_reduce(
-          "sparsim::probe::read", Kokkos::RangePolicy<E>(exec, 0, blocks),
-          KOKKOS_LAMBDA(const std::size_t blk, float& acc) {
-            float lane[kLanes];
-            for (int k = 0; k < kLanes; ++k) lane[k] = b(blk * kLanes + k);
-            float t = 0;
-            for (int k = 0; k < kLanes; ++k) t += lane[k];
-            acc += t;
-          },
-          s);
-      exec.fence();
-      const double rd = sw.seconds();
-      sink += s;
-      if (r > 0) {  // the first repetition warms up (page faults, frequency)
-        tc.push_back(c);
-        tr.push_back(rd);
-      }
-    }
-    j["copy_bandwidth"] = 2.0 * static_cast<double>(n) * sizeof(float) / median_of(tc);
-    j["read_bandwidth"] = static_cast<double>(n / kLanes * kLanes) * sizeof(float) / median_of(tr);
-    j["read_checksum"] = sink;
+    const kernels::StreamBandwidth bw = kernels::stream_bandwidth(
+        exec, static_cast<std::size_t>(array_bytes), reps, clock);
+    j["copy_bandwidth"] = bw.copy.median;
+    j["read_bandwidth"] = bw.read.median;
+    j["copy_bandwidth_range"] = {bw.copy.min, bw.copy.max};
+    j["read_bandwidth_range"] = {bw.read.min, bw.read.max};
+    j["read_checksum"] = bw.checksum;
   }
   LinearScratch<E> scratch;
   auto make_w = [](int out, int in, std::uint64_t seed) {
@@ -264,12 +208,11 @@ int cmd_probe(int argc, char** argv) {
   require(reps >= 1 && reps <= 1000, "--reps must be between 1 and 1000, got {}", reps);
   require(size_mb >= 0 && size_mb <= 65536, "--size-mb must be between 0 and 65536, got {}",
           size_mb);
-  const auto [llc, llc_where] = last_level_cache();
+  const auto [llc, llc_where] = kernels::last_level_cache();
   // 4 x the last-level cache, within [256 MiB, 1 GiB]: virtual machines may report the host's
   // whole (shared) cache
-  const double array_bytes =
-      size_mb > 0 ? size_mb * 1024 * 1024
-                  : std::min(1024.0 * 1024 * 1024, std::max(256.0 * 1024 * 1024, 4 * llc));
+  const double array_bytes = size_mb > 0 ? size_mb * 1024 * 1024
+                                         : static_cast<double>(kernels::host_stream_bytes());
   if (single) {
     Runtime rt(co);
     return with_backend(co.backend, [&](auto exec) {

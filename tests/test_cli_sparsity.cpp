@@ -288,6 +288,14 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       EXPECT_EQ(s.at("rotated").get<bool>(), m == "wina");
       EXPECT_GT(s.at("decode_tokens_per_s").get<double>(), 0);
       EXPECT_GT(j.at("decode_tokens_per_s").get<double>(), 0);
+      // the bandwidth reference: arrays past the last-level cache, 11 runs, median in range
+      const auto& bw = j.at("bandwidth");
+      EXPECT_GE(bw.at("array_bytes").get<double>(), 256.0 * 1024 * 1024);
+      EXPECT_EQ(bw.at("reps"), 11);
+      EXPECT_EQ(bw.at("copy_median").get<double>(), j.at("copy_bandwidth_bytes_per_s").get<double>());
+      EXPECT_LE(bw.at("copy_min").get<double>(), bw.at("copy_median").get<double>());
+      EXPECT_LE(bw.at("copy_median").get<double>(), bw.at("copy_max").get<double>());
+      EXPECT_LE(bw.at("read_min").get<double>(), bw.at("read_max").get<double>());
       const double sr = s.at("realised_projection_sparsity");
       EXPECT_NEAR(sr, 0.5, 0.15) << m;
       EXPECT_NEAR(s.at("ideal_speedup_projections").get<double>(), 1.0 / (1.0 - sr), 1e-9);

@@ -2,6 +2,7 @@
 #include "backends.hpp"
 #include "helpers.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/bandwidth.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/loss.hpp"
 #include "kernels/pointwise.hpp"
@@ -253,6 +254,25 @@ TYPED_TEST(Kernels, NllAndArgmaxRows) {
     EXPECT_EQ(ha(r), best) << "row " << r;
   }
   EXPECT_EQ(ha(3), 17);
+}
+
+// The bandwidth measurement copies and reads every element once per repetition (the checksum
+// counts the copied ones), rounds the array to whole 16-lane blocks and orders its statistics.
+TYPED_TEST(Kernels, StreamBandwidthTouchesEveryElementAndOrdersItsStatistics) {
+  using E = TypeParam;
+  const std::size_t bytes = (std::size_t(1) << 20) + 100;  // not a whole number of blocks
+  const kernels::StreamBandwidth bw = kernels::stream_bandwidth(E(), bytes, 4);
+  EXPECT_EQ(bw.array_bytes, bytes / 64 * 64);  // whole blocks of 16 floats
+  EXPECT_EQ(bw.reps, 4);
+  EXPECT_EQ(bw.checksum, 5.0f * static_cast<float>(bw.array_bytes / sizeof(float)));
+  for (const auto* st : {&bw.copy, &bw.read}) {
+    EXPECT_GT(st->min, 0);
+    EXPECT_LE(st->min, st->median);
+    EXPECT_LE(st->median, st->max);
+    EXPECT_GE(st->spread(), 0);
+  }
+  EXPECT_GE(kernels::host_stream_bytes(), std::size_t(256) << 20);
+  EXPECT_LE(kernels::host_stream_bytes(), std::size_t(1024) << 20);
 }
 
 }  // namespace
