@@ -109,6 +109,9 @@ void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
   Kokkos::deep_copy(koff, ho);
 
   const int qk = sh.qk_dim, nkv = sh.n_kv_head, kw = sh.k_width();
+  // One block per head, positions × kept channels, so that a head's decode reads one
+  // contiguous stream: sequence s's P·cap floats hold head h's block at koff(s, h)·P, row p of
+  // it at + p·n_h (n_h = koff(s, h + 1) − koff(s, h) kept channels).
   Cache<E> kc(
       Kokkos::view_alloc(std::string("sparsim::kcache_compact"), Kokkos::WithoutInitializing),
       max_seqs_, P, cap);
@@ -116,12 +119,11 @@ void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
   const Cache<E> old = kl.k;
   Kokkos::parallel_for(
       "sparsim::engine::kv_compact",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, P, cap}),
-      KOKKOS_LAMBDA(const int s, const int p, const int c) {
-        float val = 0.0f;
-        for (int h = 0; h < nkv; ++h)
-          if (c >= koff(s, h) && c < koff(s, h + 1)) val = old(s, p, h * qk + kidx(s, c));
-        kc(s, p, c) = val;
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, nkv, P}),
+      KOKKOS_LAMBDA(const int s, const int h, const int p) {
+        const int c0 = koff(s, h), nc = koff(s, h + 1) - c0;
+        float* dst = compact_key_row(kc, s, P, c0, nc, p);
+        for (int j = 0; j < nc; ++j) dst[j] = old(s, p, h * qk + kidx(s, c0 + j));
       });
   const int n_rest = max_ctx_ - P;
   if (n_rest > 0)

@@ -64,8 +64,9 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
                            if (nb > 0) {
                              const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
                              for (int j = 0; j < nc; ++j) qg[j] = qr[kidx(s, c0 + j)];
+                             const float* kh = compact_key_row(KC, s, base, c0, nc, 0);
                              for (int p = 0; p < nb; ++p) {
-                               float v = detail::dot_lanes(qg, &KC(s, p, c0), nc) * scale;
+                               float v = detail::dot_lanes(qg, kh + p * nc, nc) * scale;
                                if (drops && dropped(s, p)) v = detail::kDroppedScore;
                                sc[p] = v;
                                mx = v > mx ? v : mx;
@@ -118,7 +119,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
         Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos), [&](const int p) {
           float acc = 0.0f;
           if (p < nb) {
-            for (int j = 0; j < nc; ++j) acc += sc(max_pos + j) * KC(s, p, c0 + j);
+            const float* kr = compact_key_row(KC, s, base, c0, nc, p);
+            for (int j = 0; j < nc; ++j) acc += sc(max_pos + j) * kr[j];
           } else {
             for (int i = 0; i < qk; ++i) acc += q(r, h * qk + i) * K(s, p - base, kvh * qk + i);
           }

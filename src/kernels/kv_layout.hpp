@@ -34,7 +34,10 @@ template <class E>
 struct KVLayer {
   Cache<E> k;    ///< full-width keys of positions k_base …: k(s, p − k_base, j)
   Cache<E> v;    ///< values: v(s, p, j)
-  Cache<E> kc;   ///< compact keys of positions 0 … k_base − 1 (empty when k_base = 0)
+  /// compact keys of positions 0 … k_base − 1 (empty when k_base = 0), one contiguous block
+  /// per KV head: compact_key_row(kc, s, k_base, koff(s, h), n_h, p)[j] is the j-th kept
+  /// channel of head h (kidx(s, koff(s, h) + j)) at position p
+  Cache<E> kc;
   IMat<E> kidx;  ///< [seq][cap] channel within its head of each compact column
   IMat<E> koff;  ///< [seq][n_kv + 1] first compact column of each head
   int k_base = 0;
@@ -42,6 +45,16 @@ struct KVLayer {
   bool compacted() const { return k_base > 0; }
   bool has_drops() const { return dropped.extent(0) > 0; }
 };
+
+/// Row p of a head's block in a compact key cache: sequence s's k_base·cap floats (LayoutRight)
+/// hold the block of the head whose columns start at c0 (koff) at offset c0·k_base, its rows
+/// nc (its kept channel count) apart.
+template <class View>
+KOKKOS_INLINE_FUNCTION auto* compact_key_row(const View& kc, int s, int k_base, int c0, int nc,
+                                             int p) {
+  return kc.data() + static_cast<std::size_t>(s) * kc.stride(0) +
+         static_cast<std::size_t>(c0) * k_base + static_cast<std::size_t>(p) * nc;
+}
 
 /// Kept key channels of every (sequence, KV head) of one layer, for the first `positions`
 /// cached positions. idx[s][h] lists channels within the head, ascending and distinct.
