@@ -3,6 +3,8 @@
 // halfway costs only the points in flight.
 #include "sweep_helpers.hpp"
 
+#include <cstdlib>
+
 namespace sparsim::test {
 namespace {
 
@@ -16,12 +18,18 @@ std::string which(const std::string& prog) {
   return p;
 }
 
-/// mpirun with 2 ranks on this machine (root needs Open MPI's explicit consent).
+/// mpirun with 2 ranks on this machine (root needs Open MPI's explicit consent). Under the
+/// asan preset the ranks keep every AddressSanitizer check but not the exit-time leak report:
+/// Open MPI's components, loaded with dlopen and unloaded at MPI_Finalize, leave allocations
+/// whose frames LeakSanitizer can no longer name (so no suppression can match them).
 std::string mpirun(const Study& s) {
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::string asan_env =
+      asan ? "ASAN_OPTIONS='" + std::string(asan) + ":detect_leaks=0' " : std::string();
   return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "
-         "OMPI_MCA_rmaps_base_oversubscribe=1 "
-         "exec timeout -s KILL 300 mpirun -n 2 --oversubscribe " +
-         sparsim_bin() + " sweep " + s.spec() + " --threads 1";
+         "OMPI_MCA_rmaps_base_oversubscribe=1 " +
+         asan_env + "exec timeout -s KILL 300 mpirun -n 2 --oversubscribe " + sparsim_bin() +
+         " sweep " + s.spec() + " --threads 1";
 }
 
 class SweepMpi : public ::testing::Test {
