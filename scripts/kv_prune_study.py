@@ -329,8 +329,11 @@ def page(args, res):
                       f"{j['prefill']['dense_seconds']:.2f} s dense). Profiled decode step: "
                       f"{1e3 * j['decode']['dense_step_seconds']:.2f} ms dense, "
                       f"{1e3 * j['decode']['method_step_seconds']:.2f} ms GRACE.", ""]
-        L += ["The machine is shared (2 cores, other builds running): the load average is in "
-              "each row; timings under that load are noisy.", ""]
+        loads = [x for b in res["bench"].values()
+                 for x in (b["summary"]["load_average_before"], b["summary"]["load_average_after"])]
+        L += [f"Machine: {os.cpu_count()} cores; 1-minute load average {min(loads):.1f} to "
+              f"{max(loads):.1f} during these runs (in each row; a load above the core count "
+              "means other jobs shared the cores and the timings are noisy).", ""]
     L += ["## Where the small model disagrees with the paper", ""]
     L += res.get("discussion") or ["Not yet known: the comparison needs the runs listed above "
                                    "as not run."]

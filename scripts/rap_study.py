@@ -105,6 +105,11 @@ def main():
     ap.add_argument("--task-items", type=int, default=40)
     ap.add_argument("--task-context-lines", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--retrieval-lengths", default="2048",
+                    help="prompt lengths of the generated passkey task (comma separated)")
+    ap.add_argument("--retrieval-depths", default="0,0.25,0.5,0.75,1")
+    ap.add_argument("--retrieval-samples", type=int, default=2,
+                    help="prompts per (length, depth) cell")
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "rap_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "rap-results.md"))
     ap.add_argument("--bench-json", default=os.path.join(ROOT, "docs", "results",
@@ -147,8 +152,9 @@ def main():
     order = sorted(models, key=lambda x: (x[1] is not None,
                                           {0.7: 0, 0.5: 1, 0.9: 2}.get(round(x[2], 2), 3), x[2]))
     evals = {}
-    # perplexity of every model first (cheap), then the cloze task, in `order`
-    for phase in ("ppl", "tasks"):
+    # perplexity of every model first (cheap), then the cloze task, then the passkey retrieval
+    # task (long prompts), in `order`
+    for phase in ("ppl", "tasks", "passkey"):
         for n, m, r, path in order:
             out = os.path.join(a.outdir, f"{n}.{phase}.h5")
             if run and not os.path.exists(out):
@@ -158,8 +164,13 @@ def main():
                     cmd += ["--corpus", dirs["eval"], "--context", str(a.context),
                             "--stride", str(a.context), "--score", str(a.context - 1),
                             "--max-windows", str(a.windows)]
-                else:
+                elif phase == "tasks":
                     cmd += ["--no-perplexity", "--tasks", tasks]
+                else:
+                    cmd += ["--no-perplexity", "--corpus", dirs["eval"], "--task", "passkey",
+                            "--retrieval-lengths", a.retrieval_lengths,
+                            "--retrieval-depths", a.retrieval_depths,
+                            "--retrieval-samples", str(a.retrieval_samples)]
                 sh(cmd, out + ".log")
     for n, *_ in order:
         ppl, tk = (os.path.join(a.outdir, f"{n}.{p}.h5") for p in ("ppl", "tasks"))
@@ -167,6 +178,11 @@ def main():
             evals[n] = read_eval(ppl)
             if os.path.exists(tk):
                 evals[n].update({k: v for k, v in read_tasks(tk).items()})
+            pk = os.path.join(a.outdir, f"{n}.passkey.json")
+            if os.path.exists(pk):
+                rt = json.load(open(pk))["retrieval"]
+                evals[n]["retrieval_accuracy"] = rt["accuracy"]
+                evals[n]["retrieval_cells"] = rt["cells"]
 
     # ---- summary
     rows = []
@@ -218,12 +234,16 @@ def main():
         "context": a.context, "stride": a.context, "score": a.context - 1,
         "windows": a.windows, "task_items": a.task_items,
         "task_context_lines": a.task_context_lines, "threads": a.threads,
+        "retrieval_task": "passkey", "retrieval_lengths": a.retrieval_lengths,
+        "retrieval_depths": a.retrieval_depths, "retrieval_samples": a.retrieval_samples,
         "storage": "f32", "command": " ".join(sys.argv)}
     missing = [n for n, *_ in models if n not in evals]
     missing_tasks = [n for n, *_ in models if "tasks_acc" not in evals.get(n, {})]
+    missing_retrieval = [n for n, *_ in models
+                         if "retrieval_accuracy" not in evals.get(n, {})]
     summary = {"settings": settings, "fisher": fisher_info, "models": rows, "missing": missing,
-               "missing_tasks": missing_tasks, "rap_070_frequency_keep": keep,
-               "retrieval": "not run: the long-context retrieval task is not in this tree yet"}
+               "missing_tasks": missing_tasks, "missing_retrieval": missing_retrieval,
+               "rap_070_frequency_keep": keep}
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)
@@ -264,10 +284,13 @@ def write_page(a, s):
     L.append(f"- retain ratios {st['retain']}, both methods with the same Fisher-proportional layer "
              "budgets; KVPruner keeps single K channels (RoPE-agnostic), an orphan is rotated with "
              "a zero partner at its own frequency (the index-aware variant).")
-    L.append(f"- long-context retrieval: {s['retrieval']}.\n")
+    L.append(f"- long-context retrieval: the generated passkey task (`eval --task passkey`, "
+             f"docs/token-filter.md) on the evaluation text, prompts of {st['retrieval_lengths']} "
+             f"tokens with the needle at depths {st['retrieval_depths']}, "
+             f"{st['retrieval_samples']} prompts per cell, exact match of the greedy answer.\n")
     L.append("## Quality and cost against ρ\n")
-    L.append("| model | ρ | realised | orphan ratio | KV bytes | attn params | attn FLOPs | perplexity | window ppl mean ± sd [min, max] | acc | acc_norm |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("| model | ρ | realised | orphan ratio | KV bytes | attn params | attn FLOPs | perplexity | window ppl mean ± sd [min, max] | acc | acc_norm | passkey |")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in s["models"]:
         e = r.get("eval")
         if e:
@@ -276,14 +299,16 @@ def write_page(a, s):
                       f"[{e['window_ppl_min']:.2f}, {e['window_ppl_max']:.2f}]")
             acc = f"{e['tasks_acc']:.3f}" if "tasks_acc" in e else "not run"
             accn = f"{e['tasks_acc_norm']:.3f}" if "tasks_acc_norm" in e else "not run"
+            pk = (f"{e['retrieval_accuracy']:.2f}" if "retrieval_accuracy" in e else "not run")
         else:
-            ppl, spread, acc, accn = "missing", "", "", ""
+            ppl, spread, acc, accn, pk = "missing", "", "", "", ""
         if "kv_bytes_fraction" not in r:
-            L.append(f"| {r['name']} | {r['retain']} | | | | | | {ppl} | {spread} | {acc} | {accn} |")
+            L.append(f"| {r['name']} | {r['retain']} | | | | | | {ppl} | {spread} | {acc} | {accn} "
+                     f"| {pk} |")
             continue
         L.append(f"| {r['method']} | {r['retain']:.1f} | {r['retain_realised']:.4f} | {r['orphan_ratio']:.3f} | "
                  f"{r['kv_bytes_fraction']:.4f} | {r['attn_params_fraction']:.4f} | "
-                 f"{r['attn_flops_fraction']:.4f} | {ppl} | {spread} | {acc} | {accn} |")
+                 f"{r['attn_flops_fraction']:.4f} | {ppl} | {spread} | {acc} | {accn} | {pk} |")
     L.append("")
     L.append("KV bytes, attention parameters and FLOPs are fractions of the dense model (FLOPs: a "
              "prefill of 2048 tokens: projections, RoPE, scores, softmax, value mixing). Both methods "
@@ -295,6 +320,9 @@ def write_page(a, s):
     if s.get("missing_tasks"):
         L.append(f"**Cloze task not finished:** {', '.join(s['missing_tasks'])} (rerun the script to "
                  "resume).\n")
+    if s.get("missing_retrieval"):
+        L.append(f"**Passkey task not finished:** {', '.join(s['missing_retrieval'])} (rerun the "
+                 "script to resume).\n")
     rap = next((r for r in s["models"] if r["method"] == "rap" and abs(r["retain"] - 0.7) < 1e-9
                 and "layers" in r), None)
     if rap:
