@@ -489,14 +489,9 @@ int cmd_bench(int argc, char** argv) {
         exec, host ? kernels::host_stream_bytes() : std::size_t(1024) << 20, 11);
     const double bw = sb.copy.median;
     const nlohmann::json bw_json = {
-        {"array_bytes", sb.array_bytes},
-        {"reps", sb.reps},
-        {"copy_median", sb.copy.median},
-        {"copy_min", sb.copy.min},
-        {"copy_max", sb.copy.max},
-        {"read_median", sb.read.median},
-        {"read_min", sb.read.min},
-        {"read_max", sb.read.max}};
+        {"array_bytes", sb.array_bytes}, {"reps", sb.reps},         {"copy_median", sb.copy.median},
+        {"copy_min", sb.copy.min},       {"copy_max", sb.copy.max}, {"read_median", sb.read.median},
+        {"read_min", sb.read.min},       {"read_max", sb.read.max}};
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;

@@ -59,8 +59,8 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps,
   j["threads"] = threads;
   // --- copy and read bandwidth over arrays of array_bytes each
   {
-    const kernels::StreamBandwidth bw = kernels::stream_bandwidth(
-        exec, static_cast<std::size_t>(array_bytes), reps, clock);
+    const kernels::StreamBandwidth bw =
+        kernels::stream_bandwidth(exec, static_cast<std::size_t>(array_bytes), reps, clock);
     j["copy_bandwidth"] = bw.copy.median;
     j["read_bandwidth"] = bw.read.median;
     j["copy_bandwidth_range"] = {bw.copy.min, bw.copy.max};
@@ -211,8 +211,8 @@ int cmd_probe(int argc, char** argv) {
   const auto [llc, llc_where] = kernels::last_level_cache();
   // 4 x the last-level cache, within [256 MiB, 1 GiB]: virtual machines may report the host's
   // whole (shared) cache
-  const double array_bytes = size_mb > 0 ? size_mb * 1024 * 1024
-                                         : static_cast<double>(kernels::host_stream_bytes());
+  const double array_bytes =
+      size_mb > 0 ? size_mb * 1024 * 1024 : static_cast<double>(kernels::host_stream_bytes());
   if (single) {
     Runtime rt(co);
     return with_backend(co.backend, [&](auto exec) {

@@ -1,5 +1,7 @@
 #include "method_setup.hpp"
 
+#include "core/method_name.hpp"
+
 #include <cmath>
 
 namespace sparsim::app {
@@ -74,11 +76,7 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   // --method: at most one activation method and token-filter, joined by '+'
   std::string act;
   token_filter = false;
-  std::size_t start = 0;
-  while (start <= method.size()) {
-    const std::size_t plus = method.find('+', start);
-    const std::string part =
-        method.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+  for (const std::string& part : method_parts(method)) {
     if (part == "token-filter") {
       require(!token_filter, "--method names token-filter twice");
       token_filter = true;
@@ -93,8 +91,6 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
               method);
       act = part;
     }
-    if (plus == std::string::npos) break;
-    start = plus + 1;
   }
   if (act.empty()) act = "dense";
   if (vm && !token_filter)

@@ -57,10 +57,8 @@ StreamBandwidth stream_bandwidth(const E& exec, std::size_t array_bytes, int rep
   using Dev = typename Kokkos::Device<typename E::execution_space, typename E::memory_space>;
   constexpr int kLanes = 16;
   const std::size_t n = std::max<std::size_t>(array_bytes / sizeof(float) / kLanes, 1) * kLanes;
-  Kokkos::View<float*, Dev> a(Kokkos::view_alloc(Kokkos::WithoutInitializing, "sparsim::bw::a"),
-                              n);
-  Kokkos::View<float*, Dev> b(Kokkos::view_alloc(Kokkos::WithoutInitializing, "sparsim::bw::b"),
-                              n);
+  Kokkos::View<float*, Dev> a(Kokkos::view_alloc(Kokkos::WithoutInitializing, "sparsim::bw::a"), n);
+  Kokkos::View<float*, Dev> b(Kokkos::view_alloc(Kokkos::WithoutInitializing, "sparsim::bw::b"), n);
   Kokkos::parallel_for(
       "sparsim::bw::touch", Kokkos::RangePolicy<E>(exec, 0, n), KOKKOS_LAMBDA(const std::size_t i) {
         a(i) = 1.0f;

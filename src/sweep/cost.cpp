@@ -1,6 +1,7 @@
 #include "sweep/cost.hpp"
 
 #include "core/error.hpp"
+#include "core/method_name.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
@@ -44,14 +45,10 @@ std::uint64_t corpus_bytes(const std::string& path) {
 
 MethodFamilies method_families(const std::string& method) {
   MethodFamilies f;
-  std::size_t start = 0;
-  while (start <= method.size()) {
-    const std::size_t plus = std::min(method.find('+', start), method.size());
-    const std::string part = method.substr(start, plus - start);
+  for (const std::string& part : method_parts(method)) {
     if (part == "teal" || part == "wina" || part == "topk-guided") f.activation = true;
     if (part == "token-filter") f.token_filter = true;
     if (part == "think" || part == "grace") f.kv_prune = true;
-    start = plus + 1;
   }
   return f;
 }
@@ -77,7 +74,8 @@ Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf
   };
   const double pairs = static_cast<double>(n_seq) * T * (T + 1.0) / 2.0;
   // query-key products of the scored rows with the prefix, whose keys ThinK / GRACE compact
-  const double prefix_pairs = static_cast<double>(n_seq) * std::min(tail, T) * (T - std::min(tail, T));
+  const double prefix_pairs =
+      static_cast<double>(n_seq) * std::min(tail, T) * (T - std::min(tail, T));
   for (int l = 0; l < c.n_layer; ++l) {
     proj(q, d, n, pf * af);
     proj(kv, d, n, pf);
@@ -86,14 +84,14 @@ Cost forward_cost(const Config& c, int sb, int n_seq, int T, int tail, double pf
     proj(ff, d, n, pf);
     proj(ff, d, n, pf);
     proj(d, ff, n, pf);
-    both(2 * 4.0 * n * d, 2 * 8.0 * n * d);                 // two RMSNorms
-    both(6.0 * n * (q + kv) / 2, 8.0 * n * (q + kv));       // RoPE
-    both(2 * 2.0 * pairs * nh * hd, 2 * 4.0 * pairs * kv, af);  // scores and value mixing
-    both(5.0 * pairs * nh, 0, af);                              // softmax
+    both(2 * 4.0 * n * d, 2 * 8.0 * n * d);                              // two RMSNorms
+    both(6.0 * n * (q + kv) / 2, 8.0 * n * (q + kv));                    // RoPE
+    both(2 * 2.0 * pairs * nh * hd, 2 * 4.0 * pairs * kv, af);           // scores and value mixing
+    both(5.0 * pairs * nh, 0, af);                                       // softmax
     k.flops_realised -= af * (1.0 - kf) * 2.0 * prefix_pairs * nh * hd;  // compacted keys
     k.bytes_realised -= af * (1.0 - kf) * 4.0 * prefix_pairs * kv;
-    both(6.0 * n * ff, 12.0 * n * ff);                      // SwiGLU
-    both(2 * n * d, 2 * 12.0 * n * d);                      // residual adds
+    both(6.0 * n * ff, 12.0 * n * ff);  // SwiGLU
+    both(2 * n * d, 2 * 12.0 * n * d);  // residual adds
   }
   both(0, 8.0 * n * d);                                   // embedding
   const double rows = static_cast<double>(n_seq) * tail;  // the rows that get logits
