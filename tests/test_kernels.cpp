@@ -8,6 +8,7 @@
 #include "kernels/pointwise.hpp"
 
 #include <cmath>
+#include <limits>
 
 namespace sparsim::test {
 namespace {
@@ -173,37 +174,43 @@ TYPED_TEST(Kernels, SwigluEmbedResidual) {
   }
 }
 
-TYPED_TEST(Kernels, AttentionAgainstNaiveCausalGqa) {
-  using E = TypeParam;
-  const int n_seq = 2, T = 5, p0 = 3, nh = 4, nkv = 2, hd = 8, ctx = 16;
-  const int kvd = nkv * hd, qd = nh * hd;
+namespace {
+/// One attention call against a float64 brute-force softmax: n_seq sequences of T new rows at
+/// cache positions p0 …, query/key heads qk wide, value heads vd wide, scores times `scale`.
+struct AttnCase {
+  int n_seq, T, p0, nh, nkv, qk, vd, ctx;
+  float scale;
+};
+
+template <class E>
+void check_attention_against_naive(const AttnCase& c) {
+  const int n_seq = c.n_seq, T = c.T, p0 = c.p0, nh = c.nh, nkv = c.nkv, ctx = c.ctx;
+  const int kd = nkv * c.qk, vdw = nkv * c.vd, qd = nh * c.qk, od = nh * c.vd;
   // The cache already holds p0 positions per sequence; the new rows are stored by kv_store.
-  const auto old_k = random_vec(n_seq * ctx * kvd, 20), old_v = random_vec(n_seq * ctx * kvd, 21);
-  const auto q = random_vec(n_seq * T * qd, 22), k = random_vec(n_seq * T * kvd, 23),
-             v = random_vec(n_seq * T * kvd, 24);
-  Cache<E> kc("kc", n_seq, ctx, kvd), vc("vc", n_seq, ctx, kvd);
+  const auto old_k = random_vec(n_seq * ctx * kd, 20), old_v = random_vec(n_seq * ctx * vdw, 21);
+  const auto q = random_vec(n_seq * T * qd, 22), k = random_vec(n_seq * T * kd, 23),
+             v = random_vec(n_seq * T * vdw, 24);
+  Cache<E> kc("kc", n_seq, ctx, kd), vc("vc", n_seq, ctx, vdw);
   {
     auto hk = Kokkos::create_mirror_view(kc), hv = Kokkos::create_mirror_view(vc);
-    for (int i = 0; i < n_seq * ctx * kvd; ++i) {
-      hk.data()[i] = old_k[i];
-      hv.data()[i] = old_v[i];
-    }
+    for (int i = 0; i < n_seq * ctx * kd; ++i) hk.data()[i] = old_k[i];
+    for (int i = 0; i < n_seq * ctx * vdw; ++i) hv.data()[i] = old_v[i];
     Kokkos::deep_copy(kc, hk);
     Kokkos::deep_copy(vc, hv);
   }
-  auto qd_ = to_device<E>(q, n_seq * T, qd), kd = to_device<E>(k, n_seq * T, kvd),
-       vd = to_device<E>(v, n_seq * T, kvd);
-  kv_store(E(), CMat<E>(kd), CMat<E>(vd), kc, vc, n_seq, T, p0);
-  Mat<E> out("out", n_seq * T, qd);
-  attention(E(), CMat<E>(qd_), kc, vc, out, n_seq, T, p0, nh, nkv, hd);
+  auto qd_ = to_device<E>(q, n_seq * T, qd), kdv = to_device<E>(k, n_seq * T, kd),
+       vdv = to_device<E>(v, n_seq * T, vdw);
+  kv_store(E(), CMat<E>(kdv), CMat<E>(vdv), kc, vc, n_seq, T, p0);
+  Mat<E> out("out", n_seq * T, od);
+  attention(E(), CMat<E>(qd_), kc, vc, out, n_seq, T, p0, nh, nkv, c.qk, c.vd, c.scale);
 
   auto K = [&](int s, int p, int j) {
-    return p < p0 ? old_k[(s * ctx + p) * kvd + j] : k[(s * T + p - p0) * kvd + j];
+    return p < p0 ? old_k[(s * ctx + p) * kd + j] : k[(s * T + p - p0) * kd + j];
   };
   auto V = [&](int s, int p, int j) {
-    return p < p0 ? old_v[(s * ctx + p) * kvd + j] : v[(s * T + p - p0) * kvd + j];
+    return p < p0 ? old_v[(s * ctx + p) * vdw + j] : v[(s * T + p - p0) * vdw + j];
   };
-  std::vector<double> ref(n_seq * T * qd);
+  std::vector<double> ref(n_seq * T * od);
   for (int s = 0; s < n_seq; ++s)
     for (int t = 0; t < T; ++t)
       for (int h = 0; h < nh; ++h) {
@@ -212,19 +219,50 @@ TYPED_TEST(Kernels, AttentionAgainstNaiveCausalGqa) {
         double mx = -1e300;
         for (int p = 0; p < np; ++p) {
           double a = 0;
-          for (int i = 0; i < hd; ++i) a += double(q[r * qd + h * hd + i]) * K(s, p, kvh * hd + i);
-          sc[p] = a / std::sqrt(double(hd));
+          for (int i = 0; i < c.qk; ++i)
+            a += double(q[r * qd + h * c.qk + i]) * K(s, p, kvh * c.qk + i);
+          sc[p] = a * c.scale;
           mx = std::max(mx, sc[p]);
         }
         double z = 0;
         for (auto& x : sc) z += (x = std::exp(x - mx));
-        for (int i = 0; i < hd; ++i) {
+        for (int i = 0; i < c.vd; ++i) {
           double a = 0;
-          for (int p = 0; p < np; ++p) a += sc[p] * V(s, p, kvh * hd + i);
-          ref[r * qd + h * hd + i] = a / z;
+          for (int p = 0; p < np; ++p) a += sc[p] * V(s, p, kvh * c.vd + i);
+          ref[r * od + h * c.vd + i] = a / z;
         }
       }
   expect_close(to_host(out), ref, 1e-5, 1e-5, "attention");
+}
+}  // namespace
+
+TYPED_TEST(Kernels, AttentionAgainstNaiveCausalGqa) {
+  const int hd = 8;
+  check_attention_against_naive<TypeParam>(
+      {2, 5, 3, 4, 2, hd, hd, 16, 1.0f / std::sqrt(float(hd))});
+}
+
+// Prefill over several row tiles with the first rows past a cached prefix, and decode over a
+// cache of several position chunks, with pruned widths (Q/K 24 or 22, V 40 or 30 wide) and the
+// full model's scale, as a RAP layer has them.
+TYPED_TEST(Kernels, AttentionTilesChunksAndPrunedWidths) {
+  const float scale = 0.125f;
+  check_attention_against_naive<TypeParam>({2, 150, 70, 6, 2, 24, 40, 256, scale});
+  check_attention_against_naive<TypeParam>({3, 1, 600, 6, 3, 22, 30, 640, scale});
+  check_attention_against_naive<TypeParam>({1, 1, 0, 4, 4, 16, 16, 8, scale});
+}
+
+TEST(KernelsHost, SoftmaxExponentWithinTwoUlpAndZeroBelowRange) {
+  for (float x = -90.0f; x <= 0.0f; x += 0.0137f) {
+    const double ref = std::exp(double(x));
+    const float got = sparsim::detail::exp_nonpos(x);
+    if (x < -87.0f) {
+      EXPECT_EQ(got, 0.0f) << x;
+    } else {
+      EXPECT_NEAR(got, ref, 2.5 * ref * std::numeric_limits<float>::epsilon()) << x;
+    }
+  }
+  EXPECT_EQ(sparsim::detail::exp_nonpos(0.0f), 1.0f);
 }
 
 TYPED_TEST(Kernels, NllAndArgmaxRows) {

@@ -32,54 +32,222 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
       });
 }
 
-/// Host attention: one (row, head) per work item, written so the compiler vectorises it —
-/// scores are fixed-lane dot products, values are accumulated position by position into a
-/// head-sized accumulator. Every output element still has one fixed summation order.
-/// Query and key heads are `qk_dim` wide, value heads and output heads `v_dim`; scores are
-/// multiplied by `scale`.
+namespace detail {
+
+/// e^x for x ≤ 0 (a softmax argument), branch-free so that a loop of it vectorises: Cody–Waite
+/// reduction x = n·ln2 + r, a degree-6 polynomial for e^r, and 2^n from the exponent bits. Within
+/// 2 ulp of the exact value; 0 below −87 (where e^x leaves the normal range).
+KOKKOS_INLINE_FUNCTION float exp_nonpos(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;
+  const float z = xc * 1.44269504088896341f;
+  // Round to nearest with the 1.5·2^23 trick (|z| < 2^22), no libm call.
+  const float n = (z + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int bits = (static_cast<int>(n) + 127) << 23;
+  float two_n;
+  __builtin_memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.0f ? 0.0f : p * two_n;
+}
+
+/// Maximum and sum of x[0 … n) in kLanes fixed lanes (lane l takes i ≡ l mod kLanes, then a
+/// fixed tree), so that they vectorise and their order is part of the code.
+KOKKOS_INLINE_FUNCTION float max_lanes(const float* x, int n) {
+  float m[kLanes];
+  for (int l = 0; l < kLanes; ++l) m[l] = -3.0e38f;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (int l = 0; i + l < n; ++l) m[l] = x[i + l] > m[l] ? x[i + l] : m[l];
+  for (int h = kLanes / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) m[l] = m[l + h] > m[l] ? m[l + h] : m[l];
+  return m[0];
+}
+
+KOKKOS_INLINE_FUNCTION float sum_lanes(const float* x, int n) {
+  float a[kLanes];
+  for (int l = 0; l < kLanes; ++l) a[l] = 0.0f;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) a[l] += x[i + l];
+  for (int l = 0; i + l < n; ++l) a[l] += x[i + l];
+  for (int h = kLanes / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) a[l] += a[l + h];
+  return a[0];
+}
+
+/// Query rows per BLAS tile of the host prefill attention.
+inline constexpr int kAttnTileRows = 64;
+/// Cached positions per work item of the host decode attention.
+inline constexpr int kAttnChunk = 256;
+
+}  // namespace detail
+
+/// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
+/// work item is one (sequence, KV head, chunk) and serves the KV head's query heads together
+/// (they are adjacent in q), so each key and value row is read once: one GEMM for the chunk's
+/// scores, the chunk's max, exponentials and sum per head, one GEMM for its unnormalised value
+/// mix. A second pass merges the chunks of each (sequence, query head) in chunk order. Chunks
+/// and call shapes depend on the position only, so the result does not depend on the thread
+/// count, and a long cache gives every thread work at batch 1.
+template <class E>
+void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
+                           const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,
+                           int qk_dim, int v_dim, float scale) {
+  constexpr int C = detail::kAttnChunk;
+  const int group = n_head / n_kv_head;
+  const int npos = p0 + 1;
+  const int nch = (npos + C - 1) / C;
+  const int part = v_dim + 2;  // per (chunk, query head): max, sum, unnormalised output
+  Kokkos::View<float**, Layout, DeviceOf<E>> parts(
+      Kokkos::view_alloc(std::string("sparsim::attention::parts"), Kokkos::WithoutInitializing),
+      n_seq * n_head, nch * part);
+  Kokkos::Experimental::UniqueToken<E> token(exec);
+  Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
+      Kokkos::view_alloc(std::string("sparsim::attention::chunk"), Kokkos::WithoutInitializing),
+      token.size(), group * C);
+  using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  const int maxc = static_cast<int>(kc.extent(1));
+  const auto kstride = kc.stride(0), vstride = vc.stride(0);
+  const int kw = static_cast<int>(kc.stride(1)), vw = static_cast<int>(vc.stride(1));
+  using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention_host_decode",
+      Dyn(exec, 0, n_seq * n_kv_head * nch).set_chunk_size(1), [=](const int it) {
+        const int c = it % nch, kvh = (it / nch) % n_kv_head, s = it / (nch * n_kv_head);
+        const int pb = c * C, len = npos - pb < C ? npos - pb : C;
+        const int slot = token.acquire();
+        float* sc = &scratch(slot, 0);
+        const auto P = Kokkos::make_pair(pb, pb + len);
+        const LL K(kc.data() + s * kstride, kw, maxc), V(vc.data() + s * vstride, vw, maxc);
+        KokkosBlas::gemm("T", "N", scale,
+                         Kokkos::subview(K, Kokkos::make_pair(kvh * qk_dim, (kvh + 1) * qk_dim), P),
+                         LL(&q(s, kvh * group * qk_dim), qk_dim, group), 0.0f,
+                         LLout(sc, len, group));
+        const int h0 = s * n_head + kvh * group;
+        for (int g = 0; g < group; ++g) {
+          float* w = sc + g * len;
+          float* pt = &parts(h0 + g, c * part);
+          const float mx = detail::max_lanes(w, len);
+          for (int p = 0; p < len; ++p) w[p] = detail::exp_nonpos(w[p] - mx);
+          pt[0] = mx;
+          pt[1] = detail::sum_lanes(w, len);
+        }
+        // The group's unnormalised outputs: columns of `parts` rows h0 … h0 + group − 1.
+        const LLout O(&parts(h0, c * part + 2), nch * part, group);
+        KokkosBlas::gemm("N", "N", 1.0f,
+                         Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
+                         LL(sc, len, group), 0.0f,
+                         Kokkos::subview(O, Kokkos::make_pair(0, v_dim), Kokkos::ALL));
+        token.release(slot);
+      });
+  Kokkos::parallel_for("sparsim::kernels::attention_host_merge",
+                       Kokkos::RangePolicy<E>(exec, 0, n_seq * n_head), [=](const int sh) {
+                         const int s = sh / n_head, h = sh % n_head;
+                         const float* pt = &parts(sh, 0);
+                         float mx = -3.0e38f;
+                         for (int c = 0; c < nch; ++c) mx = pt[c * part] > mx ? pt[c * part] : mx;
+                         float* o = &out(s, h * v_dim);
+                         for (int i = 0; i < v_dim; ++i) o[i] = 0.0f;
+                         float sum = 0.0f;
+                         for (int c = 0; c < nch; ++c) {
+                           const float f = detail::exp_nonpos(pt[c * part] - mx);
+                           sum += f * pt[c * part + 1];
+                           for (int i = 0; i < v_dim; ++i) o[i] += f * pt[c * part + 2 + i];
+                         }
+                         const float inv = 1.0f / sum;
+                         for (int i = 0; i < v_dim; ++i) o[i] *= inv;
+                       });
+  exec.fence();
+}
+
+/// Host attention, tiled for the vendor BLAS (decode calls go to attention_host_decode). A work
+/// item is one (sequence, query head, tile of up to kAttnTileRows consecutive rows): S =
+/// scale·Q·Kᵀ over the positions the tile needs (one GEMM), a max-shifted softmax per row with
+/// the causally hidden positions set to 0, O = P·V (one GEMM), then each row divided by its
+/// sum. Each BLAS call runs on one thread and its shape depends only on T, p0 and the tile — not
+/// on the thread count or the number of sequences — so every output element has one fixed
+/// summation order. Query and key heads are `qk_dim` wide, value and output heads `v_dim`.
 template <class E>
 void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                     const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
                     int qk_dim, int v_dim, float scale) {
+  if (T == 1) {
+    attention_host_decode(exec, q, kc, vc, out, n_seq, p0, n_head, n_kv_head, qk_dim, v_dim, scale);
+    return;
+  }
+  using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
   const int ctx = p0 + T;
   const int group = n_head / n_kv_head;
-  // One scratch row of scores per concurrent worker.
+  const int rows = n_seq * T;
+  constexpr int R = detail::kAttnTileRows;
+  const int tiles = (T + R - 1) / R;
+  const int maxc = static_cast<int>(kc.extent(1));
+  // Row-major [pos][width] caches are column-major (width, pos) matrices; a head is a band of
+  // rows whose column stride (BLAS lda) stays the cache's row stride.
+  const auto kstride = kc.stride(0), vstride = vc.stride(0);
+  const int kw = static_cast<int>(kc.stride(1)), vw = static_cast<int>(vc.stride(1));
+  const int qw = static_cast<int>(q.stride(0)), ow = static_cast<int>(out.stride(0));
+  // One scratch block of scores (ctx × R, column-major) and row sums per concurrent worker.
   Kokkos::Experimental::UniqueToken<E> token(exec);
-  Kokkos::View<float**, Layout, DeviceOf<E>> scores(
+  Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
       Kokkos::view_alloc(std::string("sparsim::attention::scores"), Kokkos::WithoutInitializing),
-      token.size(), ctx);
-  Kokkos::parallel_for("sparsim::kernels::attention_host",
-                       Kokkos::RangePolicy<E>(exec, 0, n_seq * T * n_head), [=](const int item) {
-                         const int r = item / n_head, h = item % n_head;
-                         const int s = r / T, t = r % T;
-                         const int kvh = h / group;
-                         const int npos = p0 + t + 1;
-                         const int slot = token.acquire();
-                         float* sc = &scores(slot, 0);
-                         const float* qr = &q(r, h * qk_dim);
-                         float mx = -3.0e38f;
-                         for (int p = 0; p < npos; ++p) {
-                           const float v =
-                               detail::dot_lanes(qr, &kc(s, p, kvh * qk_dim), qk_dim) * scale;
-                           sc[p] = v;
-                           mx = v > mx ? v : mx;
-                         }
-                         float sum = 0.0f;
-                         for (int p = 0; p < npos; ++p) {
-                           sc[p] = kx::exp(sc[p] - mx);
-                           sum += sc[p];
-                         }
-                         const float inv = 1.0f / sum;
-                         float* o = &out(r, h * v_dim);
-                         for (int i = 0; i < v_dim; ++i) o[i] = 0.0f;
-                         for (int p = 0; p < npos; ++p) {
-                           const float w = sc[p];
-                           const float* vr = &vc(s, p, kvh * v_dim);
-                           for (int i = 0; i < v_dim; ++i) o[i] += w * vr[i];
-                         }
-                         for (int i = 0; i < v_dim; ++i) o[i] *= inv;
-                         token.release(slot);
-                       });
+      token.size(), ctx * R + R);
+  Kokkos::parallel_for(
+      "sparsim::kernels::attention_host", Dyn(exec, 0, n_seq * n_head * tiles).set_chunk_size(1),
+      [=](const int it) {
+        // Heavier (later) tiles first: the causal triangle makes them the long ones.
+        const int tile = tiles - 1 - it % tiles;
+        const int s = it / tiles / n_head, h = it / tiles % n_head;
+        const int kvh = h / group;
+        const int t0 = tile * R;
+        const int nr = T - t0 < R ? T - t0 : R;
+        const int npe = p0 + t0 + nr;  // positions the tile reads
+        const int r0 = s * T + t0;
+        const int slot = token.acquire();
+        float* sc = &scratch(slot, 0);
+        float* inv = sc + static_cast<std::ptrdiff_t>(npe) * nr;
+        const LL K(kc.data() + s * kstride, kw, maxc), V(vc.data() + s * vstride, vw, maxc);
+        const LL Q(q.data(), qw, rows);
+        const LLout Oall(out.data(), ow, rows);
+        const auto P = Kokkos::make_pair(0, npe);
+        const auto Rw = Kokkos::make_pair(r0, r0 + nr);
+        const LLout S(sc, npe, nr);
+        KokkosBlas::gemm("T", "N", scale,
+                         Kokkos::subview(K, Kokkos::make_pair(kvh * qk_dim, (kvh + 1) * qk_dim), P),
+                         Kokkos::subview(Q, Kokkos::make_pair(h * qk_dim, (h + 1) * qk_dim), Rw),
+                         0.0f, S);
+        for (int j = 0; j < nr; ++j) {
+          float* col = sc + static_cast<std::ptrdiff_t>(j) * npe;
+          const int valid = p0 + t0 + j + 1;
+          const float mx = detail::max_lanes(col, valid);
+          for (int p = 0; p < valid; ++p) col[p] = detail::exp_nonpos(col[p] - mx);
+          for (int p = valid; p < npe; ++p) col[p] = 0.0f;
+          inv[j] = 1.0f / detail::sum_lanes(col, valid);
+        }
+        const auto O = Kokkos::subview(Oall, Kokkos::make_pair(h * v_dim, (h + 1) * v_dim), Rw);
+        KokkosBlas::gemm("N", "N", 1.0f,
+                         Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
+                         LL(sc, npe, nr), 0.0f, O);
+        for (int j = 0; j < nr; ++j)
+          for (int i = 0; i < v_dim; ++i) O(i, j) *= inv[j];
+        token.release(slot);
+      });
+  exec.fence();
 }
 
 /// out[r][h·dv + i] = Σ_p softmax_p(scale · q_h·k_p) v_p[i] over p ≤ p0 + t, with query/key
