@@ -88,6 +88,55 @@ inline constexpr int kAttnTileRows = 64;
 /// Cached positions per work item of the host decode attention.
 inline constexpr int kAttnChunk = 256;
 
+template <class E>
+using HostLL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
+                            Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+template <class E>
+using HostLLout =
+    Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+/// Per (chunk, query head) partial of the host decode attention: max, sum, unnormalised output.
+inline int chunk_part(int v_dim) {
+  return v_dim + 2;
+}
+
+/// The partials of one chunk of `len` positions for a KV head's `group` query heads, whose
+/// scores S (len × group, column-major) are in `sc`: exponentiates S in place and writes head
+/// g's max and sum to part[g·pstride], part[g·pstride + 1] and its unnormalised value mix
+/// (one GEMM with the value band vb, v_dim × len) to part[g·pstride + 2 …].
+template <class E, class VB>
+void chunk_partials(float* sc, int len, int group, const VB& vb, float* part, int pstride,
+                    int v_dim) {
+  for (int g = 0; g < group; ++g) {
+    float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
+    const float mx = max_lanes(w, len);
+    for (int p = 0; p < len; ++p) w[p] = exp_nonpos(w[p] - mx);
+    part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
+    part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = sum_lanes(w, len);
+  }
+  // The outputs are columns pstride apart.
+  const HostLLout<E> o(part + 2, pstride, group);
+  KokkosBlas::gemm("N", "N", 1.0f, vb, HostLL<E>(sc, len, group), 0.0f,
+                   Kokkos::subview(o, Kokkos::make_pair(0, v_dim), Kokkos::ALL));
+}
+
+/// out[0 … v_dim) from the partials of chunks 0 … nch − 1 (each chunk_part(v_dim) floats), merged
+/// in chunk order.
+KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, float* o) {
+  const int part = v_dim + 2;
+  float mx = -3.0e38f;
+  for (int c = 0; c < nch; ++c) mx = pt[c * part] > mx ? pt[c * part] : mx;
+  for (int i = 0; i < v_dim; ++i) o[i] = 0.0f;
+  float sum = 0.0f;
+  for (int c = 0; c < nch; ++c) {
+    const float f = exp_nonpos(pt[c * part] - mx);
+    sum += f * pt[c * part + 1];
+    for (int i = 0; i < v_dim; ++i) o[i] += f * pt[c * part + 2 + i];
+  }
+  const float inv = 1.0f / sum;
+  for (int i = 0; i < v_dim; ++i) o[i] *= inv;
+}
+
 }  // namespace detail
 
 /// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
@@ -105,7 +154,7 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
   const int group = n_head / n_kv_head;
   const int npos = p0 + 1;
   const int nch = (npos + C - 1) / C;
-  const int part = v_dim + 2;  // per (chunk, query head): max, sum, unnormalised output
+  const int part = detail::chunk_part(v_dim);
   Kokkos::View<float**, Layout, DeviceOf<E>> parts(
       Kokkos::view_alloc(std::string("sparsim::attention::parts"), Kokkos::WithoutInitializing),
       n_seq * n_head, nch * part);
@@ -113,10 +162,8 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
   Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
       Kokkos::view_alloc(std::string("sparsim::attention::chunk"), Kokkos::WithoutInitializing),
       token.size(), group * C);
-  using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
-                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
-                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using LL = detail::HostLL<E>;
+  using LLout = detail::HostLLout<E>;
   const int maxc = static_cast<int>(kc.extent(1));
   const auto kstride = kc.stride(0), vstride = vc.stride(0);
   const int kw = static_cast<int>(kc.stride(1)), vw = static_cast<int>(vc.stride(1));
@@ -135,38 +182,16 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
                          LL(&q(s, kvh * group * qk_dim), qk_dim, group), 0.0f,
                          LLout(sc, len, group));
         const int h0 = s * n_head + kvh * group;
-        for (int g = 0; g < group; ++g) {
-          float* w = sc + g * len;
-          float* pt = &parts(h0 + g, c * part);
-          const float mx = detail::max_lanes(w, len);
-          for (int p = 0; p < len; ++p) w[p] = detail::exp_nonpos(w[p] - mx);
-          pt[0] = mx;
-          pt[1] = detail::sum_lanes(w, len);
-        }
-        // The group's unnormalised outputs: columns of `parts` rows h0 … h0 + group − 1.
-        const LLout O(&parts(h0, c * part + 2), nch * part, group);
-        KokkosBlas::gemm("N", "N", 1.0f,
-                         Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
-                         LL(sc, len, group), 0.0f,
-                         Kokkos::subview(O, Kokkos::make_pair(0, v_dim), Kokkos::ALL));
+        detail::chunk_partials<E>(
+            sc, len, group,
+            Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
+            &parts(h0, c * part), static_cast<int>(parts.stride(0)), v_dim);
         token.release(slot);
       });
   Kokkos::parallel_for("sparsim::kernels::attention_host_merge",
                        Kokkos::RangePolicy<E>(exec, 0, n_seq * n_head), [=](const int sh) {
-                         const int s = sh / n_head, h = sh % n_head;
-                         const float* pt = &parts(sh, 0);
-                         float mx = -3.0e38f;
-                         for (int c = 0; c < nch; ++c) mx = pt[c * part] > mx ? pt[c * part] : mx;
-                         float* o = &out(s, h * v_dim);
-                         for (int i = 0; i < v_dim; ++i) o[i] = 0.0f;
-                         float sum = 0.0f;
-                         for (int c = 0; c < nch; ++c) {
-                           const float f = detail::exp_nonpos(pt[c * part] - mx);
-                           sum += f * pt[c * part + 1];
-                           for (int i = 0; i < v_dim; ++i) o[i] += f * pt[c * part + 2 + i];
-                         }
-                         const float inv = 1.0f / sum;
-                         for (int i = 0; i < v_dim; ++i) o[i] *= inv;
+                         detail::merge_chunks(&parts(sh, 0), nch, v_dim,
+                                              &out(sh / n_head, sh % n_head * v_dim));
                        });
   exec.fence();
 }

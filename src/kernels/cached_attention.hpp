@@ -43,57 +43,87 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   const auto dropped = kv.dropped;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    // One (row, head) per work item, as attention_host: fixed-lane dot products for scores,
-    // values accumulated position by position into a head-sized accumulator.
+    // As attention_host_decode: one (row, KV head, chunk of kAttnChunk positions) per work
+    // item, the KV head's query heads together, then the chunks merged in order. A chunk's
+    // scores come from up to two GEMMs: the compacted prefix against the query gathered to the
+    // head's kept channels, the full-width rest against the whole query. Dropped positions
+    // score kDroppedScore (weight exactly 0). With a dense layout and no drops every call and
+    // every operation is that of attention_host_decode.
+    using LL = detail::HostLL<E>;
+    using LLout = detail::HostLLout<E>;
+    constexpr int C = detail::kAttnChunk;
+    const int nch = (max_pos + C - 1) / C;
+    const int part = detail::chunk_part(vd);
+    Kokkos::View<float**, Layout, DeviceOf<E>> parts(
+        Kokkos::view_alloc(std::string("sparsim::cached_attention::parts"),
+                           Kokkos::WithoutInitializing),
+        n * nh, nch * part);
     Kokkos::Experimental::UniqueToken<E> token(exec);
     Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
-        Kokkos::view_alloc(std::string("sparsim::cached_attention::scores"),
+        Kokkos::view_alloc(std::string("sparsim::cached_attention::chunk"),
                            Kokkos::WithoutInitializing),
-        token.size(), max_pos + qk);
-    Kokkos::parallel_for("sparsim::kernels::cached_attention_host",
-                         Kokkos::RangePolicy<E>(exec, 0, n * nh), [=](const int item) {
-                           const int r = item / nh, h = item % nh;
-                           const int s = row_seq(r), npos = row_pos(r) + 1;
-                           const int kvh = h / group;
-                           const int slot = token.acquire();
-                           float* sc = &scratch(slot, 0);
-                           float* qg = &scratch(slot, max_pos);
-                           const float* qr = &q(r, h * qk);
-                           float mx = -3.0e38f;
-                           const int nb = base < npos ? base : npos;
-                           if (nb > 0) {
-                             const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
-                             for (int j = 0; j < nc; ++j) qg[j] = qr[kidx(s, c0 + j)];
-                             const float* kh = compact_key_row(KC, s, base, c0, nc, 0);
-                             for (int p = 0; p < nb; ++p) {
-                               float v = detail::dot_lanes(qg, kh + p * nc, nc) * scale;
-                               if (drops && dropped(s, p)) v = detail::kDroppedScore;
-                               sc[p] = v;
-                               mx = v > mx ? v : mx;
-                             }
-                           }
-                           for (int p = nb; p < npos; ++p) {
-                             float v = detail::dot_lanes(qr, &K(s, p - base, kvh * qk), qk) * scale;
-                             if (drops && dropped(s, p)) v = detail::kDroppedScore;
-                             sc[p] = v;
-                             mx = v > mx ? v : mx;
-                           }
-                           float sum = 0.0f;
-                           for (int p = 0; p < npos; ++p) {
-                             sc[p] = kx::exp(sc[p] - mx);
-                             sum += sc[p];
-                           }
-                           const float inv = 1.0f / sum;
-                           float* o = &out(r, h * vd);
-                           for (int i = 0; i < vd; ++i) o[i] = 0.0f;
-                           for (int p = 0; p < npos; ++p) {
-                             const float w = sc[p];
-                             const float* vr = &V(s, p, kvh * vd);
-                             for (int i = 0; i < vd; ++i) o[i] += w * vr[i];
-                           }
-                           for (int i = 0; i < vd; ++i) o[i] *= inv;
-                           token.release(slot);
+        token.size(), group * (C + qk));
+    const int nkv = sh.n_kv_head;
+    const int kw = static_cast<int>(K.stride(1)), kext = static_cast<int>(K.extent(1));
+    const int vw = static_cast<int>(V.stride(1)), vext = static_cast<int>(V.extent(1));
+    using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
+    Kokkos::parallel_for(
+        "sparsim::kernels::cached_attention_host", Dyn(exec, 0, n * nkv * nch).set_chunk_size(1),
+        [=](const int it) {
+          const int c = it % nch, kvh = (it / nch) % nkv, r = it / (nch * nkv);
+          const int s = row_seq(r), npos = row_pos(r) + 1;
+          const int pb = c * C;
+          if (pb >= npos) return;
+          const int len = npos - pb < C ? npos - pb : C;
+          const int slot = token.acquire();
+          float* sc = &scratch(slot, 0);
+          float* qg = sc + group * C;
+          const LLout S(sc, len, group);
+          const int nb = base < npos ? base : npos;
+          const int cend = nb < pb + len ? nb : pb + len;  // end of the compacted part
+          if (cend > pb) {
+            const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
+            const auto rows = Kokkos::make_pair(0, cend - pb);
+            if (nc == 0) {
+              for (int g = 0; g < group; ++g)
+                for (int p = 0; p < cend - pb; ++p) S(p, g) = 0.0f;
+            } else {
+              for (int g = 0; g < group; ++g)
+                for (int j = 0; j < nc; ++j)
+                  qg[g * nc + j] = q(r, (kvh * group + g) * qk + kidx(s, c0 + j));
+              KokkosBlas::gemm("T", "N", scale,
+                               LL(compact_key_row(KC, s, base, c0, nc, pb), nc, cend - pb),
+                               LL(qg, nc, group), 0.0f, Kokkos::subview(S, rows, Kokkos::ALL));
+            }
+          }
+          const int fb = pb > nb ? pb : nb;  // first full-width position of the chunk
+          if (fb < pb + len) {
+            const LL Kf(K.data() + s * K.stride(0), kw, kext);
+            KokkosBlas::gemm("T", "N", scale,
+                             Kokkos::subview(Kf, Kokkos::make_pair(kvh * qk, (kvh + 1) * qk),
+                                             Kokkos::make_pair(fb - base, pb + len - base)),
+                             LL(&q(r, kvh * group * qk), qk, group), 0.0f,
+                             Kokkos::subview(S, Kokkos::make_pair(fb - pb, len), Kokkos::ALL));
+          }
+          if (drops)
+            for (int p = 0; p < len; ++p)
+              if (dropped(s, pb + p))
+                for (int g = 0; g < group; ++g) S(p, g) = detail::kDroppedScore;
+          const LL Vs(V.data() + s * V.stride(0), vw, vext);
+          detail::chunk_partials<E>(sc, len, group,
+                                    Kokkos::subview(Vs, Kokkos::make_pair(kvh * vd, (kvh + 1) * vd),
+                                                    Kokkos::make_pair(pb, pb + len)),
+                                    &parts(r * nh + kvh * group, c * part),
+                                    static_cast<int>(parts.stride(0)), vd);
+          token.release(slot);
+        });
+    Kokkos::parallel_for("sparsim::kernels::cached_attention_merge",
+                         Kokkos::RangePolicy<E>(exec, 0, n * nh), [=](const int rh) {
+                           const int r = rh / nh, h = rh % nh;
+                           detail::merge_chunks(&parts(rh, 0), (row_pos(r) + C) / C, vd,
+                                                &out(r, h * vd));
                          });
+    exec.fence();
     return;
   }
   using Policy = Kokkos::TeamPolicy<E>;
