@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""The settings and the wall / CPU time per stage of a calibration file made by
+`sparsim calibrate`, as JSON (the calibration-cost figures in docs/sparsity.md).
+
+    sparsim calibrate --out cal.h5 --threads 2          # the defaults are the paper's settings
+    scripts/calibration_timing.py cal.h5 --json docs/results/calibration_time.json
+"""
+import argparse
+import json
+import os
+import sys
+
+import h5py
+
+KEYS = ("alpha", "greedy_cap", "greedy_seqs", "greedy_seq_tokens", "greedy_score_fraction", "greedy_step_cap",
+        "context", "windows", "command", "sparsim_version")
+
+
+def plain(v):
+    if hasattr(v, "item"):
+        return v.item()
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("calibration")
+    ap.add_argument("--json", required=True)
+    a = ap.parse_args()
+    with h5py.File(a.calibration, "r") as f:
+        if "timings" not in f:
+            raise SystemExit(f"{a.calibration}: no /timings group (not a sparsim calibration file?)")
+        t = f["timings"]
+        stages = [plain(s) for s in t["stage"][()]]
+        out = {"settings": {k: plain(f.attrs[k]) for k in KEYS if k in f.attrs},
+               "stages": [{"stage": s, "wall_seconds": float(w), "cpu_seconds": float(c)}
+                          for s, w, c in zip(stages, t["wall_seconds"][()], t["cpu_seconds"][()])],
+               "cpus": os.cpu_count()}
+    out["wall_seconds"] = sum(s["wall_seconds"] for s in out["stages"])
+    out["cpu_seconds"] = sum(s["cpu_seconds"] for s in out["stages"])
+    tmp = a.json + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(out, f, indent=1)
+    os.replace(tmp, a.json)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
