@@ -137,6 +137,50 @@ KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, fl
   for (int i = 0; i < v_dim; ++i) o[i] *= inv;
 }
 
+/// The chunked host decode shared by attention_host_decode and cached_attention: rows r < n of
+/// q and out, row r attending to its first npos(r) ≤ max_pos positions, cut into chunks of
+/// kAttnChunk. A work item is one (row, KV head, chunk) and serves the KV head's query heads
+/// together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S (len ×
+/// group, column-major; `extra` is a scratch of n_extra floats), vband(r, kvh, pb, len) is the
+/// value band (v_dim × len); then the chunk's partials (chunk_partials), and a second pass
+/// merges each (row, query head)'s chunks in chunk order. Chunks and call shapes depend on the
+/// positions only, never on the thread count.
+template <class E, class NPos, class Score, class VBand>
+void decode_chunks_host(const E& exec, const std::string& label, int n, int n_head, int n_kv,
+                        int v_dim, int max_pos, int n_extra, const NPos& npos, const Score& score,
+                        const VBand& vband, const Mat<E>& out) {
+  constexpr int C = kAttnChunk;
+  const int group = n_head / n_kv;
+  const int nch = (max_pos + C - 1) / C;
+  const int part = chunk_part(v_dim);
+  Kokkos::View<float**, Layout, DeviceOf<E>> parts(
+      Kokkos::view_alloc(label + "::parts", Kokkos::WithoutInitializing), n * n_head, nch * part);
+  Kokkos::Experimental::UniqueToken<E> token(exec);
+  Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
+      Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), token.size(),
+      group * C + n_extra);
+  using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
+  Kokkos::parallel_for(label, Dyn(exec, 0, n * n_kv * nch).set_chunk_size(1), [=](const int it) {
+    const int c = it % nch, kvh = (it / nch) % n_kv, r = it / (nch * n_kv);
+    const int np = npos(r), pb = c * C;
+    if (pb >= np) return;
+    const int len = np - pb < C ? np - pb : C;
+    const int slot = token.acquire();
+    float* sc = &scratch(slot, 0);
+    score(r, kvh, pb, len, HostLLout<E>(sc, len, group), sc + group * C);
+    chunk_partials<E>(sc, len, group, vband(r, kvh, pb, len),
+                      &parts(r * n_head + kvh * group, c * part), static_cast<int>(parts.stride(0)),
+                      v_dim);
+    token.release(slot);
+  });
+  Kokkos::parallel_for(
+      label + "_merge", Kokkos::RangePolicy<E>(exec, 0, n * n_head), [=](const int rh) {
+        const int r = rh / n_head, h = rh % n_head;
+        merge_chunks(&parts(rh, 0), (npos(r) + C - 1) / C, v_dim, &out(r, h * v_dim));
+      });
+  exec.fence();
+}
+
 }  // namespace detail
 
 /// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
@@ -150,50 +194,27 @@ template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                            const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,
                            int qk_dim, int v_dim, float scale) {
-  constexpr int C = detail::kAttnChunk;
-  const int group = n_head / n_kv_head;
-  const int npos = p0 + 1;
-  const int nch = (npos + C - 1) / C;
-  const int part = detail::chunk_part(v_dim);
-  Kokkos::View<float**, Layout, DeviceOf<E>> parts(
-      Kokkos::view_alloc(std::string("sparsim::attention::parts"), Kokkos::WithoutInitializing),
-      n_seq * n_head, nch * part);
-  Kokkos::Experimental::UniqueToken<E> token(exec);
-  Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
-      Kokkos::view_alloc(std::string("sparsim::attention::chunk"), Kokkos::WithoutInitializing),
-      token.size(), group * C);
   using LL = detail::HostLL<E>;
-  using LLout = detail::HostLLout<E>;
+  const int group = n_head / n_kv_head;
   const int maxc = static_cast<int>(kc.extent(1));
   const auto kstride = kc.stride(0), vstride = vc.stride(0);
   const int kw = static_cast<int>(kc.stride(1)), vw = static_cast<int>(vc.stride(1));
-  using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
-  Kokkos::parallel_for(
-      "sparsim::kernels::attention_host_decode",
-      Dyn(exec, 0, n_seq * n_kv_head * nch).set_chunk_size(1), [=](const int it) {
-        const int c = it % nch, kvh = (it / nch) % n_kv_head, s = it / (nch * n_kv_head);
-        const int pb = c * C, len = npos - pb < C ? npos - pb : C;
-        const int slot = token.acquire();
-        float* sc = &scratch(slot, 0);
-        const auto P = Kokkos::make_pair(pb, pb + len);
-        const LL K(kc.data() + s * kstride, kw, maxc), V(vc.data() + s * vstride, vw, maxc);
+  detail::decode_chunks_host(
+      exec, "sparsim::kernels::attention_host_decode", n_seq, n_head, n_kv_head, v_dim, p0 + 1, 0,
+      [=](int) { return p0 + 1; },
+      [=](int s, int kvh, int pb, int len, const detail::HostLLout<E>& S, float*) {
+        const LL K(kc.data() + s * kstride, kw, maxc);
         KokkosBlas::gemm("T", "N", scale,
-                         Kokkos::subview(K, Kokkos::make_pair(kvh * qk_dim, (kvh + 1) * qk_dim), P),
-                         LL(&q(s, kvh * group * qk_dim), qk_dim, group), 0.0f,
-                         LLout(sc, len, group));
-        const int h0 = s * n_head + kvh * group;
-        detail::chunk_partials<E>(
-            sc, len, group,
-            Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
-            &parts(h0, c * part), static_cast<int>(parts.stride(0)), v_dim);
-        token.release(slot);
-      });
-  Kokkos::parallel_for("sparsim::kernels::attention_host_merge",
-                       Kokkos::RangePolicy<E>(exec, 0, n_seq * n_head), [=](const int sh) {
-                         detail::merge_chunks(&parts(sh, 0), nch, v_dim,
-                                              &out(sh / n_head, sh % n_head * v_dim));
-                       });
-  exec.fence();
+                         Kokkos::subview(K, Kokkos::make_pair(kvh * qk_dim, (kvh + 1) * qk_dim),
+                                         Kokkos::make_pair(pb, pb + len)),
+                         LL(&q(s, kvh * group * qk_dim), qk_dim, group), 0.0f, S);
+      },
+      [=](int s, int kvh, int pb, int len) {
+        return Kokkos::subview(LL(vc.data() + s * vstride, vw, maxc),
+                               Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim),
+                               Kokkos::make_pair(pb, pb + len));
+      },
+      out);
 }
 
 /// Host attention, tiled for the vendor BLAS (decode calls go to attention_host_decode). A work
@@ -211,10 +232,8 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
     attention_host_decode(exec, q, kc, vc, out, n_seq, p0, n_head, n_kv_head, qk_dim, v_dim, scale);
     return;
   }
-  using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
-                          Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-  using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
-                             Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using LL = detail::HostLL<E>;
+  using LLout = detail::HostLLout<E>;
   using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
   const int ctx = p0 + T;
   const int group = n_head / n_kv_head;

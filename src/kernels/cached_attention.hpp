@@ -43,47 +43,25 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   const auto dropped = kv.dropped;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    // As attention_host_decode: one (row, KV head, chunk of kAttnChunk positions) per work
+    // detail::decode_chunks_host, as attention_host_decode: one (row, KV head, chunk) per work
     // item, the KV head's query heads together, then the chunks merged in order. A chunk's
     // scores come from up to two GEMMs: the compacted prefix against the query gathered to the
     // head's kept channels, the full-width rest against the whole query. Dropped positions
     // score kDroppedScore (weight exactly 0). With a dense layout and no drops every call and
     // every operation is that of attention_host_decode.
     using LL = detail::HostLL<E>;
-    using LLout = detail::HostLLout<E>;
-    constexpr int C = detail::kAttnChunk;
-    const int nch = (max_pos + C - 1) / C;
-    const int part = detail::chunk_part(vd);
-    Kokkos::View<float**, Layout, DeviceOf<E>> parts(
-        Kokkos::view_alloc(std::string("sparsim::cached_attention::parts"),
-                           Kokkos::WithoutInitializing),
-        n * nh, nch * part);
-    Kokkos::Experimental::UniqueToken<E> token(exec);
-    Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
-        Kokkos::view_alloc(std::string("sparsim::cached_attention::chunk"),
-                           Kokkos::WithoutInitializing),
-        token.size(), group * (C + qk));
     const int nkv = sh.n_kv_head;
     const int kw = static_cast<int>(K.stride(1)), kext = static_cast<int>(K.extent(1));
     const int vw = static_cast<int>(V.stride(1)), vext = static_cast<int>(V.extent(1));
-    using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
-    Kokkos::parallel_for(
-        "sparsim::kernels::cached_attention_host", Dyn(exec, 0, n * nkv * nch).set_chunk_size(1),
-        [=](const int it) {
-          const int c = it % nch, kvh = (it / nch) % nkv, r = it / (nch * nkv);
+    detail::decode_chunks_host(
+        exec, "sparsim::kernels::cached_attention_host", n, nh, nkv, vd, max_pos, group * qk,
+        [=](int r) { return row_pos(r) + 1; },
+        [=](int r, int kvh, int pb, int len, const detail::HostLLout<E>& S, float* qg) {
           const int s = row_seq(r), npos = row_pos(r) + 1;
-          const int pb = c * C;
-          if (pb >= npos) return;
-          const int len = npos - pb < C ? npos - pb : C;
-          const int slot = token.acquire();
-          float* sc = &scratch(slot, 0);
-          float* qg = sc + group * C;
-          const LLout S(sc, len, group);
           const int nb = base < npos ? base : npos;
           const int cend = nb < pb + len ? nb : pb + len;  // end of the compacted part
           if (cend > pb) {
             const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
-            const auto rows = Kokkos::make_pair(0, cend - pb);
             if (nc == 0) {
               for (int g = 0; g < group; ++g)
                 for (int p = 0; p < cend - pb; ++p) S(p, g) = 0.0f;
@@ -93,37 +71,29 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
                   qg[g * nc + j] = q(r, (kvh * group + g) * qk + kidx(s, c0 + j));
               KokkosBlas::gemm("T", "N", scale,
                                LL(compact_key_row(KC, s, base, c0, nc, pb), nc, cend - pb),
-                               LL(qg, nc, group), 0.0f, Kokkos::subview(S, rows, Kokkos::ALL));
+                               LL(qg, nc, group), 0.0f,
+                               Kokkos::subview(S, Kokkos::make_pair(0, cend - pb), Kokkos::ALL));
             }
           }
           const int fb = pb > nb ? pb : nb;  // first full-width position of the chunk
-          if (fb < pb + len) {
-            const LL Kf(K.data() + s * K.stride(0), kw, kext);
+          if (fb < pb + len)
             KokkosBlas::gemm("T", "N", scale,
-                             Kokkos::subview(Kf, Kokkos::make_pair(kvh * qk, (kvh + 1) * qk),
+                             Kokkos::subview(LL(K.data() + s * K.stride(0), kw, kext),
+                                             Kokkos::make_pair(kvh * qk, (kvh + 1) * qk),
                                              Kokkos::make_pair(fb - base, pb + len - base)),
                              LL(&q(r, kvh * group * qk), qk, group), 0.0f,
                              Kokkos::subview(S, Kokkos::make_pair(fb - pb, len), Kokkos::ALL));
-          }
           if (drops)
             for (int p = 0; p < len; ++p)
               if (dropped(s, pb + p))
                 for (int g = 0; g < group; ++g) S(p, g) = detail::kDroppedScore;
-          const LL Vs(V.data() + s * V.stride(0), vw, vext);
-          detail::chunk_partials<E>(sc, len, group,
-                                    Kokkos::subview(Vs, Kokkos::make_pair(kvh * vd, (kvh + 1) * vd),
-                                                    Kokkos::make_pair(pb, pb + len)),
-                                    &parts(r * nh + kvh * group, c * part),
-                                    static_cast<int>(parts.stride(0)), vd);
-          token.release(slot);
-        });
-    Kokkos::parallel_for("sparsim::kernels::cached_attention_merge",
-                         Kokkos::RangePolicy<E>(exec, 0, n * nh), [=](const int rh) {
-                           const int r = rh / nh, h = rh % nh;
-                           detail::merge_chunks(&parts(rh, 0), (row_pos(r) + C) / C, vd,
-                                                &out(r, h * vd));
-                         });
-    exec.fence();
+        },
+        [=](int r, int kvh, int pb, int len) {
+          return Kokkos::subview(LL(V.data() + row_seq(r) * V.stride(0), vw, vext),
+                                 Kokkos::make_pair(kvh * vd, (kvh + 1) * vd),
+                                 Kokkos::make_pair(pb, pb + len));
+        },
+        out);
     return;
   }
   using Policy = Kokkos::TeamPolicy<E>;
