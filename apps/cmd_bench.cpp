@@ -2,6 +2,7 @@
 // with --method the decode of an activation-sparsity method against dense in the same run.
 #include "bench_kv_prune.hpp"
 #include "common.hpp"
+#include "core/blas_core.hpp"
 #include "core/interrupt.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
@@ -9,6 +10,7 @@
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
 #include "kernels/bandwidth.hpp"
+#include "kernels/host_gemv.hpp"
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
@@ -553,11 +555,13 @@ int cmd_bench(int argc, char** argv) {
         "decode   {:>9.1f} tokens/s  (median step of {} after the prompt)\n"
         "bandwidth {:>8.2f} GB/s copy (min {:.2f}, max {:.2f} over {} runs of {} MiB; read "
         "{:.2f} GB/s)\n"
-        "decode reads {:.1f} MB/token; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n",
+        "decode reads {:.1f} MB/token; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n"
+        "host kernels: decode GEMV {}, OpenBLAS core {}\n",
         mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
         eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps, prompt,
         reps, dec_tps, decode, bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
-        sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps);
+        sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps,
+        host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -744,25 +748,27 @@ int cmd_bench(int argc, char** argv) {
       std::cout << fmt::format("\nwrote {} (ledger, per-op times, timings)\n", run_out);
     }
     if (!json_out.empty()) {
-      nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
-                          {"storage", storage},
-                          {"backend", backend},
-                          {"threads", rt.threads()},
-                          {"prompt_tokens", prompt},
-                          {"batch", batch},
-                          {"decode_path", decode_path},
-                          {"graph", eng.graph()},
-                          {"decode_tokens", decode},
-                          {"reps", reps},
-                          {"clock", clock_name},
-                          {"prefill_tokens_per_s", pre_tps},
-                          {"decode_tokens_per_s", dec_tps},
-                          {"decode_step_seconds_reps", t_dec},
-                          {"copy_bandwidth_bytes_per_s", bw},
-                          {"bandwidth", bw_json},
-                          {"decode_weight_bytes_per_token", wbytes},
-                          {"decode_ideal_tokens_per_s", ideal_tps},
-                          {"decode_fraction_of_ideal", dec_tps / ideal_tps}};
+      nlohmann::json j = {
+          {"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+          {"storage", storage},
+          {"backend", backend},
+          {"threads", rt.threads()},
+          {"prompt_tokens", prompt},
+          {"batch", batch},
+          {"decode_path", decode_path},
+          {"graph", eng.graph()},
+          {"decode_tokens", decode},
+          {"reps", reps},
+          {"clock", clock_name},
+          {"prefill_tokens_per_s", pre_tps},
+          {"decode_tokens_per_s", dec_tps},
+          {"decode_step_seconds_reps", t_dec},
+          {"copy_bandwidth_bytes_per_s", bw},
+          {"bandwidth", bw_json},
+          {"decode_weight_bytes_per_token", wbytes},
+          {"decode_ideal_tokens_per_s", ideal_tps},
+          {"decode_fraction_of_ideal", dec_tps / ideal_tps},
+          {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}}};
       if (profile) j["profile_seconds"] = prof;
       if (sparse) j["sparse"] = mj;
       interruption_point("write");

@@ -4,10 +4,12 @@
 // kernel launch. Each thread count runs in a child process (Kokkos fixes its thread count at
 // start-up); medians of repetitions.
 #include "common.hpp"
+#include "core/blas_core.hpp"
 #include "core/timer.hpp"
 #include "cost/hardware.hpp"
 #include "io/run_file.hpp"
 #include "kernels/bandwidth.hpp"
+#include "kernels/host_gemv.hpp"
 #include "kernels/linear.hpp"
 #include "model/weights.hpp"
 #include "records.hpp"
@@ -295,6 +297,7 @@ int cmd_probe(int argc, char** argv) {
                 {"date_utc", when},
                 {"host", host},
                 {"cpu", cpu_model()},
+                {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}},
                 {"cores", cores},
                 {"backend", resolved},
                 {"load_average_start", load_start},

@@ -8,6 +8,7 @@
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
 /// widened to fp32 in a scratch buffer so the GEMM path can be used.
 #include "kernels/gemv_device.hpp"
+#include "kernels/host_gemv.hpp"
 #include "kernels/views.hpp"
 
 #include <KokkosBlas2_gemv.hpp>
@@ -41,12 +42,30 @@ KOKKOS_INLINE_FUNCTION float dot_lanes(const float* x, const T* w, int n) {
   return acc[0];
 }
 
+/// Output rows one host work item computes (host::dot_rows blocks them by eight).
+inline constexpr int kDirectRows = 8;
+
 template <class E, class T>
 void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& w,
                    const Mat<E>& y) {
   const int n = static_cast<int>(x.extent(0));
   const int out = static_cast<int>(w.extent(0));
   const int in = static_cast<int>(w.extent(1));
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    // Blocks of rows through the run-time dispatched host kernel; each row's sum is that of
+    // dot_lanes, so the blocking never changes a bit.
+    const std::size_t ld = w.stride(0);
+    const int blocks = (out + kDirectRows - 1) / kDirectRows;
+    Kokkos::parallel_for("sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, blocks),
+                         [=](const int b) {
+                           const int o0 = b * kDirectRows;
+                           const int rows = out - o0 < kDirectRows ? out - o0 : kDirectRows;
+                           for (int t = 0; t < n; ++t)
+                             host::dot_rows(&x(t, 0), &w(o0, 0), ld, in, rows, &y(t, o0), 1);
+                         });
+    return;
+  }
   Kokkos::parallel_for(
       "sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, out),
       KOKKOS_LAMBDA(const int o) {

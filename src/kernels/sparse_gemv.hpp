@@ -23,6 +23,7 @@
 /// kept rows are split across teams and warps (sparse_gemv_split below): a warp reads 512
 /// consecutive bytes of a kept row, and the partial sums are added in a fixed order.
 #include "kernels/gemv_device.hpp"
+#include "kernels/host_gemv.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -40,30 +41,6 @@ inline constexpr int kTileAlign = 32;
 inline constexpr int kMaxTile = 4096;
 
 namespace detail {
-
-/// a[0:n] += Σ over kept indices [0, nnz) of x[i] · wt[i][o0 : o0 + n], in the fixed order.
-/// a holds the partial sums on entry (zero for a fresh output).
-template <class T, class X, class I, class Wt>
-KOKKOS_INLINE_FUNCTION void gemv_tile(float* a, int n, const X& x, const I& idx, int nnz,
-                                      const Wt& wt, int o0) {
-  int k = 0;
-  for (; k + kGroup <= nnz; k += kGroup) {
-    const int i0 = idx(k), i1 = idx(k + 1), i2 = idx(k + 2), i3 = idx(k + 3);
-    const float x0 = x(i0), x1 = x(i1), x2 = x(i2), x3 = x(i3);
-    const T* r0 = &wt(i0, o0);
-    const T* r1 = &wt(i1, o0);
-    const T* r2 = &wt(i2, o0);
-    const T* r3 = &wt(i3, o0);
-    for (int j = 0; j < n; ++j)
-      a[j] += (x0 * to_f32(r0[j]) + x1 * to_f32(r1[j])) + (x2 * to_f32(r2[j]) + x3 * to_f32(r3[j]));
-  }
-  for (; k < nnz; ++k) {
-    const int i = idx(k);
-    const float xi = x(i);
-    const T* r = &wt(i, o0);
-    for (int j = 0; j < n; ++j) a[j] += xi * to_f32(r[j]);
-  }
-}
 
 /// True where the execution space runs on the host.
 template <class E>
@@ -98,7 +75,7 @@ void sparse_gemv_tiled(const E& exec, const CVec<E>& x, const IVec<E>& idx, int 
         const int n = out - o0 < tile ? out - o0 : tile;
         float* a = &y(o0);
         for (int j = 0; j < n; ++j) a[j] = 0.0f;
-        detail::gemv_tile<T>(a, n, x, idx, nnz, wt, o0);
+        host::sparse_tile(a, n, x.data(), idx.data(), nnz, &wt(0, o0), wt.stride(0));
       });
 }
 

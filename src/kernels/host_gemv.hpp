@@ -1,0 +1,42 @@
+#pragma once
+/// The decode GEMV kernels of host backends, compiled once per x86-64 level and chosen at run
+/// time by the CPU's features (GCC's target_clones: x86-64-v4 = AVX-512, x86-64-v3 = AVX2 + FMA,
+/// and the build's own baseline). A binary built without -march=native (SPARSIM_NATIVE=OFF, the
+/// portable cluster build) thus still runs these loops with the widest vectors the node has.
+///
+/// Arithmetic: the dense rows sum in the order of the inline detail::dot_lanes, the sparse tile in
+/// the order documented in kernels/sparse_gemv.hpp; the same per-output summation order, so results
+/// never depend on the thread count or on how the outputs are blocked. Whether a multiply and an
+/// add are fused depends on the clone (FMA from x86-64-v3 on), so two CPUs of different levels may
+/// differ in the last bits; one CPU always runs the same clone.
+#include "core/half.hpp"
+
+#include <cstddef>
+
+namespace sparsim::host {
+
+/// y[r · ys] = Σ_i x[i] · w[r · ld + i] for r in [0, rows), i in [0, n): each row's dot product
+/// in the fixed 16-lane order of detail::dot_lanes. Rows are processed eight at a time so that
+/// one load of x serves eight weight rows.
+void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows, float* y,
+              std::size_t ys);
+void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, float* y,
+              std::size_t ys);
+void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows, float* y,
+              std::size_t ys);
+
+/// a[0:n] += Σ_k x[idx[k]] · wt[idx[k] · ld + j] (j in [0, n)) over the kept indices k in
+/// [0, nnz), in the fixed order of kernels/sparse_gemv.hpp (groups of four, then singles). `wt`
+/// points at the tile's first output column of row 0.
+void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz, const float* wt,
+                 std::size_t ld);
+void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz, const bf16_t* wt,
+                 std::size_t ld);
+void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz, const f16_t* wt,
+                 std::size_t ld);
+
+/// The clone the running CPU uses: "x86-64-v4", "x86-64-v3" or "baseline" (also on builds
+/// without run-time dispatch).
+const char* gemv_isa();
+
+}  // namespace sparsim::host

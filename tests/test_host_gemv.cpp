@@ -1,0 +1,91 @@
+// The run-time dispatched host decode kernels (kernels/host_gemv.hpp): the dense rows against a
+// double-precision reference for every storage type, row counts around the block of eight and
+// lengths around the 16 lanes; blocking rows never changes a row's bits; the ISA reported is one
+// the CPU has.
+#include "helpers.hpp"
+#include "kernels/host_gemv.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace sparsim::test {
+namespace {
+
+template <class T>
+T store_as(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return T::from_float(v);
+}
+template <class T>
+double value(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return v.to_float();
+}
+
+template <class T>
+void check_dot_rows() {
+  std::uint64_t seed = 500;
+  for (int n : {1, 15, 16, 17, 100, 577}) {
+    for (int rows : {1, 7, 8, 9, 16, 19}) {
+      const std::size_t ld = n + 3;  // a row stride longer than the row
+      const auto wv = random_vec(ld * rows, seed++, 0.3f);
+      const auto x = random_vec(n, seed++);
+      std::vector<T> w(wv.size());
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = store_as<T>(wv[i]);
+      std::vector<float> y(2 * rows, -1.0f);
+      host::dot_rows(x.data(), w.data(), ld, n, rows, y.data(), 2);  // every other slot
+      const std::string what = "n=" + std::to_string(n) + " rows=" + std::to_string(rows);
+      for (int r = 0; r < rows; ++r) {
+        double ref = 0, mag = 0;
+        for (int i = 0; i < n; ++i) {
+          const double t = double(x[i]) * value(w[r * ld + i]);
+          ref += t;
+          mag += std::fabs(t);
+        }
+        ASSERT_NEAR(y[2 * r], ref, 1e-6 * (1 + mag)) << what << " r=" << r;
+        EXPECT_EQ(y[2 * r + 1], -1.0f) << what << ": wrote outside its slot";
+        // the same row alone: the same bits (blocks of eight share x, not their sums)
+        float alone = 0;
+        host::dot_rows(x.data(), w.data() + r * ld, ld, n, 1, &alone, 1);
+        EXPECT_EQ(std::memcmp(&alone, &y[2 * r], sizeof(float)), 0) << what << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(HostGemv, DotRowsFloat32) {
+  check_dot_rows<float>();
+}
+TEST(HostGemv, DotRowsBFloat16) {
+  check_dot_rows<bf16_t>();
+}
+TEST(HostGemv, DotRowsFloat16) {
+  check_dot_rows<f16_t>();
+}
+
+TEST(HostGemv, ReportsAnIsaTheCpuHas) {
+  const std::string isa = host::gemv_isa();
+  ASSERT_TRUE(isa == "x86-64-v4" || isa == "x86-64-v3" || isa == "baseline") << isa;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  if (isa == "x86-64-v4") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx512f"));
+  }
+  if (isa == "x86-64-v3") {
+    EXPECT_TRUE(__builtin_cpu_supports("avx2"));
+  }
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+    EXPECT_EQ(isa, "x86-64-v4");
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace sparsim::test
