@@ -920,8 +920,8 @@ def block_bench_vs_llamacpp():
             f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}.\n")
 
 
-def block_decode_methods():
-    j = _results("decode_methods.json")
+def block_decode_methods(name="decode_methods.json"):
+    j = _results(name)
     rows = []
     for r in j["table"]:
         dash = lambda v: "–" if v == 0 else f"{100 * v:.1f}%"
@@ -931,6 +931,48 @@ def block_decode_methods():
                      dash(r["mask_select_time_share"]), dash(r["rotation_time_share"])])
     return md_table(["storage", "method", "dense tok/s", "method tok/s", "speedup", "realised s", "ideal (projections)",
                      "ideal (whole step)", "mask select", "rotation"], rows)
+
+
+def block_decode_methods_7b():
+    """The same table on the synthetic Llama-2-7B-shaped model, with the settings it ran at."""
+    name = "decode_methods_llama2_7b_shape.json"
+    j = _results(name)
+    speed = [r["result"]["decode_tokens_per_s"] for r in j["raw"]]
+    loads = [x for r in j["raw"] for x in (r["result"].get("load_average_before") or [])[:1]]
+    return (block_decode_methods(name) +
+            f"\nModel `{os.path.basename(j['model'])}`; s = {j['sparsity_target']:g}, prompt {j['prompt_tokens']}, "
+            f"{j['decode_tokens']} decode steps, {j['threads']} threads, {j['runs']} invocation(s) of "
+            f"{j['reps_per_run']} repetitions per method (tok/s: medians of the repetitions, dense and the method "
+            f"alternating in one process; speedup: their ratio, median over invocations), started "
+            f"{j['started_utc']}; load average (1 min) before the invocations {_span(loads)}, "
+            f"{j['load_average_end'][0]:.2f} at the end. Method tok/s over the invocations: "
+            f"{_span(speed, '{:.2f}')}; dense decode against the copy-bandwidth ideal (the dense side of every "
+            f"invocation): {_span([r['result']['decode_fraction_of_ideal'] for r in j['raw']])}. From "
+            f"`results/{name}`.\n")
+
+
+def block_portable_build():
+    j = _results("portable_build.json")
+    st, rows = j["settings"], []
+    for w, r in j["runs"].items():
+        for n in ("native", "portable"):
+            hk = r["host_kernels"].get(n) or {}
+            rows.append([w.upper(), n, f"{r['median'][n]['prefill_tokens_per_s']:.0f}",
+                         _span([x[n]["prefill_tokens_per_s"] for x in r["reps"]], "{:.0f}"),
+                         f"{r['median'][n]['decode_tokens_per_s']:.1f}",
+                         _span([x[n]["decode_tokens_per_s"] for x in r["reps"]], "{:.1f}"),
+                         hk.get("gemv_isa", "?"), hk.get("blas_core", "?")])
+    ratios = "; ".join(f"{w.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f} "
+                       f"(load {r['load_min']:.1f}–{r['load_max']:.1f})" for w, r in j["runs"].items())
+    b = j["builds"]
+    flags = lambda n: f"SPARSIM_NATIVE={b[n].get('SPARSIM_NATIVE', '?')}, {b[n].get('CMAKE_BUILD_TYPE', '?')}"
+    cpu = j["cpu"]
+    return (md_table(["weights", "build", "prefill tok/s (median)", "range", "decode tok/s (median)", "range",
+                      "decode GEMV clone", "OpenBLAS core"], rows) +
+            f"\nRatios portable / native: {ratios}. {st['model']}, {st['threads']} threads, prompt {st['prompt']}, "
+            f"{st['decode']} decode steps, {st['reps']} interleaved repetitions ({j['started_utc']}). Builds: native "
+            f"{flags('native')}; portable {flags('portable')}. CPU: {cpu['model']} ({' '.join(cpu['features'])}). "
+            f"From `results/portable_build.json` (`{j['command']}`).\n")
 
 
 def _span(vals, fmt="{:.2f}", scale=1.0):
@@ -1058,7 +1100,8 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
           "decode-methods": block_decode_methods, "sparse-gemv": block_sparse_gemv,
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
           "decode-methods-summary": block_decode_methods_summary, "sparse-gemv-notes": block_sparse_gemv_notes,
-          "cost-validation-summary": block_cost_validation_summary}
+          "cost-validation-summary": block_cost_validation_summary, "decode-methods-7b": block_decode_methods_7b,
+          "portable-build": block_portable_build}
 
 
 def cmd_docs_blocks(a):

@@ -1,5 +1,6 @@
 #pragma once
 // Shared test utilities: temporary directories, synthetic models, running the CLI.
+#include "core/types.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_writer.hpp"
 #include "model/synth.hpp"
@@ -11,6 +12,7 @@
 #include <functional>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace sparsim::test {
@@ -138,6 +140,27 @@ inline void set_u32(std::vector<gguf::KeyValue>& kv, const std::string& key, std
 /// The sparsim binary built alongside the tests.
 inline std::string sparsim_bin() {
   return SPARSIM_BINARY;
+}
+
+/// Storage types (float, bf16_t, f16_t): the encoding of v, and the fp32 value an encoding holds.
+template <class T>
+T store(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return T::from_float(v);
+}
+template <class T>
+float value_of(T v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return v.to_float();
+}
+/// The fp32 value that storing v as T keeps.
+template <class T>
+float stored(float v) {
+  return value_of(store<T>(v));
 }
 
 inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float scale = 1.0f) {

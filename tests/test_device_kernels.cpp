@@ -40,14 +40,6 @@ Kokkos::View<T**, Layout, Dev<E>> weights_as(const std::vector<float>& v, int ro
   return d;
 }
 
-template <class T>
-double stored(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return T::from_float(v).to_float();
-}
-
 double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
   double scale = 1e-30, err = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {

@@ -14,21 +14,6 @@ namespace sparsim::test {
 namespace {
 
 template <class T>
-T store_as(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return T::from_float(v);
-}
-template <class T>
-double value(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return v.to_float();
-}
-
-template <class T>
 void check_dot_rows() {
   std::uint64_t seed = 500;
   for (int n : {1, 15, 16, 17, 100, 577}) {
@@ -37,14 +22,14 @@ void check_dot_rows() {
       const auto wv = random_vec(ld * rows, seed++, 0.3f);
       const auto x = random_vec(n, seed++);
       std::vector<T> w(wv.size());
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = store_as<T>(wv[i]);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = store<T>(wv[i]);
       std::vector<float> y(2 * rows, -1.0f);
       host::dot_rows(x.data(), w.data(), ld, n, rows, y.data(), 2);  // every other slot
       const std::string what = "n=" + std::to_string(n) + " rows=" + std::to_string(rows);
       for (int r = 0; r < rows; ++r) {
         double ref = 0, mag = 0;
         for (int i = 0; i < n; ++i) {
-          const double t = double(x[i]) * value(w[r * ld + i]);
+          const double t = double(x[i]) * value_of(w[r * ld + i]);
           ref += t;
           mag += std::fabs(t);
         }

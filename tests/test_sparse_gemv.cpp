@@ -75,19 +75,6 @@ TYPED_TEST(SparseGemv, MatchesReferenceAndDenseOnMaskedInput) {
   }
 }
 
-/// Storage types: the fp32 value that a weight stores, and the view a kernel reads.
-template <class T>
-T store(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return T::from_float(v);
-}
-template <class T>
-float stored(float v) {
-  return to_f32(store<T>(v));
-}
-
 /// A random Wt[in][out] of storage type T on E, its exact fp32 values on the host, a random
 /// input and a seeded sorted subset of `keep` kept indices.
 template <class E, class T>
