@@ -11,6 +11,14 @@
 #define SPARSIM_HAS_CLONES 0
 #endif
 
+// The clones' helpers must be inlined into each clone: an out-of-line helper is compiled once,
+// for the build's baseline, and every clone would call that one.
+#if defined(__GNUC__)
+#define SPARSIM_INLINE_INTO_CLONE inline __attribute__((always_inline))
+#else
+#define SPARSIM_INLINE_INTO_CLONE inline
+#endif
+
 namespace sparsim::host {
 namespace {
 
@@ -18,18 +26,19 @@ constexpr int kLanes = 16;  // detail::kLanes
 constexpr int kGroup = 4;   // sparsim::kGroup
 constexpr int kRowBlock = 8;
 
-inline float wide(float v) {
+SPARSIM_INLINE_INTO_CLONE float wide(float v) {
   return v;
 }
-inline float wide(bf16_t v) {
+SPARSIM_INLINE_INTO_CLONE float wide(bf16_t v) {
   return detail::bits_float(static_cast<std::uint32_t>(v.bits) << 16);
 }
-inline float wide(f16_t v) {
+SPARSIM_INLINE_INTO_CLONE float wide(f16_t v) {
   return v.to_float();
 }
 
 template <int R, class T>
-inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys) {
+SPARSIM_INLINE_INTO_CLONE void dot_block(const float* x, const T* w, std::size_t ld, int n,
+                                         float* y, std::size_t ys) {
   float a[R][kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -54,8 +63,8 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
 }
 
 template <class T>
-inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int rows, float* y,
-                          std::size_t ys) {
+SPARSIM_INLINE_INTO_CLONE void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n,
+                                             int rows, float* y, std::size_t ys) {
   int r = 0;
   for (; r + kRowBlock <= rows; r += kRowBlock)
     dot_block<kRowBlock>(x, w + r * ld, ld, n, y + r * ys, ys);
@@ -68,9 +77,22 @@ inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int
 constexpr int kSweepGroups = 2;
 constexpr int kSweepRows = kSweepGroups * kGroup;
 
+/// a[j] = (a[j] + g₀) + g₁ … over the sweep's groups, for j in [j0, j1).
 template <class T>
-inline void sparse_tile_impl(float* a, int n, const float* x, const int* idx, int nnz, const T* wt,
-                             std::size_t ld) {
+SPARSIM_INLINE_INTO_CLONE void sweep_columns(float* a, int j0, int j1, const float* xs,
+                                             const T* const* r) {
+  for (int j = j0; j < j1; ++j) {
+    float acc = a[j];
+    for (int g = 0; g < kSweepRows; g += kGroup)
+      acc += (xs[g] * wide(r[g][j]) + xs[g + 1] * wide(r[g + 1][j])) +
+             (xs[g + 2] * wide(r[g + 2][j]) + xs[g + 3] * wide(r[g + 3][j]));
+    a[j] = acc;
+  }
+}
+
+template <class T>
+SPARSIM_INLINE_INTO_CLONE void sparse_tile_impl(float* a, int n, const float* x, const int* idx,
+                                                int nnz, const T* wt, std::size_t ld) {
   constexpr int kLine = 64 / static_cast<int>(sizeof(T));  // weights per cache line
   int k = 0;
   for (; k + kSweepRows <= nnz; k += kSweepRows) {
@@ -87,19 +109,12 @@ inline void sparse_tile_impl(float* a, int n, const float* x, const int* idx, in
     // prefetcher to ramp up on. Asking for the next sweep's rows a line at a time, as this sweep
     // passes the same columns, took the cold bf16 Llama-2-7B shapes at s = 0.7 from 16-17 to
     // 21-23 GB/s on a 2-core Xeon.
-    auto sweep = [&](int j) {
-      float acc = a[j];
-      for (int g = 0; g < kSweepRows; g += kGroup)
-        acc += (xs[g] * wide(r[g][j]) + xs[g + 1] * wide(r[g + 1][j])) +
-               (xs[g + 2] * wide(r[g + 2][j]) + xs[g + 3] * wide(r[g + 3][j]));
-      a[j] = acc;
-    };
     int j0 = 0;
     for (; j0 + kLine <= n; j0 += kLine) {
       for (int q = 0; q < kSweepRows; ++q) __builtin_prefetch(next[q] + j0);
-      for (int j = j0; j < j0 + kLine; ++j) sweep(j);
+      sweep_columns(a, j0, j0 + kLine, xs, r);
     }
-    for (int j = j0; j < n; ++j) sweep(j);
+    sweep_columns(a, j0, n, xs, r);
   }
   for (; k + kGroup <= nnz; k += kGroup) {
     const int i0 = idx[k], i1 = idx[k + 1], i2 = idx[k + 2], i3 = idx[k + 3];
