@@ -15,6 +15,13 @@
 
 namespace sparsim::host {
 
+/// Lanes of the fixed-order dense dot product (detail::dot_lanes uses the same).
+inline constexpr int kDotLanes = 16;
+/// Output rows dot_rows computes together (one load of x serves them all).
+inline constexpr int kRowBlock = 8;
+/// Kept rows per step of the sparse tile's fixed summation order (sparsim::kGroup).
+inline constexpr int kSparseGroup = 4;
+
 /// y[r · ys] = Σ_i x[i] · w[r · ld + i] for r in [0, rows), i in [0, n): each row's dot product
 /// in the fixed 16-lane order of detail::dot_lanes. Rows are processed eight at a time so that
 /// one load of x serves eight weight rows.

@@ -27,7 +27,7 @@ namespace detail {
 /// Lanes of the fixed-order dot product: lane l sums elements i ≡ l (mod kLanes), then the
 /// lanes are added in a fixed tree. The order is part of the code, not of the schedule, so the
 /// result is the same for any thread count, and the lanes vectorise.
-inline constexpr int kLanes = 16;
+inline constexpr int kLanes = host::kDotLanes;
 
 template <class T>
 KOKKOS_INLINE_FUNCTION float dot_lanes(const float* x, const T* w, int n) {
@@ -42,8 +42,8 @@ KOKKOS_INLINE_FUNCTION float dot_lanes(const float* x, const T* w, int n) {
   return acc[0];
 }
 
-/// Output rows one host work item computes (host::dot_rows blocks them by eight).
-inline constexpr int kDirectRows = 8;
+/// Output rows one host work item computes: one block of host::dot_rows.
+inline constexpr int kDirectRows = host::kRowBlock;
 
 template <class E, class T>
 void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, DeviceOf<E>>& w,

@@ -34,7 +34,7 @@
 namespace sparsim {
 
 /// Kept rows summed per step of the fixed summation order (see above).
-inline constexpr int kGroup = 4;
+inline constexpr int kGroup = host::kSparseGroup;
 /// Host tiles are multiples of this many outputs (64 bytes of bf16 per row) ...
 inline constexpr int kTileAlign = 32;
 /// ... and at most this many (16 KiB of fp32 partial sums per thread).
