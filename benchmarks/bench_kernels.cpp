@@ -2,6 +2,7 @@
 // projection shapes, for each storage type, and of the sparse decode GEMV against the dense one.
 // Run: build/bin/sparsim_bench_kernels
 #include "core/blas_core.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/sparse_gemv.hpp"
 
@@ -185,6 +186,37 @@ void sparse_gemv_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_DenseGemv)->Apply(dense_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_SparseGemv)->Apply(sparse_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+
+/// The host decode attention of one SmolLM2-shaped layer (9 query heads, 3 KV heads) over a
+/// cache of range(1) positions, heads range(0) wide (RAP narrows them); 30 layer copies are
+/// cycled so that the caches come from memory as in a decode step. Counter: cache bytes/s.
+void BM_DecodeAttention(benchmark::State& st) {
+  const int d = static_cast<int>(st.range(0)), ctx = static_cast<int>(st.range(1));
+  constexpr int kLayers = 30, nh = 9, nkv = 3;
+  std::vector<Cache<E>> kc, vc;
+  for (int l = 0; l < kLayers; ++l) {
+    kc.emplace_back("k", 1, ctx + 1, nkv * d);
+    vc.emplace_back("v", 1, ctx + 1, nkv * d);
+    Kokkos::deep_copy(kc.back(), 0.01f * static_cast<float>(l + 1));
+    Kokkos::deep_copy(vc.back(), 1.0f);
+  }
+  Mat<E> q("q", 1, nh * d), out("out", 1, nh * d);
+  Kokkos::deep_copy(q, 0.1f);
+  int l = 0;
+  for (auto _ : st) {
+    attention(E(), CMat<E>(q), kc[l], vc[l], out, 1, 1, ctx - 1, nh, nkv, d, d, 0.125f);
+    E().fence();
+    if (++l == kLayers) l = 0;
+  }
+  const double bytes = 2.0 * ctx * nkv * d * sizeof(float);
+  st.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.SetLabel("d=" + std::to_string(d) + " ctx=" + std::to_string(ctx));
+}
+BENCHMARK(BM_DecodeAttention)
+    ->ArgsProduct({{64, 56, 48, 24}, {2048}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 
