@@ -12,7 +12,6 @@
 #include <functional>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace sparsim::test {
@@ -142,25 +141,10 @@ inline std::string sparsim_bin() {
   return SPARSIM_BINARY;
 }
 
-/// Storage types (float, bf16_t, f16_t): the encoding of v, and the fp32 value an encoding holds.
-template <class T>
-T store(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return T::from_float(v);
-}
-template <class T>
-float value_of(T v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else
-    return v.to_float();
-}
-/// The fp32 value that storing v as T keeps.
+/// The fp32 value that storing v as T (float, bf16_t, f16_t) keeps.
 template <class T>
 float stored(float v) {
-  return value_of(store<T>(v));
+  return to_f32(from_f32<T>(v));
 }
 
 inline std::vector<float> random_vec(std::size_t n, std::uint64_t seed, float scale = 1.0f) {

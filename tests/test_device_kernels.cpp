@@ -30,12 +30,7 @@ template <class E, class T>
 Kokkos::View<T**, Layout, Dev<E>> weights_as(const std::vector<float>& v, int rows, int cols) {
   Kokkos::View<T**, Layout, Dev<E>> d("w", rows, cols);
   auto h = Kokkos::create_mirror_view(d);
-  for (int i = 0; i < rows * cols; ++i) {
-    if constexpr (std::is_same_v<T, float>)
-      h.data()[i] = v[static_cast<std::size_t>(i)];
-    else
-      h.data()[i] = T::from_float(v[static_cast<std::size_t>(i)]);
-  }
+  for (int i = 0; i < rows * cols; ++i) h.data()[i] = from_f32<T>(v[static_cast<std::size_t>(i)]);
   Kokkos::deep_copy(d, h);
   return d;
 }

@@ -22,14 +22,14 @@ void check_dot_rows() {
       const auto wv = random_vec(ld * rows, seed++, 0.3f);
       const auto x = random_vec(n, seed++);
       std::vector<T> w(wv.size());
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = store<T>(wv[i]);
+      for (std::size_t i = 0; i < w.size(); ++i) w[i] = from_f32<T>(wv[i]);
       std::vector<float> y(2 * rows, -1.0f);
       host::dot_rows(x.data(), w.data(), ld, n, rows, y.data(), 2);  // every other slot
       const std::string what = "n=" + std::to_string(n) + " rows=" + std::to_string(rows);
       for (int r = 0; r < rows; ++r) {
         double ref = 0, mag = 0;
         for (int i = 0; i < n; ++i) {
-          const double t = double(x[i]) * value_of(w[r * ld + i]);
+          const double t = double(x[i]) * to_f32(w[r * ld + i]);
           ref += t;
           mag += std::fabs(t);
         }

@@ -98,7 +98,8 @@ struct Problem {
     wtd = decltype(wtd)("wt", in, out);
     auto hw = Kokkos::create_mirror_view(wtd);
     for (int i = 0; i < in; ++i)
-      for (int o = 0; o < out; ++o) hw(i, o) = store<T>(wt[static_cast<std::size_t>(i) * out + o]);
+      for (int o = 0; o < out; ++o)
+        hw(i, o) = from_f32<T>(wt[static_cast<std::size_t>(i) * out + o]);
     Kokkos::deep_copy(wtd, hw);
     xd = Vec<E>("x", in);
     auto hx = Kokkos::create_mirror_view(xd);
