@@ -21,6 +21,9 @@ import time
 
 import h5py
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine_info import cpu_info  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -39,7 +42,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
-    out = {"runs": [], "settings": vars(a)}
+    out = {"runs": [], "settings": vars(a), "cpu": cpu_info()}
     decode_only = {int(b) for b in a.decode_only_batches.split(",") if b}
     for b in (int(x) for x in a.batches.split(",")):
         js = a.json + f".b{b}.tmp"

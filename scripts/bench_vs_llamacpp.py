@@ -20,7 +20,6 @@ and the CPU's model and vector features. Ratios are sparsim / llama.cpp of the m
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,22 +29,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from machine_info import cpu_info  # noqa: E402
 from smollm2_model import find_smollm2  # noqa: E402
 
-FEATURES = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-            "avx512_bf16", "avx512_vnni", "amx_tile")
-
-
-def cpu_info():
-    model, flags = "", set()
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name") and not model:
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    return {"model": model, "logical_cpus": os.cpu_count(),
-            "features": [x for x in FEATURES if x in flags], "machine": platform.machine()}
 
 
 def sparsim_build(binary):

@@ -115,9 +115,17 @@ def main():
     ap.add_argument("--bench-json", default=os.path.join(ROOT, "docs", "results",
                                                          "rap_attention_bench.json"),
                     help="scripts/bench_rap_attention.py output to include, when it exists")
+    ap.add_argument("--page-only", action="store_true",
+                    help="rewrite the page from the summary --json alone (and --bench-json), "
+                         "without the run files")
     ap.add_argument("--only-summary", action="store_true",
                     help="do not run anything: summarise the files that exist")
     a = ap.parse_args()
+    if a.page_only:
+        with open(a.json) as f:
+            write_page(a, json.load(f))
+        print(f"page -> {a.page} (from {a.json})")
+        return
     os.makedirs(a.outdir, exist_ok=True)
     retains = [float(x) for x in a.retain.split(",")]
     methods = a.methods.split(",")
@@ -343,6 +351,10 @@ def write_page(a, s):
                  "the same process, repetitions interleaved, each kernel fenced and timed; medians "
                  "of the per-repetition ratios. Paper (A100, Llama-3-8B): prefill 83 %, decode 77 % "
                  "of dense; goal ≤ 80 % / 75 %.\n")
+        if "cpu" in b:
+            c = b["cpu"]
+            L.append(f"CPU: {c['model']}, {c['logical_cpus']} logical CPUs, "
+                     f"{', '.join(c['features'])}; {b['settings']['threads']} threads.\n")
         L.append("| batch | context | reps | prefill: attention RAP / dense | decode step: attention RAP / dense | whole decode step | load (1 min) before → after |")
         L.append("|---|---|---|---|---|---|---|")
         for r in b["runs"]:

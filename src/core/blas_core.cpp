@@ -9,6 +9,7 @@
 extern "C" {
 // OpenBLAS's own query; weak so that other BLAS libraries link too.
 char* openblas_get_corename(void) __attribute__((weak));
+void openblas_set_num_threads(int) __attribute__((weak));
 }
 
 namespace sparsim {
@@ -18,6 +19,9 @@ const char* blas_core_name() {
 }
 
 void select_blas_core(char** argv) {
+  // In OpenBLAS's OpenMP build a call outside a parallel region follows omp_get_max_threads()
+  // unless the thread count was set to 1 explicitly (OPENBLAS_NUM_THREADS is not read there).
+  if (openblas_set_num_threads) openblas_set_num_threads(1);
 #if defined(__x86_64__) && defined(__linux__)
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   if (const char* keep = std::getenv("SPARSIM_BLAS_CORE"); keep && std::strcmp(keep, "keep") == 0)

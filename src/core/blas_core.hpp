@@ -5,9 +5,17 @@
 /// AVX-512 machine. OpenBLAS reads OPENBLAS_CORETYPE only when it loads, so the fix has to
 /// happen before the process starts: select_blas_core() re-executes the program once with
 /// OPENBLAS_CORETYPE set to the best kernel family the CPU supports.
+///
+/// It also keeps OpenBLAS from threading a call itself: sparsim cuts its host BLAS work into
+/// fixed tiles, one single-threaded call per work item, so that no result depends on the thread
+/// count. A call made outside a parallel region (every call of the Serial backend, LAPACK in
+/// calibration) would otherwise be split over omp_get_max_threads() threads, and with some kernel
+/// families (Haswell's SGEMM, measured on an AVX-512 AMD EPYC run with OPENBLAS_CORETYPE=Haswell)
+/// the split call sums differently: Serial and OpenMP logits differed in the last bits.
 namespace sparsim {
 
-/// Call first thing in main(). Does nothing when OPENBLAS_CORETYPE is already set (by the user
+/// Call first thing in main(). Sets OpenBLAS to one thread per call (always), then does nothing
+/// more when OPENBLAS_CORETYPE is already set (by the user
 /// or by an earlier re-execution), when the BLAS is not OpenBLAS, when OpenBLAS chose a
 /// specific kernel family itself, or when SPARSIM_BLAS_CORE=keep. Otherwise re-executes
 /// /proc/self/exe with the same arguments; returns only if that is not needed or not possible.

@@ -6,6 +6,7 @@
 /// cached key up to its own position, takes a max-shifted softmax and mixes the values. Each
 /// score and each output element is produced by one thread with a fixed summation order.
 #include "core/compat.hpp"
+#include "kernels/host_attention.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/views.hpp"
 
@@ -100,13 +101,18 @@ inline int chunk_part(int v_dim) {
   return v_dim + 2;
 }
 
+/// A band of cached rows: row p of the band at ptr + p·stride.
+struct RowBand {
+  const float* ptr;
+  std::size_t stride;
+};
+
 /// The partials of one chunk of `len` positions for a KV head's `group` query heads, whose
 /// scores S (len × group, column-major) are in `sc`: exponentiates S in place and writes head
-/// g's max and sum to part[g·pstride], part[g·pstride + 1] and its unnormalised value mix
-/// (one GEMM with the value band vb, v_dim × len) to part[g·pstride + 2 …].
-template <class E, class VB>
-void chunk_partials(float* sc, int len, int group, const VB& vb, float* part, int pstride,
-                    int v_dim) {
+/// g's max and sum to part[g·pstride], part[g·pstride + 1] and its unnormalised value mix over
+/// the value rows vb (host::attn_values) to part[g·pstride + 2 …].
+inline void chunk_partials(float* sc, int len, int group, const RowBand& vb, float* part,
+                           int pstride, int v_dim) {
   for (int g = 0; g < group; ++g) {
     float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
     const float mx = max_lanes(w, len);
@@ -114,10 +120,8 @@ void chunk_partials(float* sc, int len, int group, const VB& vb, float* part, in
     part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
     part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = sum_lanes(w, len);
   }
-  // The outputs are columns pstride apart.
-  const HostLLout<E> o(part + 2, pstride, group);
-  KokkosBlas::gemm("N", "N", 1.0f, vb, HostLL<E>(sc, len, group), 0.0f,
-                   Kokkos::subview(o, Kokkos::make_pair(0, v_dim), Kokkos::ALL));
+  host::attn_values(sc, static_cast<std::size_t>(len), group, vb.ptr, vb.stride, len, v_dim,
+                    part + 2, static_cast<std::size_t>(pstride));
 }
 
 /// out[0 … v_dim) from the partials of chunks 0 … nch − 1 (each chunk_part(v_dim) floats), merged
@@ -139,12 +143,12 @@ KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, fl
 
 /// The chunked host decode shared by attention_host_decode and cached_attention: rows r < n of
 /// q and out, row r attending to its first npos(r) ≤ max_pos positions, cut into chunks of
-/// kAttnChunk. A work item is one (row, KV head, chunk) and serves the KV head's query heads
-/// together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S (len ×
-/// group, column-major; `extra` is a scratch of n_extra floats), vband(r, kvh, pb, len) is the
-/// value band (v_dim × len); then the chunk's partials (chunk_partials), and a second pass
-/// merges each (row, query head)'s chunks in chunk order. Chunks and call shapes depend on the
-/// positions only, never on the thread count.
+/// kAttnChunk. A work item is one (row, chunk); it takes the KV heads in order, each with its
+/// query heads together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S
+/// (len × group, column-major; `extra` is a scratch of n_extra floats), vband(r, kvh, pb, len) is
+/// the RowBand of the chunk's value rows (v_dim wide); then the chunk's partials (chunk_partials),
+/// and a second pass merges each (row, query head)'s chunks in chunk order. Chunks and call shapes
+/// depend on the positions only, never on the thread count.
 template <class E, class NPos, class Score, class VBand>
 void decode_chunks_host(const E& exec, const std::string& label, int n, int n_head, int n_kv,
                         int v_dim, int max_pos, int n_extra, const NPos& npos, const Score& score,
@@ -160,17 +164,19 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
       Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), token.size(),
       group * C + n_extra);
   using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
-  Kokkos::parallel_for(label, Dyn(exec, 0, n * n_kv * nch).set_chunk_size(1), [=](const int it) {
-    const int c = it % nch, kvh = (it / nch) % n_kv, r = it / (nch * n_kv);
+  Kokkos::parallel_for(label, Dyn(exec, 0, n * nch).set_chunk_size(1), [=](const int it) {
+    const int c = it % nch, r = it / nch;
     const int np = npos(r), pb = c * C;
     if (pb >= np) return;
     const int len = np - pb < C ? np - pb : C;
     const int slot = token.acquire();
     float* sc = &scratch(slot, 0);
-    score(r, kvh, pb, len, HostLLout<E>(sc, len, group), sc + group * C);
-    chunk_partials<E>(sc, len, group, vband(r, kvh, pb, len),
-                      &parts(r * n_head + kvh * group, c * part), static_cast<int>(parts.stride(0)),
-                      v_dim);
+    for (int kvh = 0; kvh < n_kv; ++kvh) {
+      score(r, kvh, pb, len, sc, sc + group * C);
+      chunk_partials(sc, len, group, vband(r, kvh, pb, len),
+                     &parts(r * n_head + kvh * group, c * part), static_cast<int>(parts.stride(0)),
+                     v_dim);
+    }
     token.release(slot);
   });
   Kokkos::parallel_for(
@@ -184,35 +190,29 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
 }  // namespace detail
 
 /// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
-/// work item is one (sequence, KV head, chunk) and serves the KV head's query heads together
-/// (they are adjacent in q), so each key and value row is read once: one GEMM for the chunk's
-/// scores, the chunk's max, exponentials and sum per head, one GEMM for its unnormalised value
-/// mix. A second pass merges the chunks of each (sequence, query head) in chunk order. Chunks
-/// and call shapes depend on the position only, so the result does not depend on the thread
+/// work item is one (sequence, chunk) and takes its KV heads in turn, each with its query heads
+/// together (they are adjacent in q), so each key and value row is read once: the chunk's scores
+/// (host::attn_scores), the chunk's max, exponentials and sum per head, its unnormalised value
+/// mix (host::attn_values). A second pass merges the chunks of each (sequence, query head) in
+/// chunk order. Chunks depend on the position only, so the result does not depend on the thread
 /// count, and a long cache gives every thread work at batch 1.
 template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                            const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,
                            int qk_dim, int v_dim, float scale) {
-  using LL = detail::HostLL<E>;
   const int group = n_head / n_kv_head;
-  const int maxc = static_cast<int>(kc.extent(1));
-  const auto kstride = kc.stride(0), vstride = vc.stride(0);
-  const int kw = static_cast<int>(kc.stride(1)), vw = static_cast<int>(vc.stride(1));
+  const std::size_t kstride = kc.stride(0), vstride = vc.stride(0);
+  const std::size_t kw = kc.stride(1), vw = vc.stride(1);
   detail::decode_chunks_host(
       exec, "sparsim::kernels::attention_host_decode", n_seq, n_head, n_kv_head, v_dim, p0 + 1, 0,
       [=](int) { return p0 + 1; },
-      [=](int s, int kvh, int pb, int len, const detail::HostLLout<E>& S, float*) {
-        const LL K(kc.data() + s * kstride, kw, maxc);
-        KokkosBlas::gemm("T", "N", scale,
-                         Kokkos::subview(K, Kokkos::make_pair(kvh * qk_dim, (kvh + 1) * qk_dim),
-                                         Kokkos::make_pair(pb, pb + len)),
-                         LL(&q(s, kvh * group * qk_dim), qk_dim, group), 0.0f, S);
+      [=](int s, int kvh, int pb, int len, float* S, float*) {
+        host::attn_scores(&q(s, kvh * group * qk_dim), static_cast<std::size_t>(qk_dim), group,
+                          kc.data() + s * kstride + pb * kw + kvh * qk_dim, kw, len, qk_dim, scale,
+                          S, static_cast<std::size_t>(len));
       },
-      [=](int s, int kvh, int pb, int len) {
-        return Kokkos::subview(LL(vc.data() + s * vstride, vw, maxc),
-                               Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim),
-                               Kokkos::make_pair(pb, pb + len));
+      [=](int s, int kvh, int pb, int) {
+        return detail::RowBand{vc.data() + s * vstride + pb * vw + kvh * v_dim, vw};
       },
       out);
 }

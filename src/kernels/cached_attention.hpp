@@ -45,53 +45,46 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
                                            typename E::memory_space>::accessible) {
     // detail::decode_chunks_host, as attention_host_decode: one (row, KV head, chunk) per work
     // item, the KV head's query heads together, then the chunks merged in order. A chunk's
-    // scores come from up to two GEMMs: the compacted prefix against the query gathered to the
-    // head's kept channels, the full-width rest against the whole query. Dropped positions
-    // score kDroppedScore (weight exactly 0). With a dense layout and no drops every call and
-    // every operation is that of attention_host_decode.
-    using LL = detail::HostLL<E>;
+    // scores come from up to two host::attn_scores calls: the compacted prefix against the query
+    // gathered to the head's kept channels, the full-width rest against the whole query. Dropped
+    // positions score kDroppedScore (weight exactly 0). With a dense layout and no drops every call
+    // and every operation is that of attention_host_decode.
     const int nkv = sh.n_kv_head;
-    const int kw = static_cast<int>(K.stride(1)), kext = static_cast<int>(K.extent(1));
-    const int vw = static_cast<int>(V.stride(1)), vext = static_cast<int>(V.extent(1));
+    const std::size_t kw = K.stride(1), vw = V.stride(1);
     detail::decode_chunks_host(
         exec, "sparsim::kernels::cached_attention_host", n, nh, nkv, vd, max_pos, group * qk,
         [=](int r) { return row_pos(r) + 1; },
-        [=](int r, int kvh, int pb, int len, const detail::HostLLout<E>& S, float* qg) {
+        [=](int r, int kvh, int pb, int len, float* S, float* qg) {
           const int s = row_seq(r), npos = row_pos(r) + 1;
           const int nb = base < npos ? base : npos;
           const int cend = nb < pb + len ? nb : pb + len;  // end of the compacted part
+          const std::size_t ls = static_cast<std::size_t>(len);
           if (cend > pb) {
             const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
             if (nc == 0) {
               for (int g = 0; g < group; ++g)
-                for (int p = 0; p < cend - pb; ++p) S(p, g) = 0.0f;
+                for (int p = 0; p < cend - pb; ++p) S[g * ls + p] = 0.0f;
             } else {
               for (int g = 0; g < group; ++g)
                 for (int j = 0; j < nc; ++j)
                   qg[g * nc + j] = q(r, (kvh * group + g) * qk + kidx(s, c0 + j));
-              KokkosBlas::gemm("T", "N", scale,
-                               LL(compact_key_row(KC, s, base, c0, nc, pb), nc, cend - pb),
-                               LL(qg, nc, group), 0.0f,
-                               Kokkos::subview(S, Kokkos::make_pair(0, cend - pb), Kokkos::ALL));
+              host::attn_scores(qg, static_cast<std::size_t>(nc), group,
+                                compact_key_row(KC, s, base, c0, nc, pb),
+                                static_cast<std::size_t>(nc), cend - pb, nc, scale, S, ls);
             }
           }
           const int fb = pb > nb ? pb : nb;  // first full-width position of the chunk
           if (fb < pb + len)
-            KokkosBlas::gemm("T", "N", scale,
-                             Kokkos::subview(LL(K.data() + s * K.stride(0), kw, kext),
-                                             Kokkos::make_pair(kvh * qk, (kvh + 1) * qk),
-                                             Kokkos::make_pair(fb - base, pb + len - base)),
-                             LL(&q(r, kvh * group * qk), qk, group), 0.0f,
-                             Kokkos::subview(S, Kokkos::make_pair(fb - pb, len), Kokkos::ALL));
+            host::attn_scores(&q(r, kvh * group * qk), static_cast<std::size_t>(qk), group,
+                              K.data() + s * K.stride(0) + (fb - base) * kw + kvh * qk, kw,
+                              pb + len - fb, qk, scale, S + (fb - pb), ls);
           if (drops)
             for (int p = 0; p < len; ++p)
               if (dropped(s, pb + p))
-                for (int g = 0; g < group; ++g) S(p, g) = detail::kDroppedScore;
+                for (int g = 0; g < group; ++g) S[g * ls + p] = detail::kDroppedScore;
         },
-        [=](int r, int kvh, int pb, int len) {
-          return Kokkos::subview(LL(V.data() + row_seq(r) * V.stride(0), vw, vext),
-                                 Kokkos::make_pair(kvh * vd, (kvh + 1) * vd),
-                                 Kokkos::make_pair(pb, pb + len));
+        [=](int r, int kvh, int pb, int) {
+          return detail::RowBand{V.data() + row_seq(r) * V.stride(0) + pb * vw + kvh * vd, vw};
         },
         out);
     return;

@@ -1,17 +1,6 @@
 #include "kernels/host_gemv.hpp"
 
-// `flatten`: everything a clone calls is inlined into it. An out-of-line helper would be compiled
-// once, for the build's baseline, and every clone would call that one (a portable build then
-// decoded F32 at 0.69x native).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
-    defined(__linux__)
-#define SPARSIM_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), flatten))
-#define SPARSIM_HAS_CLONES 1
-#else
-#define SPARSIM_CLONES
-#define SPARSIM_HAS_CLONES 0
-#endif
+#include "kernels/host_clones.hpp"
 
 namespace sparsim::host {
 namespace {

@@ -1,0 +1,275 @@
+#include "kernels/host_attention.hpp"
+
+#include "kernels/host_clones.hpp"
+
+#include <cstring>
+
+namespace sparsim::host {
+namespace {
+
+constexpr int kL = 16;  // lanes of a score's partial sums and of a value block
+#ifndef SPARSIM_ATTN_PF
+#define SPARSIM_ATTN_PF 32
+#endif
+/// Rows ahead whose cache lines are requested while the current ones are summed: a head's slice
+/// of a cached row is a short strided piece that the hardware prefetchers follow poorly.
+constexpr int kAhead = SPARSIM_ATTN_PF;
+
+#if defined(__GNUC__) && !defined(__CUDACC__)
+// GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
+// xmm registers by each clone.
+using v16 = float __attribute__((vector_size(kL * sizeof(float))));
+inline v16 ld(const float* p) {
+  v16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void st(float* p, v16 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline v16 splat(float x) {
+  return v16{} + x;
+}
+inline float lane(const v16& v, int l) {
+  return v[l];
+}
+#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+/// r[j] = the 16 lanes of a[j] added pairwise at distances 8, 4, 2, 1, for 16 vectors at once:
+/// each level halves the partial sums per vector and doubles the vectors' share of lanes.
+inline v16 tree16(const v16* a) {
+  v16 b[8], c[4], d[2];
+  for (int j = 0; j < 8; ++j)
+    b[j] =
+        SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        SPARSIM_SH(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                   31);
+  for (int j = 0; j < 4; ++j)
+    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                      27) +
+           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
+                      30, 31);
+  for (int j = 0; j < 2; ++j)
+    d[j] = SPARSIM_SH(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                      29) +
+           SPARSIM_SH(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
+                      30, 31);
+  return SPARSIM_SH(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         SPARSIM_SH(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+#undef SPARSIM_SH
+#else
+// Without vector extensions (e.g. a CUDA build's host pass): the same lanes and the same tree.
+struct v16 {
+  float x[kL];
+};
+inline v16 ld(const float* p) {
+  v16 v;
+  std::memcpy(v.x, p, sizeof v.x);
+  return v;
+}
+inline void st(float* p, v16 v) {
+  std::memcpy(p, v.x, sizeof v.x);
+}
+inline v16 splat(float s) {
+  v16 v;
+  for (float& e : v.x) e = s;
+  return v;
+}
+inline v16 operator*(v16 a, v16 b) {
+  for (int l = 0; l < kL; ++l) a.x[l] *= b.x[l];
+  return a;
+}
+inline v16 operator*(v16 a, float s) {
+  return a * splat(s);
+}
+inline v16& operator+=(v16& a, v16 b) {
+  for (int l = 0; l < kL; ++l) a.x[l] += b.x[l];
+  return a;
+}
+inline float lane(const v16& v, int l) {
+  return v.x[l];
+}
+inline v16 tree16(const v16* a) {
+  v16 r;
+  for (int j = 0; j < kL; ++j) {
+    float t[kL];
+    std::memcpy(t, a[j].x, sizeof t);
+    for (int h = kL / 2; h > 0; h /= 2)
+      for (int l = 0; l < h; ++l) t[l] += t[l + h];
+    r.x[j] = t[0];
+  }
+  return r;
+}
+#endif
+
+/// Heads narrower than one block: the same lanes (one product each) and tree.
+float dot_narrow(const float* q, const float* k, int d) {
+  float t[kL] = {};
+  for (int i = 0; i < d; ++i) t[i] = q[i] * k[i];
+  for (int h = kL / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) t[l] += t[l + h];
+  return t[0];
+}
+
+/// Scores of 16 positions (rows k + j·ks; in a short block the missing rows repeat the last one
+/// and their scores are not stored) for one query head.
+template <bool kFull>
+inline void scores16(const float* qg, const float* k, std::size_t ks, int m, int d, int nfull,
+                     const v16& tmask, float scale, float* out, bool prefetch) {
+  v16 acc[kL];
+  for (auto& a : acc) a = splat(0.0f);
+  const float* rows[kL];
+#pragma GCC unroll 16
+  for (int j = 0; j < kL; ++j)
+    rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
+  if (kFull && prefetch)
+#pragma GCC unroll 16
+    for (int j = 0; j < kL; ++j) {
+      const float* ahead = rows[j] + kAhead * ks;
+      for (int i = 0; i < d; i += kL) __builtin_prefetch(ahead + i);
+      __builtin_prefetch(ahead + d - 1);
+    }
+  for (int b = 0; b < nfull; ++b) {
+    const v16 qb = ld(qg + b * kL);
+#pragma GCC unroll 16
+    for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + b * kL) * qb;
+  }
+  if (nfull * kL < d) {
+    const v16 qb = ld(qg + d - kL) * tmask;
+#pragma GCC unroll 16
+    for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + d - kL) * qb;
+  }
+  const v16 r = tree16(acc) * splat(scale);
+  if (kFull) {
+    st(out, r);
+  } else {
+    for (int j = 0; j < m; ++j) out[j] = lane(r, j);
+  }
+}
+
+void scores_impl(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
+                 int d, float scale, float* s, std::size_t ls) {
+  if (d < kL) {
+    for (int g = 0; g < group; ++g)
+      for (int p = 0; p < len; ++p) s[g * ls + p] = dot_narrow(q + g * qs, k + p * ks, d) * scale;
+    return;
+  }
+  const int nfull = d / kL, r = d % kL;
+  float mk[kL];
+  for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l >= kL - r ? 1.0f : 0.0f;
+  const v16 tmask = ld(mk);
+  int p = 0;
+  for (; p + kL <= len; p += kL)
+    for (int g = 0; g < group; ++g)
+      scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p,
+                     g == 0);
+  if (p < len)
+    for (int g = 0; g < group; ++g)
+      scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p,
+                      false);
+}
+
+/// The value mix of G query heads over one slab of at most 64 channels in NB blocks; block b
+/// starts at channel off[b] (the last may overlap the one before it; then only its last
+/// `tail` lanes are stored).
+template <int G, int NB>
+void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
+                 const int* off, int tail, float* o, std::size_t os) {
+  v16 acc[G][NB];
+  for (auto& ag : acc)
+    for (auto& a : ag) a = splat(0.0f);
+  for (int p = 0; p < len; ++p) {
+    const float* vr = v + p * vs;
+    for (int b = 0; b < NB; ++b) __builtin_prefetch(vr + kAhead * vs + off[b]);
+    __builtin_prefetch(vr + kAhead * vs + off[NB - 1] + kL - 1);
+    v16 x[NB];
+    for (int b = 0; b < NB; ++b) x[b] = ld(vr + off[b]);
+    for (int g = 0; g < G; ++g) {
+      const v16 wg = splat(w[g * ws + p]);
+      for (int b = 0; b < NB; ++b) acc[g][b] += x[b] * wg;
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int b = 0; b < NB; ++b) {
+      float* dst = o + g * os + off[b];
+      if (b < NB - 1 || tail == kL) {
+        st(dst, acc[g][b]);
+      } else {
+        for (int l = kL - tail; l < kL; ++l) dst[l] = lane(acc[g][b], l);
+      }
+    }
+}
+
+template <int G>
+void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
+                  const int* off, int tail, float* o, std::size_t os) {
+  switch (nb) {
+    case 1:
+      values_slab<G, 1>(w, ws, v, vs, len, off, tail, o, os);
+      break;
+    case 2:
+      values_slab<G, 2>(w, ws, v, vs, len, off, tail, o, os);
+      break;
+    case 3:
+      values_slab<G, 3>(w, ws, v, vs, len, off, tail, o, os);
+      break;
+    default:
+      values_slab<G, 4>(w, ws, v, vs, len, off, tail, o, os);
+      break;
+  }
+}
+
+void values_impl(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
+                 int d, float* o, std::size_t os) {
+  if (d < kL) {
+    for (int g = 0; g < group; ++g)
+      for (int i = 0; i < d; ++i) {
+        float a = 0.0f;
+        for (int p = 0; p < len; ++p) a += w[g * ws + p] * v[p * vs + i];
+        o[g * os + i] = a;
+      }
+    return;
+  }
+  constexpr int kSlab = 4 * kL;  // channels whose partial sums stay in registers
+  for (int i0 = 0; i0 < d; i0 += kSlab) {
+    const int n = d - i0 < kSlab ? d - i0 : kSlab;
+    const int nfull = n / kL, nb = (n + kL - 1) / kL;
+    int off[4];
+    for (int b = 0; b < nb; ++b) off[b] = b < nfull ? i0 + b * kL : i0 + n - kL;
+    const int tail = nfull == nb ? kL : n % kL;
+    for (int g0 = 0; g0 < group; g0 += 4) {
+      const int gn = group - g0 < 4 ? group - g0 : 4;
+      const float* wg = w + g0 * ws;
+      float* og = o + g0 * os;
+      switch (gn) {
+        case 1:
+          values_heads<1>(wg, ws, v, vs, len, nb, off, tail, og, os);
+          break;
+        case 2:
+          values_heads<2>(wg, ws, v, vs, len, nb, off, tail, og, os);
+          break;
+        case 3:
+          values_heads<3>(wg, ws, v, vs, len, nb, off, tail, og, os);
+          break;
+        default:
+          values_heads<4>(wg, ws, v, vs, len, nb, off, tail, og, os);
+          break;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+SPARSIM_CLONES void attn_scores(const float* q, std::size_t qs, int group, const float* k,
+                                std::size_t ks, int len, int d, float scale, float* s,
+                                std::size_t ls) {
+  scores_impl(q, qs, group, k, ks, len, d, scale, s, ls);
+}
+
+SPARSIM_CLONES void attn_values(const float* w, std::size_t ws, int group, const float* v,
+                                std::size_t vs, int len, int d, float* o, std::size_t os) {
+  values_impl(w, ws, group, v, vs, len, d, o, os);
+}
+
+}  // namespace sparsim::host

@@ -1,0 +1,31 @@
+#pragma once
+/// The inner loops of the host decode attention (kernels/attention.hpp,
+/// detail::decode_chunks_host): one chunk of cached positions of one KV head against that head's
+/// query heads. Compiled once per x86-64 level and chosen at run time (kernels/host_clones.hpp).
+///
+/// Their cost is proportional to the head width: the scores of 16 positions are reduced together
+/// (a transposing tree of shuffles and adds, instead of one horizontal reduction per score), and
+/// the value mix keeps every query head's output row in registers while it streams the value
+/// rows once. A pruned model's narrow heads (RAP: 24 … 58 channels) therefore cost what their
+/// bytes cost, where the vendor BLAS spent a fixed amount per (position, head) and per call.
+///
+/// Arithmetic, fixed by the code (never by the thread count or the chunking):
+/// - a score sums its products in 16 lanes, lane l taking channels i ≡ l (mod 16) in order of i;
+///   when d is not a multiple of 16 the last block is the row's last 16 channels, its first
+///   16 − d mod 16 lanes (already counted) weighted 0; then the lanes are added pairwise at
+///   distances 8, 4, 2, 1 (the tree of detail::dot_lanes) and the sum is multiplied by `scale`;
+/// - an output channel of the value mix adds w_p · v_p over the positions in order.
+/// Whether a multiply and an add are fused depends on the clone (FMA from x86-64-v3 on).
+#include <cstddef>
+
+namespace sparsim::host {
+
+/// s[g·ls + p] = scale · Σ_{i<d} q[g·qs + i] · k[p·ks + i] for g < group, p < len.
+void attn_scores(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
+                 int d, float scale, float* s, std::size_t ls);
+
+/// o[g·os + i] = Σ_{p<len} w[g·ws + p] · v[p·vs + i] for g < group, i < d.
+void attn_values(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
+                 int d, float* o, std::size_t os);
+
+}  // namespace sparsim::host
