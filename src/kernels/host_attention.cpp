@@ -9,11 +9,15 @@ namespace {
 
 constexpr int kL = 16;  // lanes of a score's partial sums and of a value block
 #ifndef SPARSIM_ATTN_PF
-#define SPARSIM_ATTN_PF 32
+#define SPARSIM_ATTN_PF 24576
 #endif
-/// Rows ahead whose cache lines are requested while the current ones are summed: a head's slice
-/// of a cached row is a short strided piece that the hardware prefetchers follow poorly.
-constexpr int kAhead = SPARSIM_ATTN_PF;
+/// Bytes of cache rows ahead whose lines are requested while the current ones are summed (at
+/// least 32 rows): a head's slice of a cached row is a short strided piece that the hardware
+/// prefetchers follow poorly, and a fixed row count would look less far ahead in narrow caches.
+inline std::size_t ahead_rows(std::size_t stride) {
+  const std::size_t r = SPARSIM_ATTN_PF / (stride * sizeof(float) + 1);
+  return r < 32 ? 32 : r;
+}
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
@@ -115,19 +119,19 @@ float dot_narrow(const float* q, const float* k, int d) {
 /// and their scores are not stored) for one query head.
 template <bool kFull>
 inline void scores16(const float* qg, const float* k, std::size_t ks, int m, int d, int nfull,
-                     const v16& tmask, float scale, float* out, bool prefetch) {
+                     const v16& tmask, float scale, float* out, std::size_t ahead) {
   v16 acc[kL];
   for (auto& a : acc) a = splat(0.0f);
   const float* rows[kL];
 #pragma GCC unroll 16
   for (int j = 0; j < kL; ++j)
     rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
-  if (kFull && prefetch)
+  if (kFull && ahead > 0)
 #pragma GCC unroll 16
     for (int j = 0; j < kL; ++j) {
-      const float* ahead = rows[j] + kAhead * ks;
-      for (int i = 0; i < d; i += kL) __builtin_prefetch(ahead + i);
-      __builtin_prefetch(ahead + d - 1);
+      const float* next = rows[j] + ahead * ks;
+      for (int i = 0; i < d; i += kL) __builtin_prefetch(next + i);
+      __builtin_prefetch(next + d - 1);
     }
   for (int b = 0; b < nfull; ++b) {
     const v16 qb = ld(qg + b * kL);
@@ -162,11 +166,11 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   for (; p + kL <= len; p += kL)
     for (int g = 0; g < group; ++g)
       scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p,
-                     g == 0);
+                     g == 0 ? ahead_rows(ks) : 0);
   if (p < len)
     for (int g = 0; g < group; ++g)
       scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p,
-                      false);
+                      0);
 }
 
 /// The value mix of G query heads over one slab of at most 64 channels in NB blocks; block b
@@ -175,13 +179,14 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
 template <int G, int NB>
 void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
                  const int* off, int tail, float* o, std::size_t os) {
+  const std::size_t ahead = ahead_rows(vs);
   v16 acc[G][NB];
   for (auto& ag : acc)
     for (auto& a : ag) a = splat(0.0f);
   for (int p = 0; p < len; ++p) {
     const float* vr = v + p * vs;
-    for (int b = 0; b < NB; ++b) __builtin_prefetch(vr + kAhead * vs + off[b]);
-    __builtin_prefetch(vr + kAhead * vs + off[NB - 1] + kL - 1);
+    for (int b = 0; b < NB; ++b) __builtin_prefetch(vr + ahead * vs + off[b]);
+    __builtin_prefetch(vr + ahead * vs + off[NB - 1] + kL - 1);
     v16 x[NB];
     for (int b = 0; b < NB; ++b) x[b] = ld(vr + off[b]);
     for (int g = 0; g < G; ++g) {
