@@ -114,6 +114,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.005, help="relative perplexity difference allowed")
     ap.add_argument("--json", help="write the comparison here")
+    ap.add_argument("--threshold-jitter", default="",
+                    help="comma-separated relative changes ε: TEAL is also run in transformers with "
+                         "every threshold times (1 + ε), to show how far threshold rounding alone "
+                         "moves the perplexity (recorded, not compared)")
     a = ap.parse_args()
     try:
         import torch
@@ -153,6 +157,17 @@ def main():
             "sparsim_window_nll": run["window_nll"].tolist(), "hf_window_nll": per,
             "tokens_scored": res[method]["sparsim"]["tokens_scored"]}
         print(f"{method}: sparsim {sp:.4f}, transformers {hp:.4f}, relative difference {rel:.2e}")
+    jit = [float(x) for x in a.threshold_jitter.split(",") if x]
+    if jit:
+        run = res["teal"]["run"]
+        out["threshold_jitter"] = []
+        for eps in jit:
+            hp, per = hf_perplexity(model, torch, run, bos_id, run["threshold"] * (1.0 + eps),
+                                    run["rule"])
+            out["threshold_jitter"].append({"epsilon": eps, "hf_perplexity": hp,
+                                            "hf_window_nll": per})
+            print(f"teal, thresholds × (1 {'+' if eps >= 0 else '−'} {abs(eps):g}): transformers "
+                  f"{hp:.4f}")
     out["seconds"] = time.time() - t0
     out["pass"] = ok
     if a.json:
