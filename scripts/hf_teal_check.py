@@ -9,7 +9,7 @@ sparsim sparsifies (the scored rows of each window and the one before them), and
 windows of the same token stream. The two perplexities must agree within --tolerance (0.5 %),
 dense and TEAL alike.
 
-  ~/.cache/sparsim-deps/venv/bin/pip install torch transformers   # not installed by setup.sh
+  ~/.cache/sparsim-deps/venv/bin/pip install torch transformers accelerate   # not installed by setup.sh
   scripts/hf_teal_check.py --calibration cal.h5 --windows 4 \\
       --json docs/results/hf_teal_check.json
 
@@ -124,7 +124,7 @@ def main():
         import transformers
     except ImportError as e:
         sys.exit(f"this check needs torch and transformers ({e}); "
-                 "install them into the scripts venv: pip install torch transformers")
+                 "install them into the scripts venv: pip install torch transformers accelerate")
     torch.set_num_threads(a.threads)
 
     tmp = tempfile.mkdtemp(prefix="sparsim-hf-")
