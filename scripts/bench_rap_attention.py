@@ -21,11 +21,10 @@ import time
 
 import h5py
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from machine_info import cpu_info  # noqa: E402
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from machine_info import cpu_info  # noqa: E402
 
 
 def main():

@@ -10,8 +10,8 @@ windows of the same token stream. The two perplexities must agree within --toler
 dense and TEAL alike.
 
   ~/.cache/sparsim-deps/venv/bin/pip install torch transformers accelerate   # not installed by setup.sh
-  scripts/hf_teal_check.py --calibration cal.h5 --windows 4 \\
-      --json docs/results/hf_teal_check.json
+  scripts/hf_teal_check.py --calibration cal.h5 --windows 16 --threads 2 \\
+      --threshold-jitter 1e-6,-1e-6 --json docs/results/hf_teal_check.json
 
 Exit status 1 when a perplexity differs by more than the tolerance.
 """

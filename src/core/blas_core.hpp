@@ -15,9 +15,9 @@
 namespace sparsim {
 
 /// Call first thing in main(). Sets OpenBLAS to one thread per call (always), then does nothing
-/// more when OPENBLAS_CORETYPE is already set (by the user
-/// or by an earlier re-execution), when the BLAS is not OpenBLAS, when OpenBLAS chose a
-/// specific kernel family itself, or when SPARSIM_BLAS_CORE=keep. Otherwise re-executes
+/// more when OPENBLAS_CORETYPE is already set (by the user or by an earlier re-execution), when
+/// the BLAS is not OpenBLAS, when OpenBLAS chose a specific kernel family itself, or when
+/// SPARSIM_BLAS_CORE=keep. Otherwise re-executes
 /// /proc/self/exe with the same arguments; returns only if that is not needed or not possible.
 void select_blas_core(char** argv);
 

@@ -43,8 +43,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   const auto dropped = kv.dropped;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    // detail::decode_chunks_host, as attention_host_decode: one (row, KV head, chunk) per work
-    // item, the KV head's query heads together, then the chunks merged in order. A chunk's
+    // detail::decode_chunks_host, as attention_host_decode: one (row, chunk) per work item, its
+    // KV heads in turn with their query heads together, then the chunks merged in order. A chunk's
     // scores come from up to two host::attn_scores calls: the compacted prefix against the query
     // gathered to the head's kept channels, the full-width rest against the whole query. Dropped
     // positions score kDroppedScore (weight exactly 0). With a dense layout and no drops every call

@@ -162,11 +162,12 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   float mk[kL];
   for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l >= kL - r ? 1.0f : 0.0f;
   const v16 tmask = ld(mk);
+  const std::size_t ahead = ahead_rows(ks);
   int p = 0;
   for (; p + kL <= len; p += kL)
     for (int g = 0; g < group; ++g)
       scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p,
-                     g == 0 ? ahead_rows(ks) : 0);
+                     g == 0 ? ahead : 0);
   if (p < len)
     for (int g = 0; g < group; ++g)
       scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p,
