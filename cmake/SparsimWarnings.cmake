@@ -10,3 +10,8 @@ endif()
 if(SPARSIM_NATIVE AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang" AND NOT SPARSIM_EXEC_SPACE STREQUAL "Cuda")
   target_compile_options(sparsim_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-march=native>)
 endif()
+
+# Without clones the host kernels are compiled once, for the flags of the build.
+if(NOT SPARSIM_KERNEL_CLONES)
+  target_compile_definitions(sparsim_warnings INTERFACE SPARSIM_NO_KERNEL_CLONES)
+endif()

@@ -38,7 +38,7 @@ def sparsim_build(binary):
     """The CMake settings of the build that made `binary` (build/bin/sparsim → build/)."""
     cache = os.path.join(os.path.dirname(os.path.dirname(binary)), "CMakeCache.txt")
     keys = ("CMAKE_BUILD_TYPE", "CMAKE_CXX_COMPILER", "CMAKE_CXX_FLAGS", "CMAKE_CXX_FLAGS_RELEASE",
-            "SPARSIM_NATIVE", "SPARSIM_EXEC_SPACE")
+            "SPARSIM_NATIVE", "SPARSIM_KERNEL_CLONES", "SPARSIM_EXEC_SPACE")
     out = {}
     if os.path.exists(cache):
         with open(cache) as f:
@@ -48,6 +48,9 @@ def sparsim_build(binary):
                     out[k] = line.split("=", 1)[1].strip()
     if out.get("SPARSIM_NATIVE") == "ON":
         out["note"] = "sparsim's own kernels with -march=native; OpenBLAS picks its kernels at run time"
+    elif out.get("SPARSIM_KERNEL_CLONES") == "OFF":
+        out["note"] = (f"sparsim's own kernels compiled for CMAKE_CXX_FLAGS='{out.get('CMAKE_CXX_FLAGS', '')}' "
+                       "only (no run-time dispatch); OpenBLAS as OPENBLAS_CORETYPE says")
     return out
 
 
@@ -144,7 +147,8 @@ def main():
                                       ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])
             reps.append({
                 "sparsim": {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
-                            "decode_tokens_per_s": s["decode_tokens_per_s"], "run": s_info},
+                            "decode_tokens_per_s": s["decode_tokens_per_s"], "run": s_info,
+                            "host_kernels": s.get("host_kernels")},
                 "llama_cpp": {"prefill_tokens_per_s": lp["avg_ts"], "decode_tokens_per_s": ld["avg_ts"],
                               "run_prefill": lp_info, "run_decode": ld_info,
                               "flash_attn": lp.get("flash_attn"), "type_k": lp.get("type_k"),
@@ -164,6 +168,7 @@ def main():
             "ratio_decode": summary["sparsim"]["decode_tokens_per_s"] / summary["llama_cpp"]["decode_tokens_per_s"],
             "load_min": min(loads), "load_max": max(loads),
             "llama_cpp_settings": {k: reps[0]["llama_cpp"][k] for k in ("flash_attn", "type_k", "n_batch", "n_ubatch")},
+            "sparsim_host_kernels": reps[0]["sparsim"]["host_kernels"],
         }
     tmp = a.json + ".tmp"
     with open(tmp, "w") as f:

@@ -6,6 +6,9 @@
 #
 #   scripts/build_llamacpp.sh            # build (or reuse) and print the tools' folder
 #   scripts/build_llamacpp.sh --print    # print the tools' folder if built, exit 1 otherwise
+#   scripts/build_llamacpp.sh --avx2     # AVX2 + FMA + F16C only (GGML_NATIVE=OFF): what the
+#                                        # native build is on an AVX2-only CPU, for measuring
+#                                        # the AVX2 paths on a CPU that also has AVX-512
 #
 # Environment:
 #   SPARSIM_DEPS     cache prefix (default ~/.cache/sparsim-deps)
@@ -21,17 +24,19 @@ deps="${SPARSIM_DEPS:-$HOME/.cache/sparsim-deps}"
 ver="${LLAMACPP_PY_VER:-0.3.36}"
 jobs="${JOBS:-$(nproc)}"
 print_only=0
+isa=native
 for a in "$@"; do
   case "$a" in
     --print) print_only=1 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --avx2) isa=avx2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "build_llamacpp.sh: unknown option '$a'" >&2; exit 2 ;;
   esac
 done
 
 cpu_flags="$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2 | xargs)"
 cpu_hash="$(printf '%s' "$cpu_flags" | sha256sum | cut -c1-12)"
-prefix="$deps/llama.cpp-$ver-native-$cpu_hash"
+prefix="$deps/llama.cpp-$ver-$isa-$cpu_hash"
 if [ -f "$prefix/.complete" ]; then
   echo "$prefix/bin"
   exit 0
@@ -54,6 +59,9 @@ src="$work/llama_cpp_python-$ver/vendor/llama.cpp"
 # (tests, examples, server, HTTP download) are switched off, none of which touches the kernels.
 opts=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF)
+# the AVX2 level through llama.cpp's own switches for a non-native x86 build (docs/build.md)
+[ "$isa" = avx2 ] && opts+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+                           -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
 # the tools find their shared libraries beside them once copied out of the build tree
 link=(-DCMAKE_BUILD_RPATH='$ORIGIN')
 log "configuring llama.cpp (${opts[*]})"
@@ -77,6 +85,7 @@ import json, sys
 json.dump({
   "source": "llama-cpp-python $ver sdist (PyPI), vendor/llama.cpp",
   "cmake_options": "${opts[*]}",
+  "isa": "$isa",
   "GGML_NATIVE": "$(cval GGML_NATIVE)",
   "GGML_OPENMP": "$(cval GGML_OPENMP)",
   "GGML_BLAS": "$(cval GGML_BLAS)",

@@ -889,8 +889,8 @@ def _results(name):
     return json.load(open(os.path.join(REPO, "docs", "results", name)))
 
 
-def block_bench_vs_llamacpp():
-    j = _results("bench_vs_llamacpp.json")
+def block_bench_vs_llamacpp(name="bench_vs_llamacpp.json"):
+    j = _results(name)
     st, rows, ratios = j["settings"], [], []
     for w in ("f32", "bf16"):
         r = j["runs"].get(w)
@@ -908,7 +908,8 @@ def block_bench_vs_llamacpp():
         ratios.append(f"{w.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f}"
                       f" (load {r['load_min']:.1f}–{r['load_max']:.1f})")
     cpu, lb, sb = j["cpu"], j.get("llama_cpp_build", {}), j.get("sparsim_build", {})
-    first = next(iter(j["runs"].values()))["llama_cpp_settings"]
+    first_run = next(iter(j["runs"].values()))
+    first = first_run["llama_cpp_settings"]
     return (md_table(["weights", "program", "prefill tok/s (median)", "range", "decode tok/s (median)", "range",
                       "peak RSS MiB"], rows) +
             "\nRatios sparsim / llama.cpp: " + "; ".join(ratios) + "." +
@@ -917,7 +918,19 @@ def block_bench_vs_llamacpp():
             f" {' '.join(cpu['features'])}). llama.cpp: {lb.get('source', '?')}, GGML_NATIVE={lb.get('GGML_NATIVE', '?')},"
             f" {lb.get('ggml_cpu_compile_flags', '') or 'flags not recorded'}, flash attention {({-1: 'auto', 0: 'off', 1: 'on'}).get(first.get('flash_attn'), first.get('flash_attn'))},"
             f" K cache {first.get('type_k')}. sparsim: {sb.get('CMAKE_BUILD_TYPE', '?')},"
-            f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}.\n")
+            f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, first_run)}. From"
+            f" `results/{name}` (`{j['command']}`).\n")
+
+
+def _sparsim_kernels(build, run):
+    """The kernel level a sparsim build ran: its own flags when it has no clones, and what it reported."""
+    out = ""
+    if build.get("SPARSIM_KERNEL_CLONES") == "OFF":
+        out += f", SPARSIM_KERNEL_CLONES=OFF, CMAKE_CXX_FLAGS={build.get('CMAKE_CXX_FLAGS') or '(none)'}"
+    hk = run.get("sparsim_host_kernels") or {}
+    if hk:
+        out += f" (decode kernels {hk.get('gemv_isa', '?')}, OpenBLAS core {hk.get('blas_core') or '?'})"
+    return out
 
 
 def block_decode_methods(name="decode_methods.json"):
@@ -1107,17 +1120,17 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
 def cmd_docs_blocks(a):
     """Re-render the generated blocks of Markdown pages from the committed files they name."""
     import re
-    pat = re.compile(r"(<!-- generated: ([\w-]+) -->\n)(.*?)(<!-- end generated[^>]*-->)", re.S)
+    pat = re.compile(r"(<!-- generated: ([\w.:-]+) -->\n)(.*?)(<!-- end generated[^>]*-->)", re.S)
     stale = []
     for page in a.pages:
         text = open(page).read()
 
         def repl(m):
-            name = m.group(2)
+            name, _, arg = m.group(2).partition(":")  # "block:results-file.json" renders another file
             if name not in BLOCKS:
                 raise InputError(f"{page}: unknown generated block '{name}' (known: {', '.join(BLOCKS)})")
             end = f"<!-- end generated (scripts/report.py docs-blocks {os.path.relpath(page, REPO)}) -->"
-            return m.group(1) + BLOCKS[name]() + end
+            return m.group(1) + (BLOCKS[name](arg) if arg else BLOCKS[name]()) + end
 
         new = pat.sub(repl, text)
         if new != text:

@@ -144,6 +144,10 @@ const char* gemv_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
   if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  return "x86-64-v4 (build)";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "x86-64-v3 (build)";
 #endif
   return "baseline";
 }

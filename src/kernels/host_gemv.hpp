@@ -42,8 +42,8 @@ void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz, const
 void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz, const f16_t* wt,
                  std::size_t ld);
 
-/// The clone the running CPU uses: "x86-64-v4", "x86-64-v3" or "baseline" (also on builds
-/// without run-time dispatch).
+/// The clone the running CPU uses: "x86-64-v4", "x86-64-v3" or "baseline"; without run-time
+/// dispatch the build's own level, marked "(build)".
 const char* gemv_isa();
 
 }  // namespace sparsim::host
