@@ -562,6 +562,7 @@ int cmd_bench(int argc, char** argv) {
         reps, dec_tps, decode, bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
         sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps,
         host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
+    if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {

@@ -26,6 +26,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_vs_llamacpp import sparsim_build  # noqa: E402
+from machine_info import cpu_info  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -160,6 +164,9 @@ def main():
         "column_skipping": args.column_skipping,
         "no_rotation": args.no_rotation,
         "load_average_end": load_average(),
+        "command": "scripts/bench_decode_methods.py " + " ".join(sys.argv[1:]),
+        "cpu": cpu_info(),
+        "sparsim_build": sparsim_build(os.path.abspath(args.sparsim)),
         "table": table,
         "raw": raw,
     }

@@ -79,7 +79,8 @@ cache="$work/build/CMakeCache.txt"
 cval() { grep -E "^$1:" "$cache" | head -1 | cut -d= -f2-; }
 flags_cpu="$(grep -rhoE -- '-march=[a-z0-9-]+|-m(avx|fma|f16c|bmi)[a-z0-9_]*' \
   "$work/build/ggml/src/CMakeFiles/ggml-cpu.dir/flags.make" 2>/dev/null | sort -u | xargs || true)"
-[ -n "$flags_cpu" ] || flags_cpu="$(grep -rhoE -- '-march=[a-z0-9-]+' "$work/build/build.ninja" | sort -u | xargs || true)"
+[ -n "$flags_cpu" ] || flags_cpu="$(grep -rhoE -- '-march=[a-z0-9-]+|-m(avx|fma|f16c|bmi)[a-z0-9_]*' \
+  "$work/build/build.ninja" | sort -u | xargs || true)"
 "$py" - "$prefix/build-info.json" <<EOF
 import json, sys
 json.dump({

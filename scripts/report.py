@@ -916,10 +916,16 @@ def block_bench_vs_llamacpp(name="bench_vs_llamacpp.json"):
             f" {st['threads']} threads, prompt {st['prompt']}, decode {st['decode']} after a {st['prompt']}-token"
             f" context, {st['reps']} interleaved repetitions. CPU: {cpu['model']} ({cpu['logical_cpus']} logical,"
             f" {' '.join(cpu['features'])}). llama.cpp: {lb.get('source', '?')}, GGML_NATIVE={lb.get('GGML_NATIVE', '?')},"
-            f" {lb.get('ggml_cpu_compile_flags', '') or 'flags not recorded'}, flash attention {({-1: 'auto', 0: 'off', 1: 'on'}).get(first.get('flash_attn'), first.get('flash_attn'))},"
+            f" {lb.get('ggml_cpu_compile_flags', '') or _ggml_options(lb)}, flash attention {({-1: 'auto', 0: 'off', 1: 'on'}).get(first.get('flash_attn'), first.get('flash_attn'))},"
             f" K cache {first.get('type_k')}. sparsim: {sb.get('CMAKE_BUILD_TYPE', '?')},"
             f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, first_run)}. From"
             f" `results/{name}` (`{j['command']}`).\n")
+
+
+def _ggml_options(build):
+    """llama.cpp's ISA switches from its CMake options, where the compile flags were not recorded."""
+    opts = [o[2:] for o in build.get("cmake_options", "").split() if o.startswith("-DGGML_")]
+    return " ".join(opts) if opts else "flags not recorded"
 
 
 def _sparsim_kernels(build, run):
@@ -942,8 +948,20 @@ def block_decode_methods(name="decode_methods.json"):
                      f"{r['speedup']:.2f}", f"{r['realised_projection_sparsity']:.3f}",
                      f"{r['ideal_speedup_projections']:.2f}", f"{r['ideal_speedup_decode_step']:.2f}",
                      dash(r["mask_select_time_share"]), dash(r["rotation_time_share"])])
-    return md_table(["storage", "method", "dense tok/s", "method tok/s", "speedup", "realised s", "ideal (projections)",
-                     "ideal (whole step)", "mask select", "rotation"], rows)
+    table = md_table(["storage", "method", "dense tok/s", "method tok/s", "speedup", "realised s", "ideal (projections)",
+                      "ideal (whole step)", "mask select", "rotation"], rows)
+    if "cpu" not in j:  # files from before the CPU and the build were recorded
+        return table
+    cpu, sb = j["cpu"], j.get("sparsim_build", {})
+    hk = j["raw"][0]["result"].get("host_kernels") or {}
+    loads = [x for r in j["raw"] for x in (r["result"].get("load_average_before") or [])[:1]]
+    ideal = [r["result"]["decode_fraction_of_ideal"] for r in j["raw"]]
+    return (table + f"\n{j['model']}, s = {j['sparsity_target']:g}, prompt {j['prompt_tokens']}, {j['decode_tokens']} "
+            f"decode steps, {j['threads']} threads, {j['runs']} invocation(s) of {j['reps_per_run']} alternating "
+            f"dense / method repetitions per storage × method, started {j['started_utc']}; load average (1 min) "
+            f"before the invocations {_span(loads)}; dense decode / copy-bandwidth ideal {_span(ideal)}. CPU: "
+            f"{cpu['model']} ({' '.join(cpu['features'])}). sparsim: SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}"
+            f"{_sparsim_kernels(sb, {'sparsim_host_kernels': hk})}. From `results/{name}` (`{j['command']}`).\n")
 
 
 def block_decode_methods_7b():

@@ -18,6 +18,25 @@ const char* blas_core_name() {
   return openblas_get_corename ? openblas_get_corename() : "";
 }
 
+std::string blas_core_note() {
+#if defined(__x86_64__) && defined(__linux__)
+  const char* set = std::getenv("OPENBLAS_CORETYPE");
+  if (!set) return {};
+  std::string core = blas_core_name();
+  for (auto& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if (core != "haswell" && core != "zen") return {};
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
+    return {};
+  return "note: OPENBLAS_CORETYPE=" + std::string(set) +
+         " runs OpenBLAS's AVX2 kernels on this AVX-512 CPU; OPENBLAS_CORETYPE=SkylakeX may make "
+         "prefill faster (docs/performance.md)";
+#else
+  return {};
+#endif
+}
+
 void select_blas_core(char** argv) {
   // In OpenBLAS's OpenMP build a call outside a parallel region follows omp_get_max_threads()
   // unless the thread count was set to 1 explicitly (OPENBLAS_NUM_THREADS is not read there).

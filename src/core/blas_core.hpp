@@ -12,6 +12,8 @@
 /// calibration) would otherwise be split over omp_get_max_threads() threads, and with some kernel
 /// families (Haswell's SGEMM, measured on an AVX-512 AMD EPYC run with OPENBLAS_CORETYPE=Haswell)
 /// the split call sums differently: Serial and OpenMP logits differed in the last bits.
+#include <string>
+
 namespace sparsim {
 
 /// Call first thing in main(). Sets OpenBLAS to one thread per call (always), then does nothing
@@ -23,5 +25,9 @@ void select_blas_core(char** argv);
 
 /// The OpenBLAS kernel family in use ("SkylakeX", "Prescott", …) or "" when unknown.
 const char* blas_core_name();
+
+/// A one-line note when OpenBLAS was told (OPENBLAS_CORETYPE) to use AVX2 kernels on a CPU with
+/// AVX-512, the case where the prefill GEMMs run slower than they could; empty otherwise.
+std::string blas_core_note();
 
 }  // namespace sparsim
