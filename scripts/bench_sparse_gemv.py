@@ -22,6 +22,10 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_vs_llamacpp import sparsim_build  # noqa: E402
+from machine_info import cpu_info  # noqa: E402
+
 GOAL = 0.9  # speedup >= GOAL / (1 - s) ...
 GOAL_MAX_S = 0.7  # ... up to this sparsity
 
@@ -138,6 +142,8 @@ def main():
         "goal": f"speedup >= {GOAL}/(1-s) for 0 < s <= {GOAL_MAX_S}",
         "machine": {k: ctx.get(k) for k in ("host_name", "num_cpus", "mhz_per_cpu", "caches",
                                             "load_avg", "library_build_type")},
+        "cpu": cpu_info(),
+        "sparsim_build": sparsim_build(os.path.abspath(args.bin)),
         "rows": rows,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -1063,15 +1063,25 @@ def block_decode_methods_summary():
     return "\n".join(out) + "\n"
 
 
-def block_sparse_gemv_notes():
-    j = _results("sparse_gemv.json")
+def block_sparse_gemv_notes(name="sparse_gemv.json"):
+    j = _results(name)
     la = j["machine"].get("load_avg") or []
     hot = [r for r in j["rows"] if r["weights"] == "hot" and r["goal_met"] is not None]
     cold = [r for r in j["rows"] if r["weights"] == "cold" and r["goal_met"] is not None]
     return (f"Load average (1, 5, 15 min) when the benchmark ended: {', '.join(f'{x:.2f}' for x in la)} on "
             f"{j['machine']['num_cpus']} cores; {j['repetitions']} repetitions, {j['threads']} threads. Goal met: "
-            f"cold weights {sum(1 for r in cold if r['goal_met'])} of {len(cold)} (shape, s) cases, hot weights "
-            f"{sum(1 for r in hot if r['goal_met'])} of {len(hot)}.\n")
+            f"cold weights {sum(1 for r in cold if r['goal_met'])} of {len(cold)} (shape, s) cases" +
+            (f", hot weights {sum(1 for r in hot if r['goal_met'])} of {len(hot)}" if hot else
+             " (hot weights not measured)") + "." + _cpu_build_line(j, name) + "\n")
+
+
+def _cpu_build_line(j, name):
+    """The CPU and build a newer result file records, and the command that made it."""
+    if "cpu" not in j:
+        return ""
+    cpu, sb = j["cpu"], j.get("sparsim_build", {})
+    return (f" CPU: {cpu['model']} ({' '.join(cpu['features'])}); sparsim: SPARSIM_NATIVE="
+            f"{sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, {})}. From `results/{name}` (`{j['command']}`).")
 
 
 def block_cost_validation_summary():
@@ -1093,8 +1103,8 @@ def block_cost_validation_summary():
             f"`results/cost_validation.json`.\n")
 
 
-def block_sparse_gemv():
-    j = _results("sparse_gemv.json")
+def block_sparse_gemv(name="sparse_gemv.json"):
+    j = _results(name)
     cold = [r for r in j["rows"] if r["weights"] == "cold"]
     shapes, svals = [], sorted({r["s"] for r in cold})
     for r in cold:
