@@ -939,7 +939,7 @@ def _sparsim_kernels(build, run):
     return out
 
 
-def block_decode_methods(name="decode_methods.json"):
+def block_decode_methods(name="decode_methods.json", caption=True):
     j = _results(name)
     rows = []
     for r in j["table"]:
@@ -950,7 +950,7 @@ def block_decode_methods(name="decode_methods.json"):
                      dash(r["mask_select_time_share"]), dash(r["rotation_time_share"])])
     table = md_table(["storage", "method", "dense tok/s", "method tok/s", "speedup", "realised s", "ideal (projections)",
                       "ideal (whole step)", "mask select", "rotation"], rows)
-    if "cpu" not in j:  # files from before the CPU and the build were recorded
+    if "cpu" not in j or not caption:  # files from before the CPU and the build were recorded
         return table
     cpu, sb = j["cpu"], j.get("sparsim_build", {})
     hk = j["raw"][0]["result"].get("host_kernels") or {}
@@ -964,13 +964,12 @@ def block_decode_methods(name="decode_methods.json"):
             f"{_sparsim_kernels(sb, {'sparsim_host_kernels': hk})}. From `results/{name}` (`{j['command']}`).\n")
 
 
-def block_decode_methods_7b():
+def block_decode_methods_7b(name="decode_methods_llama2_7b_shape.json"):
     """The same table on the synthetic Llama-2-7B-shaped model, with the settings it ran at."""
-    name = "decode_methods_llama2_7b_shape.json"
     j = _results(name)
     speed = [r["result"]["decode_tokens_per_s"] for r in j["raw"]]
     loads = [x for r in j["raw"] for x in (r["result"].get("load_average_before") or [])[:1]]
-    return (block_decode_methods(name) +
+    return (block_decode_methods(name, caption=False) +
             f"\nModel `{os.path.basename(j['model'])}`; s = {j['sparsity_target']:g}, prompt {j['prompt_tokens']}, "
             f"{j['decode_tokens']} decode steps, {j['threads']} threads, {j['runs']} invocation(s) of "
             f"{j['reps_per_run']} repetitions per method (tok/s: medians of the repetitions, dense and the method "
@@ -978,8 +977,8 @@ def block_decode_methods_7b():
             f"{j['started_utc']}; load average (1 min) before the invocations {_span(loads)}, "
             f"{j['load_average_end'][0]:.2f} at the end. Method tok/s over the invocations: "
             f"{_span(speed, '{:.2f}')}; dense decode against the copy-bandwidth ideal (the dense side of every "
-            f"invocation): {_span([r['result']['decode_fraction_of_ideal'] for r in j['raw']])}. From "
-            f"`results/{name}`.\n")
+            f"invocation): {_span([r['result']['decode_fraction_of_ideal'] for r in j['raw']])}." +
+            (_cpu_build_line(j, name) if "cpu" in j else f" From `results/{name}`.") + "\n")
 
 
 def block_portable_build():
