@@ -59,7 +59,7 @@ src="$work/llama_cpp_python-$ver/vendor/llama.cpp"
 # (tests, examples, server, HTTP download) are switched off, none of which touches the kernels.
 opts=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
       -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF)
-# the AVX2 level through llama.cpp's own switches for a non-native x86 build (docs/build.md)
+# the AVX2 level through llama.cpp's own switches for a non-native x86 build (its docs/build.md)
 [ "$isa" = avx2 ] && opts+=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
                            -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF)
 # the tools find their shared libraries beside them once copied out of the build tree

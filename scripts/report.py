@@ -952,16 +952,14 @@ def block_decode_methods(name="decode_methods.json", caption=True):
                       "ideal (whole step)", "mask select", "rotation"], rows)
     if "cpu" not in j or not caption:  # files from before the CPU and the build were recorded
         return table
-    cpu, sb = j["cpu"], j.get("sparsim_build", {})
     hk = j["raw"][0]["result"].get("host_kernels") or {}
     loads = [x for r in j["raw"] for x in (r["result"].get("load_average_before") or [])[:1]]
     ideal = [r["result"]["decode_fraction_of_ideal"] for r in j["raw"]]
     return (table + f"\n{j['model']}, s = {j['sparsity_target']:g}, prompt {j['prompt_tokens']}, {j['decode_tokens']} "
             f"decode steps, {j['threads']} threads, {j['runs']} invocation(s) of {j['reps_per_run']} alternating "
             f"dense / method repetitions per storage × method, started {j['started_utc']}; load average (1 min) "
-            f"before the invocations {_span(loads)}; dense decode / copy-bandwidth ideal {_span(ideal)}. CPU: "
-            f"{cpu['model']} ({' '.join(cpu['features'])}). sparsim: SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}"
-            f"{_sparsim_kernels(sb, {'sparsim_host_kernels': hk})}. From `results/{name}` (`{j['command']}`).\n")
+            f"before the invocations {_span(loads)}; dense decode / copy-bandwidth ideal {_span(ideal)}." +
+            _cpu_build_line(j, name, hk) + "\n")
 
 
 def block_decode_methods_7b(name="decode_methods_llama2_7b_shape.json"):
@@ -978,7 +976,7 @@ def block_decode_methods_7b(name="decode_methods_llama2_7b_shape.json"):
             f"{j['load_average_end'][0]:.2f} at the end. Method tok/s over the invocations: "
             f"{_span(speed, '{:.2f}')}; dense decode against the copy-bandwidth ideal (the dense side of every "
             f"invocation): {_span([r['result']['decode_fraction_of_ideal'] for r in j['raw']])}." +
-            (_cpu_build_line(j, name) if "cpu" in j else f" From `results/{name}`.") + "\n")
+            (_cpu_build_line(j, name) or f" From `results/{name}`.") + "\n")
 
 
 def block_portable_build():
@@ -1074,13 +1072,15 @@ def block_sparse_gemv_notes(name="sparse_gemv.json"):
              " (hot weights not measured)") + "." + _cpu_build_line(j, name) + "\n")
 
 
-def _cpu_build_line(j, name):
-    """The CPU and build a newer result file records, and the command that made it."""
+def _cpu_build_line(j, name, host_kernels=None):
+    """The CPU and build a newer result file records (and the kernels the run reported), and the
+    command that made it."""
     if "cpu" not in j:
         return ""
     cpu, sb = j["cpu"], j.get("sparsim_build", {})
     return (f" CPU: {cpu['model']} ({' '.join(cpu['features'])}); sparsim: SPARSIM_NATIVE="
-            f"{sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, {})}. From `results/{name}` (`{j['command']}`).")
+            f"{sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, {'sparsim_host_kernels': host_kernels})}. "
+            f"From `results/{name}` (`{j['command']}`).")
 
 
 def block_cost_validation_summary():

@@ -18,17 +18,32 @@ const char* blas_core_name() {
   return openblas_get_corename ? openblas_get_corename() : "";
 }
 
+namespace {
+
+#if defined(__x86_64__) && defined(__linux__)
+/// The OpenBLAS kernel family in use, lower case.
+std::string core_lower() {
+  std::string core = blas_core_name();
+  for (auto& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return core;
+}
+
+/// The AVX-512 subsets OpenBLAS's SkylakeX kernels need.
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+#endif
+
+}  // namespace
+
 std::string blas_core_note() {
 #if defined(__x86_64__) && defined(__linux__)
   const char* set = std::getenv("OPENBLAS_CORETYPE");
   if (!set) return {};
-  std::string core = blas_core_name();
-  for (auto& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (core != "haswell" && core != "zen") return {};
-  __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")))
-    return {};
+  const std::string core = core_lower();
+  if ((core != "haswell" && core != "zen") || !cpu_has_avx512()) return {};
   return "note: OPENBLAS_CORETYPE=" + std::string(set) +
          " runs OpenBLAS's AVX2 kernels on this AVX-512 CPU; OPENBLAS_CORETYPE=SkylakeX may make "
          "prefill faster (docs/performance.md)";
@@ -46,14 +61,11 @@ void select_blas_core(char** argv) {
   if (const char* keep = std::getenv("SPARSIM_BLAS_CORE"); keep && std::strcmp(keep, "keep") == 0)
     return;
   if (!openblas_get_corename) return;
-  std::string core = openblas_get_corename();
-  for (auto& ch : core) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string core = core_lower();
   // Only the generic fallbacks are replaced; a family OpenBLAS recognised is kept.
   if (core != "prescott" && core != "core2" && core != "katmai" && core != "northwood") return;
   const char* target = nullptr;
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+  if (cpu_has_avx512())
     target = "SkylakeX";
   else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
     target = "Haswell";
