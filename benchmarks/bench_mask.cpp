@@ -303,6 +303,7 @@ BENCHMARK(BM_MaskRows)
 int main(int argc, char** argv) {
   sparsim::select_blas_core(argv);
   Kokkos::initialize(argc, argv);
+  sparsim::pin_blas_threads();
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

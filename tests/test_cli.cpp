@@ -1,14 +1,19 @@
 // The sparsim command end to end: thread-count determinism, run files, and bad input
 // (clear message, non-zero exit, no output file).
+#include "core/blas_core.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_writer.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace sparsim::test {
 namespace {
@@ -74,6 +79,41 @@ TEST_F(Cli, OneAndTwoThreadsAndSerialGiveBitwiseIdenticalLogits) {
   // decode mode goes through GEMV and the cache: equal within fp32 reordering
   for (std::size_t i = 0; i < runs[0].size(); ++i)
     ASSERT_NEAR(runs[0][i], runs[3][i], 1e-5 * (1 + std::fabs(runs[0][i])));
+}
+
+TEST_F(Cli, DefaultThreadCountFollowsOmpNumThreads) {
+  // Without --threads the OpenMP backend uses OMP_NUM_THREADS (the suite sets 2); keeping
+  // OpenBLAS to one thread per call must not pin the process's own thread count to 1 (the
+  // OpenMP build of OpenBLAS sets it through omp_set_num_threads).
+#if !defined(KOKKOS_ENABLE_OPENMP)
+  GTEST_SKIP() << "no OpenMP backend in this build";
+#else
+  for (const char* n : {"2", "3"}) {
+    const std::string out = dir_.file("threads.h5");
+    const RunResult r = run_cmd("OMP_NUM_THREADS=" + std::string(n) + " " +
+                                forward_cmd(model_, out, "--backend openmp"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    auto f = io::H5File::open_read(out);
+    EXPECT_EQ(f.root().open_group("backend").get_attr<std::int64_t>("threads"), std::atoi(n))
+        << "OMP_NUM_THREADS=" << n;
+    fs::remove(out);
+  }
+#endif
+}
+
+TEST(Threads, KokkosPoolFollowsOmpNumThreadsAndBlasCallsStayOnOneThread) {
+  // This test process: Kokkos's OpenMP pool has OMP_NUM_THREADS threads (so the suite's
+  // thread-count tests run threaded), while code outside Kokkos regions sees one thread, which is
+  // what keeps OpenBLAS's OpenMP build from splitting a call.
+#if !defined(KOKKOS_ENABLE_OPENMP) || !defined(_OPENMP)
+  GTEST_SKIP() << "no OpenMP backend in this build";
+#else
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (!env) GTEST_SKIP() << "OMP_NUM_THREADS is not set";
+  EXPECT_EQ(Kokkos::OpenMP().concurrency(), std::atoi(env));
+  EXPECT_EQ(host_threads(), std::atoi(env));
+  EXPECT_EQ(omp_get_max_threads(), 1);
+#endif
 }
 
 TEST_F(Cli, RunFileHoldsModelBackendTimingsAndFlops) {

@@ -1,6 +1,9 @@
 #include "core/blas_core.hpp"
 
 #include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -52,10 +55,42 @@ std::string blas_core_note() {
 #endif
 }
 
+namespace {
+int g_host_threads = 0;  // omp_get_max_threads() when pin_blas_threads ran
+}  // namespace
+
+int host_threads() {
+#ifdef _OPENMP
+  return g_host_threads > 0 ? g_host_threads : omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+void pin_blas_threads() {
+#ifdef _OPENMP
+  if (g_host_threads == 0) g_host_threads = omp_get_max_threads();
+  // Kokkos's OpenMP backend opens every parallel region with its own pool size
+  // (num_threads(...)), so only calls made outside its regions see this: OpenBLAS's OpenMP build
+  // and LAPACK then run each such call on the calling thread.
+  omp_set_num_threads(1);
+#endif
+}
+
 void select_blas_core(char** argv) {
-  // In OpenBLAS's OpenMP build a call outside a parallel region follows omp_get_max_threads()
-  // unless the thread count was set to 1 explicitly (OPENBLAS_NUM_THREADS is not read there).
-  if (openblas_set_num_threads) openblas_set_num_threads(1);
+  // Keeps a pthreads OpenBLAS to one thread per call. (The OpenMP build of OpenBLAS instead
+  // follows omp_get_max_threads() at each call, and its openblas_set_num_threads also calls
+  // omp_set_num_threads: the process's own OpenMP thread count, which Kokkos starts with, is put
+  // back here and pinned only once Kokkos runs: pin_blas_threads.)
+  if (openblas_set_num_threads) {
+#ifdef _OPENMP
+    const int omp_threads = omp_get_max_threads();
+#endif
+    openblas_set_num_threads(1);
+#ifdef _OPENMP
+    omp_set_num_threads(omp_threads);
+#endif
+  }
 #if defined(__x86_64__) && defined(__linux__)
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   if (const char* keep = std::getenv("SPARSIM_BLAS_CORE"); keep && std::strcmp(keep, "keep") == 0)

@@ -23,6 +23,16 @@ namespace sparsim {
 /// /proc/self/exe with the same arguments; returns only if that is not needed or not possible.
 void select_blas_core(char** argv);
 
+/// Call right after Kokkos is initialised: sets the OpenMP thread count that code outside Kokkos
+/// parallel regions sees (omp_get_max_threads) to 1. OpenBLAS's OpenMP build splits a call made
+/// outside a parallel region (every call of the Serial backend, LAPACK in calibration) over that
+/// many threads, and a split call may sum differently. Kokkos keeps the pool it started with. Code
+/// with its own OpenMP loops asks host_threads() for the thread count.
+void pin_blas_threads();
+/// The OpenMP thread count the process started Kokkos with (omp_get_max_threads() before
+/// pin_blas_threads; 1 without OpenMP).
+int host_threads();
+
 /// The OpenBLAS kernel family in use ("SkylakeX", "Prescott", …) or "" when unknown.
 const char* blas_core_name();
 

@@ -3,6 +3,8 @@
 ///  - math functions live in Kokkos::Experimental up to 3.6 and in Kokkos from 3.7 on;
 ///  - View::rank is a value in 3.x and a callable constant in 4.x (`V::rank` works in both);
 ///  - Kokkos::printf / abort spellings.
+#include "core/blas_core.hpp"
+
 #include <Kokkos_Core.hpp>
 
 #include <cmath>
@@ -94,18 +96,21 @@ using Layout = Kokkos::LayoutRight;
 
 namespace sparsim {
 /// Initialises Kokkos with `threads` host threads (0: the backend's default), spelled for the
-/// Kokkos version at hand (InitArguments in 3.x, InitializationSettings in 4.x).
+/// Kokkos version at hand (InitArguments in 3.x, InitializationSettings in 4.x), then keeps BLAS
+/// calls made outside Kokkos's parallel regions on one thread (pin_blas_threads).
 inline void initialize_kokkos(int threads) {
 #if SPARSIM_KOKKOS_VERSION_AT_LEAST(3, 7)
   Kokkos::InitializationSettings s;
   if (threads > 0) s.set_num_threads(threads);
   s.set_disable_warnings(true);
   Kokkos::initialize(s);
+  pin_blas_threads();
 #else
   Kokkos::InitArguments a;
   if (threads > 0) a.num_threads = threads;
   a.disable_warnings = true;
   Kokkos::initialize(a);
+  pin_blas_threads();
 #endif
 }
 }  // namespace sparsim

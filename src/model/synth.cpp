@@ -1,5 +1,6 @@
 #include "model/synth.hpp"
 
+#include "core/blas_core.hpp"
 #include "core/error.hpp"
 #include "model/gguf_writer.hpp"
 
@@ -76,7 +77,7 @@ std::vector<float> synth_values(std::uint64_t seed, const SynthTensor& t) {
   const long long chunks = static_cast<long long>((n + kChunk - 1) / kChunk);
   int regular = 1;
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static) reduction(&& : regular)
+#pragma omp parallel for schedule(static) num_threads(host_threads()) reduction(&& : regular)
 #endif
   for (long long c = 0; c < chunks; ++c) {
     const std::size_t i0 = static_cast<std::size_t>(c) * kChunk;
@@ -172,7 +173,7 @@ void write_synth_gguf(const SynthSpec& spec, const std::string& path) {
     std::vector<std::uint8_t> bytes(rb * t.rows);
     // rows are independent blocks: converted in parallel, the same bytes
 #if defined(_OPENMP)
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(host_threads())
 #endif
     for (int r = 0; r < t.rows; ++r)
       gguf::quantize(tt, v.data() + static_cast<std::size_t>(r) * t.cols, bytes.data() + r * rb,
