@@ -225,6 +225,9 @@ int main(int argc, char** argv) {
   sparsim::select_blas_core(argv);
   Kokkos::initialize(argc, argv);
   sparsim::pin_blas_threads();
+  // The threads the kernels really ran on, in the results' context (scripts check it).
+  benchmark::AddCustomContext("kokkos_concurrency",
+                              std::to_string(Kokkos::DefaultExecutionSpace().concurrency()));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

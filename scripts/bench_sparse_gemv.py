@@ -132,12 +132,16 @@ def main():
     cmd, raw = run_benchmark(args)
     rows = tabulate(raw)
     ctx = raw.get("context", {})
+    ran = ctx.get("kokkos_concurrency")
+    if ran is not None and int(ran) != args.threads:
+        raise SystemExit(f"the benchmark ran on {ran} threads, not the {args.threads} asked for")
     result = {
         "what": "bf16 decode GEMV: sparse (column-skipping, Wt[in][out]) vs dense "
                 "(linear_direct, W[out][in]); medians of repetitions",
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(cmd),
         "threads": args.threads,
+        "kokkos_concurrency": None if ran is None else int(ran),
         "repetitions": args.reps,
         "goal": f"speedup >= {GOAL}/(1-s) for 0 < s <= {GOAL_MAX_S}",
         "machine": {k: ctx.get(k) for k in ("host_name", "num_cpus", "mhz_per_cpu", "caches",
