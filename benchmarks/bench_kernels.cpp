@@ -226,8 +226,8 @@ int main(int argc, char** argv) {
   Kokkos::initialize(argc, argv);
   sparsim::pin_blas_threads();
   // The threads the kernels really ran on, in the results' context (scripts check it).
-  benchmark::AddCustomContext("kokkos_concurrency",
-                              std::to_string(Kokkos::DefaultExecutionSpace().concurrency()));
+  benchmark::AddCustomContext("kokkos_host_threads",
+                              std::to_string(Kokkos::DefaultHostExecutionSpace().concurrency()));
   benchmark::Initialize(&argc, argv);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -132,7 +132,7 @@ def main():
     cmd, raw = run_benchmark(args)
     rows = tabulate(raw)
     ctx = raw.get("context", {})
-    ran = ctx.get("kokkos_concurrency")
+    ran = ctx.get("kokkos_host_threads", ctx.get("kokkos_concurrency"))
     if ran is not None and int(ran) != args.threads:
         raise SystemExit(f"the benchmark ran on {ran} threads, not the {args.threads} asked for")
     result = {
