@@ -75,6 +75,8 @@ def run_bench(args, storage, spec):
         subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
         with open(out) as f:
             j = json.load(f)
+        if j.get("threads", args.threads) != args.threads:
+            raise SystemExit(f"sparsim ran on {j['threads']} threads, not {args.threads}")
         j["load_average_before"] = load_before
         return cmd, j
 

@@ -60,6 +60,8 @@ def main():
         with open(js) as f:
             j = json.load(f)
         os.remove(js)
+        if j.get("threads", a.threads) != a.threads:
+            raise SystemExit(f"sparsim ran on {j['threads']} threads, not {a.threads}")
         j["load_before"], j["load_after"] = list(load0), list(os.getloadavg())
         j["wall_seconds"] = time.time() - t0
         out["runs"].append(j)

@@ -142,6 +142,8 @@ def main():
                              "--json", sj, "--log-level", "error"], "sparsim bench")
             with open(sj) as f:
                 s = json.load(f)
+            if s.get("threads", a.threads) != a.threads:
+                raise SystemExit(f"sparsim ran on {s['threads']} threads, not {a.threads}")
             lp, lp_info = llama_bench(tools, model, a.threads, ["-p", str(a.prompt), "-n", "0"])
             ld, ld_info = llama_bench(tools, model, a.threads,
                                       ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])
