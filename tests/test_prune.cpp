@@ -286,6 +286,42 @@ TYPED_TEST(PruneModel, RotateHalfLayoutFusedEqualsMasked) {
       1e-5);
 }
 
+// A pruned model on the engine's device path (the fused decode kernel with the layer's RoPE
+// units, split-K decode attention at the reduced widths and the model's scale) gives the logits of
+// the op-by-op path: two sequences, prefill then decode, both RoPE layouts, RAP (every layer
+// fused) and KVPruner (split pairs: decode attention only), f32 and bf16 storage.
+TYPED_TEST(PruneModel, DevicePathMatchesOpByOp) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string gguf = make_model(dir, "m.gguf", tiny_spec(35));
+  write_synth_safetensors(tiny_spec(36), dir.file("hf"));
+  for (const std::string& path : {gguf, dir.file("hf")})
+    for (DType st : {DType::F32, DType::BF16})
+      for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {
+        LoadOptions lo;
+        lo.storage = st;
+        auto w = load_model<E>(path, lo);
+        const Config p = plan(w->cfg, m, 0.6, 11);
+        auto wp = pruning::fuse_pruned(*w, p);
+        Engine<E> a(wp, 2, 48), b(wp, 2, 48);
+        b.set_device_path(true);
+        const int V = w->cfg.vocab;
+        std::vector<std::vector<int>> pr(2);
+        for (int sq = 0; sq < 2; ++sq)
+          for (int t = 0; t < 20; ++t) pr[sq].push_back(3 + (t * 41 + sq * 97) % (V - 3));
+        const std::string what = path + " " + to_string(st) + " " + pruning::method_name(m);
+        EXPECT_LE(max_rel(to_host(a.forward(pr, 0, false)), to_host(b.forward(pr, 0, false))), 1e-5)
+            << what << " prefill";
+        for (int step = 0; step < 4; ++step) {
+          const std::vector<std::vector<int>> next = {{5 + step * 13}, {9 + step * 17}};
+          EXPECT_LE(max_rel(to_host(a.forward(next, 20 + step, false)),
+                            to_host(b.forward(next, 20 + step, false))),
+                    1e-5)
+              << what << " decode step " << step;
+        }
+      }
+}
+
 // The pruned GGUF reads back as the same model: config, and logits bitwise equal to the fused
 // model in memory (quantized rows copied as stored, W_o dequantized to F32).
 TYPED_TEST(PruneModel, PrunedGgufRoundTrips) {

@@ -84,7 +84,12 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
       bool full = c.qk_head_dim(l) == c.head_dim;
       for (int h = 0; h < c.n_kv_head && full; ++h)
         for (int i = 0; i < c.head_dim && full; ++i) full = c.k_channel(l, h, i) == i;
-      rope_map_.push_back(full ? RopeMap<E>{} : make_rope_map<E>(c.rope_units(l)));
+      const RopeUnits u = c.rope_units(l);
+      rope_map_.push_back(full ? RopeMap<E>{} : make_rope_map<E>(u));
+      // the fused decode kernel rotates whole pairs only (RAP; KVPruner when no pair was split)
+      bool pairs = !full && 2 * u.units == c.qk_head_dim(l);
+      for (std::size_t i = 0; i < u.i0.size() && pairs; ++i) pairs = u.i0[i] >= 0 && u.i1[i] >= 0;
+      rope_pairs_only_.push_back(full || pairs);
     }
   // RoPE angles in double precision on the host, then rounded once to fp32.
   const int half = c.head_dim / 2;
@@ -585,15 +590,17 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
   if (!kv.compacted() && !kv.has_drops()) {
-    if (!device_path_ || sh.qk_dim != w_->cfg.head_dim || sh.v_dim != sh.qk_dim)
-      attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim,
-                sh.v_dim, sh.scale);
-    else if (T == 1)
+    const int hd = w_->cfg.head_dim;
+    if (device_path_ && T == 1 && sh.v_dim <= hd)  // pruned widths too (the model's scale)
       attention_decode_split(exec_, q, kv.k, kv.v, IVec<E>(pos_.data(), n_seq), out, n_seq,
-                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_);
-    else
+                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim,
+                             sh.qk_dim == hd ? 0.0f : sh.scale);
+    else if (device_path_ && T > 1 && sh.qk_dim == hd && sh.v_dim == hd)
       attention_prefill_tiled(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
                               sh.qk_dim);
+    else
+      attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim,
+                sh.v_dim, sh.scale);
   } else {
     const int n = n_seq * T;
     cached_attention(exec_, q, IVec<E>(seq_.data(), n), IVec<E>(pos_.data(), n), kv, sh, out,
@@ -842,8 +849,13 @@ bool Engine<E>::fusable(int l) const {
   const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
-  return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() &&
-         sh.qk_dim == c.head_dim && sh.v_dim == c.head_dim && sh.n_head == c.n_head &&
+  // a pruned layer: whole RoPE pairs (rotated by the layer's unit table), an even number of
+  // value rows, value heads no wider than the model's
+  const bool mapped = c.pruned() && rope_map_[static_cast<std::size_t>(l)].units > 0;
+  const bool widths =
+      mapped ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
+  return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() && widths &&
+         sh.v_dim <= c.head_dim && (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
          lw.w_up.dtype == lw.w_gate.dtype;
 }
@@ -854,7 +866,7 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
   const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
   const KVLayer<E>& kv = cache_.layer(l);
   const int n = n_seq;
-  Mat<E> q = rows(q_, n), att = rows(att_, n), gate = rows(gate_, n);
+  Mat<E> q = rows(q_, n, c.q_dim(l)), att = rows(att_, n, c.att_dim(l)), gate = rows(gate_, n);
   QKVTarget tg;
   tg.q = q.data();
   tg.kc = kv.k.data();
@@ -866,6 +878,15 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
   tg.sin_t = sin_.data();
   tg.head_dim = c.head_dim;
   tg.adjacent = c.rope_layout == RopeLayout::Adjacent;
+  const AttnShape& sh = cache_.shape(l);
+  if (c.pruned() && rope_map_[static_cast<std::size_t>(l)].units > 0) {
+    const RopeMap<E>& m = rope_map_[static_cast<std::size_t>(l)];
+    tg.unit_i0 = m.i0.data();
+    tg.unit_i1 = m.i1.data();
+    tg.unit_freq = m.freq.data();
+    tg.units = m.units;
+    tg.qk_dim = sh.qk_dim;
+  }
   const CMat<E> xc(x);
   const CVec<E> an(lw.attn_norm), fn(lw.ffn_norm);
   with_view(lw.wq, [&](const auto& wq) {
@@ -873,7 +894,8 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
     gemv_qkv_rope(exec_, xc, wq, view_as<V>(lw.wk), view_as<V>(lw.wv), tg, an, c.rms_eps);
   });
   attention_decode_split(exec_, CMat<E>(q), kv.k, kv.v, IVec<E>(pos_.data(), n_seq), att, n_seq,
-                         c.n_head, c.n_kv_head, c.head_dim, attn_ws_);
+                         c.n_head, c.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim,
+                         sh.qk_dim == c.head_dim ? 0.0f : sh.scale);
   with_view(lw.wo, [&](const auto& w) { gemv_warp(exec_, CMat<E>(att), w, x, GemvOut::AddTo); });
   with_view(lw.w_gate, [&](const auto& wg) {
     using V = std::decay_t<decltype(wg)>;

@@ -87,7 +87,7 @@ inline int prefill_block(int head_dim) {
 
 }  // namespace attn
 
-/// Decode attention: out[s][h·hd + i] for one new token per sequence (rows s = 0 … n_seq−1),
+/// Decode attention: out[s][h·v_dim + i] for one new token per sequence (rows s = 0 … n_seq−1),
 /// at position pos(s) (keys 0 … pos(s) of the cache). ws must have been ensure()d for the
 /// cache's size.
 template <class E>
@@ -95,7 +95,11 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
                             const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
                             const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
                             const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
-                            int hd, attn::DecodeWorkspace<E>& ws) {
+                            int hd, attn::DecodeWorkspace<E>& ws, int v_dim = 0,
+                            float scale = 0.0f) {
+  // hd: the query / key head width; v_dim (0: hd) the value and output head width; scale
+  // (0: 1/sqrt(hd)) the softmax scale — a pruned layer keeps its model's 1/sqrt(head_dim).
+  const int vh = v_dim > 0 ? v_dim : hd;
   using Policy = Kokkos::TeamPolicy<E>;
   using Member = typename Policy::member_type;
   using Scratch = Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryUnmanaged>;
@@ -103,8 +107,8 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
   const int group = n_head / n_kv;
   const int ns = ws.n_split;
   const int max_ctx = static_cast<int>(kc.extent(1));
-  const int kvd = n_kv * hd, qd = n_head * hd;
-  const float scale = 1.0f / kx::sqrt(static_cast<float>(hd));
+  const int kvd = n_kv * hd, qd = n_head * hd, vvd = n_kv * vh, od = n_head * vh;
+  const float sc_mul = scale > 0.0f ? scale : 1.0f / kx::sqrt(static_cast<float>(hd));
   const float* qp = q.data();
   const float* kp = kc.data();
   const float* vp = vc.data();
@@ -129,6 +133,8 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
         if (len > 0) {
           const std::size_t kv_base =
               static_cast<std::size_t>(s) * max_ctx * kvd + static_cast<std::size_t>(kvh) * hd;
+          const std::size_t v_base =
+              static_cast<std::size_t>(s) * max_ctx * vvd + static_cast<std::size_t>(kvh) * vh;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len), [&](const int i) {
             const float* kr = kp + kv_base + static_cast<std::size_t>(p0 + i) * kvd;
             for (int g = 0; g < group; ++g) {
@@ -137,7 +143,7 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
               Kokkos::parallel_reduce(
                   Kokkos::ThreadVectorRange(team, hd),
                   [&](const int e, float& a) { a += qr[e] * kr[e]; }, d);
-              Kokkos::single(Kokkos::PerThread(team), [&]() { sc[g * C + i] = d * scale; });
+              Kokkos::single(Kokkos::PerThread(team), [&]() { sc[g * C + i] = d * sc_mul; });
             }
           });
           team.team_barrier();
@@ -156,11 +162,11 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
                 Kokkos::TeamVectorRange(team, len), [&](const int i, float& a) { a += sg[i]; }, l);
             const int h = kvh * group + g;
             const std::size_t part = (static_cast<std::size_t>(s) * n_head + h) * ns + sp;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
               // four independent sums keep four value loads in flight
               float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-              const float* vr = vp + kv_base + static_cast<std::size_t>(p0) * kvd + e;
-              const std::size_t st = static_cast<std::size_t>(kvd);
+              const float* vr = vp + v_base + static_cast<std::size_t>(p0) * vvd + e;
+              const std::size_t st = static_cast<std::size_t>(vvd);
               int i = 0;
               for (; i + 4 <= len; i += 4) {
                 a0 += sg[i] * vr[i * st];
@@ -169,7 +175,7 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
                 a3 += sg[i + 3] * vr[(i + 3) * st];
               }
               for (; i < len; ++i) a0 += sg[i] * vr[i * st];
-              po[part * hd + e] = (a0 + a1) + (a2 + a3);
+              po[part * vh + e] = (a0 + a1) + (a2 + a3);
             });
             Kokkos::single(Kokkos::PerTeam(team), [&]() {
               pml[part * 2] = m;
@@ -194,8 +200,8 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
             const int h = kvh * group + g;
             const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
             const float* vml = pml + part0 * 2;
-            const float* vo = po + part0 * hd;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, hd), [&](const int e) {
+            const float* vo = po + part0 * vh;
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
               float mx = -3.0e38f;
               for (int k = 0; k < active; ++k) {
                 const float m = attn::load_shared(vml + 2 * k);
@@ -205,9 +211,9 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
               for (int k = 0; k < active; ++k) {
                 const float f = kx::exp(attn::load_shared(vml + 2 * k) - mx);
                 lsum += attn::load_shared(vml + 2 * k + 1) * f;
-                acc += attn::load_shared(vo + static_cast<std::size_t>(k) * hd + e) * f;
+                acc += attn::load_shared(vo + static_cast<std::size_t>(k) * vh + e) * f;
               }
-              op[static_cast<std::size_t>(s) * qd + h * hd + e] = acc / lsum;
+              op[static_cast<std::size_t>(s) * od + h * vh + e] = acc / lsum;
             });
           }
           Kokkos::single(Kokkos::PerTeam(team), [&]() { cnt[sk] = 0; });

@@ -357,22 +357,56 @@ void gemv_swiglu(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout
 }
 
 /// Where the QKV kernel writes: q rows of the call, and the layer's KV cache.
+namespace gemv {
+/// The channels (r0, r1) of rotary pair i within the q (isq) or k rows of a layer, and the pair's
+/// frequency index j: fixed places in head_dim-wide heads, or a pruned layer's unit table.
+struct QKPairs {
+  const int* i0;
+  const int* i1;
+  const int* freq;
+  bool mapped, adjacent;
+  int hd, hu, half, group;  ///< head width, pairs per head, head_dim / 2, query heads per KV head
+  KOKKOS_INLINE_FUNCTION void operator()(bool isq, int i, int& r0, int& r1, int& j) const {
+    const int h = i / hu, u = i % hu;
+    if (mapped) {
+      const int e = (isq ? h / group : h) * hu + u;
+      r0 = h * hd + i0[e];
+      r1 = h * hd + i1[e];
+      j = freq[e];
+    } else {
+      r0 = h * hd + (adjacent ? 2 * u : u);
+      r1 = h * hd + (adjacent ? 2 * u + 1 : u + half);
+      j = u;
+    }
+  }
+};
+}  // namespace gemv
+
 struct QKVTarget {
   float* q = nullptr;   ///< [n][q_dim]
-  float* kc = nullptr;  ///< cache [seq][max_ctx][kv_dim]
-  float* vc = nullptr;
+  float* kc = nullptr;  ///< key cache [seq][max_ctx][k_dim]
+  float* vc = nullptr;  ///< value cache [seq][max_ctx][v_dim]
   int max_ctx = 0;
   const int* pos = nullptr;      ///< [n] position of each row (row t is sequence t / T_call)
   int T = 1;                     ///< tokens per sequence in the call
   const float* cos_t = nullptr;  ///< [max_ctx][head_dim/2]
   const float* sin_t = nullptr;
-  int head_dim = 0;
+  int head_dim = 0;      ///< the model's head width (the RoPE tables' 2·columns)
   bool adjacent = true;  ///< RoPE pairs (2j, 2j+1), else (j, j + head_dim/2)
+  /// A pruned layer's RoPE units (RopeMap: [n_kv][units] pairs (i0, i1) of the reduced head
+  /// rotated by frequency freq; every unit a pair): null for a dense layer, whose q/k heads are
+  /// head_dim wide with the pairs above.
+  const int* unit_i0 = nullptr;
+  const int* unit_i1 = nullptr;
+  const int* unit_freq = nullptr;
+  int units = 0;   ///< RoPE units (pairs) per head of a pruned layer
+  int qk_dim = 0;  ///< q/k head width of a pruned layer (2·units)
 };
 
 /// q, k, v of every row, RoPE on q and k, k and v stored in the cache at the row's position:
 /// one warp per rotary pair of q or k rows, or per two consecutive v rows. All three weights
-/// are [·][in] in T and read the same input (optionally RMS-normalised).
+/// are [·][in] in T and read the same input (optionally RMS-normalised). A pruned layer (RAP,
+/// or KVPruner without orphans) gives its RoPE units in tg; its v rows must be even in number.
 template <class E, class T>
 void gemv_qkv_rope(const E& exec, const CMat<E>& x,
                    const Kokkos::View<T**, Layout, DeviceOf<E>>& wq,
@@ -381,8 +415,15 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
                    const CVec<E>& g = CVec<E>(), float eps = 0) {
   const int n = static_cast<int>(x.extent(0));
   const int in = static_cast<int>(wq.extent(1));
-  const int qd = static_cast<int>(wq.extent(0)), kvd = static_cast<int>(wk.extent(0));
-  const int hd = tg.head_dim, half = hd / 2;
+  const int qd = static_cast<int>(wq.extent(0)), kd = static_cast<int>(wk.extent(0));
+  const int vd = static_cast<int>(wv.extent(0));
+  const int half = tg.head_dim / 2;
+  // Dense: a head is head_dim wide with head_dim/2 pairs at fixed places. Pruned: a head is
+  // qk_dim wide and its pairs come from the layer's unit table (the KV head's for a query head).
+  const bool mapped = tg.unit_i0 != nullptr;
+  const int hd = mapped ? tg.qk_dim : tg.head_dim;
+  const int hu = mapped ? tg.units : half;  // pairs per head
+  const int group = kd > 0 ? (qd / hd) / (kd / hd) : 1;
   gemv::Input inp{x.data(), static_cast<int>(x.stride(0)), g.extent(0) ? g.data() : nullptr, eps};
   const bool wide = gemv::aligned<T>(wq.data(), in, x.data(), inp.ldx) &&
                     gemv::aligned<T>(wk.data(), in, x.data(), inp.ldx) &&
@@ -391,17 +432,19 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
   const T* qp = wq.data();
   const T* kp = wk.data();
   const T* vp = wv.data();
-  const int qpairs = qd / 2, kpairs = kvd / 2, units = qpairs + kpairs + kvd / 2;
-  const bool adjacent = tg.adjacent;  // the row lambda captures only what it needs
+  const int qpairs = (qd / hd) * hu, kpairs = (kd / hd) * hu, units = qpairs + kpairs + vd / 2;
+  const bool adjacent = tg.adjacent;
+  const int* ui0 = tg.unit_i0;
+  const int* ui1 = tg.unit_i1;
+  const int* ufr = tg.unit_freq;
+  const gemv::QKPairs pair_of{ui0, ui1, ufr, mapped, adjacent, hd, hu, half, group};
   gemv::run_units<2, E, T>(
       "sparsim::kernels::gemv_qkv_rope", exec, units, in, n, inp, wide,
       KOKKOS_LAMBDA(int u, const T** r) {
         if (u < qpairs + kpairs) {
           const bool isq = u < qpairs;
-          const int i = isq ? u : u - qpairs;
-          const int h = i / half, j = i % half;
-          const int r0 = h * hd + (adjacent ? 2 * j : j);
-          const int r1 = h * hd + (adjacent ? 2 * j + 1 : j + half);
+          int r0, r1, j;
+          pair_of(isq, isq ? u : u - qpairs, r0, r1, j);
           const T* base = isq ? qp : kp;
           r[0] = base + static_cast<std::size_t>(r0) * in;
           r[1] = base + static_cast<std::size_t>(r1) * in;
@@ -417,14 +460,11 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
           const int p = tg.pos[row];
           const int s = row / tg.T;
           const float a = acc.v[t], b = acc.v[gemv::kTokGroup + t];
-          const std::size_t cache_row =
-              (static_cast<std::size_t>(s) * tg.max_ctx + p) * static_cast<std::size_t>(kvd);
+          const std::size_t cache_pos = static_cast<std::size_t>(s) * tg.max_ctx + p;
           if (u < qpairs + kpairs) {
             const bool isq = u < qpairs;
-            const int i = isq ? u : u - qpairs;
-            const int h = i / half, j = i % half;
-            const int r0 = h * hd + (tg.adjacent ? 2 * j : j);
-            const int r1 = h * hd + (tg.adjacent ? 2 * j + 1 : j + half);
+            int r0, r1, j;
+            pair_of(isq, isq ? u : u - qpairs, r0, r1, j);
             const float c = tg.cos_t[static_cast<std::size_t>(p) * half + j];
             const float sn = tg.sin_t[static_cast<std::size_t>(p) * half + j];
             const float ra = a * c - b * sn, rb = a * sn + b * c;
@@ -432,13 +472,13 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
               tg.q[static_cast<std::size_t>(row) * qd + r0] = ra;
               tg.q[static_cast<std::size_t>(row) * qd + r1] = rb;
             } else {
-              tg.kc[cache_row + r0] = ra;
-              tg.kc[cache_row + r1] = rb;
+              tg.kc[cache_pos * kd + r0] = ra;
+              tg.kc[cache_pos * kd + r1] = rb;
             }
           } else {
             const int r0 = 2 * (u - qpairs - kpairs);
-            tg.vc[cache_row + r0] = a;
-            tg.vc[cache_row + r0 + 1] = b;
+            tg.vc[cache_pos * vd + r0] = a;
+            tg.vc[cache_pos * vd + r0 + 1] = b;
           }
         }
       });
