@@ -178,6 +178,38 @@ class GreedyBlock {
   /// The dense output of the scored tokens.
   CMat<E> dense_output() const { return CMat<E>(dense_.y); }
 
+  // The two helpers below hold device lambdas, which nvcc does not accept inside private
+  // member functions; they are implementation details all the same.
+  /// Rows s·T + t0 + i of src (i < T − t0) into dst, in sequence order.
+  void gather_scored(const CMat<E>& src, const Mat<E>& dst) {
+    const int T = T_, R = R_, t0 = t0_, d = static_cast<int>(src.extent(1));
+    Kokkos::parallel_for(
+        "sparsim::calibrate::gather_scored",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {G_ * R, d}),
+        KOKKOS_LAMBDA(const int r, const int j) { dst(r, j) = src((r / R) * T + t0 + r % R, j); });
+  }
+
+  /// ‖dense − y‖₂ over every element: one row per thread in a fixed order, rows summed in order.
+  double distance(const Mat<E>& y) {
+    const Mat<E> yd = dense_.y;
+    const auto re = row_err_;
+    const int d = static_cast<int>(y.extent(1));
+    Kokkos::parallel_for(
+        "sparsim::calibrate::row_error",
+        Kokkos::RangePolicy<E>(exec_, 0, static_cast<int>(y.extent(0))), KOKKOS_LAMBDA(const int r) {
+          double acc = 0;
+          for (int j = 0; j < d; ++j) {
+            const double e = static_cast<double>(yd(r, j)) - static_cast<double>(y(r, j));
+            acc += e * e;
+          }
+          re(r) = acc;
+        });
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), re);
+    double total = 0;
+    for (std::size_t r = 0; r < h.extent(0); ++r) total += h(r);
+    return std::sqrt(total);
+  }
+
  private:
   struct State {
     Mat<E> q, k, v, att, o, h, xn2, g, u, a, hn, y;
@@ -233,15 +265,6 @@ class GreedyBlock {
   void swap_att_on(State& s) {
     std::swap(cur_.att, s.att);
     swap_o_on(s);
-  }
-
-  /// Rows s·T + t0 + i of src (i < T − t0) into dst, in sequence order.
-  void gather_scored(const CMat<E>& src, const Mat<E>& dst) {
-    const int T = T_, R = R_, t0 = t0_, d = static_cast<int>(src.extent(1));
-    Kokkos::parallel_for(
-        "sparsim::calibrate::gather_scored",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {G_ * R, d}),
-        KOKKOS_LAMBDA(const int r, const int j) { dst(r, j) = src((r / R) * T + t0 + r % R, j); });
   }
 
   /// The input projection i reads: x itself when unmasked, else x masked into the scratch.
@@ -348,27 +371,6 @@ class GreedyBlock {
         stage_down(cur_.a, cur_.hn, m[i], s);
         break;
     }
-  }
-
-  /// ‖dense − y‖₂ over every element: one row per thread in a fixed order, rows summed in order.
-  double distance(const Mat<E>& y) {
-    const Mat<E> yd = dense_.y;
-    const auto re = row_err_;
-    const int d = static_cast<int>(y.extent(1));
-    Kokkos::parallel_for(
-        "sparsim::calibrate::row_error",
-        Kokkos::RangePolicy<E>(exec_, 0, static_cast<int>(y.extent(0))), KOKKOS_LAMBDA(const int r) {
-          double acc = 0;
-          for (int j = 0; j < d; ++j) {
-            const double e = static_cast<double>(yd(r, j)) - static_cast<double>(y(r, j));
-            acc += e * e;
-          }
-          re(r) = acc;
-        });
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), re);
-    double total = 0;
-    for (std::size_t r = 0; r < h.extent(0); ++r) total += h(r);
-    return std::sqrt(total);
   }
 
   Config c_;
