@@ -28,7 +28,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_vs_llamacpp import sparsim_build  # noqa: E402
-from machine_info import cpu_info  # noqa: E402
+from machine_info import cpu_info, require_threads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -75,8 +75,7 @@ def run_bench(args, storage, spec):
         subprocess.run(cmd, env=env, check=True, stdout=sys.stderr)
         with open(out) as f:
             j = json.load(f)
-        if j.get("threads", args.threads) != args.threads:
-            raise SystemExit(f"sparsim ran on {j['threads']} threads, not {args.threads}")
+        require_threads(j, args.threads)
         j["load_average_before"] = load_before
         return cmd, j
 

@@ -24,7 +24,7 @@ import h5py
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from machine_info import cpu_info  # noqa: E402
+from machine_info import cpu_info, require_threads  # noqa: E402
 
 
 def main():
@@ -60,8 +60,7 @@ def main():
         with open(js) as f:
             j = json.load(f)
         os.remove(js)
-        if j.get("threads", a.threads) != a.threads:
-            raise SystemExit(f"sparsim ran on {j['threads']} threads, not {a.threads}")
+        require_threads(j, a.threads)
         j["load_before"], j["load_after"] = list(load0), list(os.getloadavg())
         j["wall_seconds"] = time.time() - t0
         out["runs"].append(j)

@@ -29,7 +29,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from machine_info import cpu_info  # noqa: E402
+from machine_info import cpu_info, require_threads  # noqa: E402
 from smollm2_model import find_smollm2  # noqa: E402
 
 
@@ -142,8 +142,7 @@ def main():
                              "--json", sj, "--log-level", "error"], "sparsim bench")
             with open(sj) as f:
                 s = json.load(f)
-            if s.get("threads", a.threads) != a.threads:
-                raise SystemExit(f"sparsim ran on {s['threads']} threads, not {a.threads}")
+            require_threads(s, a.threads)
             lp, lp_info = llama_bench(tools, model, a.threads, ["-p", str(a.prompt), "-n", "0"])
             ld, ld_info = llama_bench(tools, model, a.threads,
                                       ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])

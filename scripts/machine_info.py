@@ -17,3 +17,10 @@ def cpu_info():
                 flags = set(line.split(":", 1)[1].split())
     return {"model": model, "logical_cpus": os.cpu_count(),
             "features": [x for x in FEATURES if x in flags], "machine": platform.machine()}
+
+
+def require_threads(result, asked):
+    """Stops the benchmark when sparsim's JSON reports another thread count than it was given."""
+    ran = result.get("threads", asked)
+    if ran != asked:
+        raise SystemExit(f"sparsim ran on {ran} threads, not {asked}")

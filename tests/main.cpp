@@ -3,6 +3,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <vector>
+
 #include "core/blas_core.hpp"
 
 int main(int argc, char** argv) {

@@ -575,14 +575,15 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
 template <class E>
 void Engine<E>::rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q) {
   const Config& c = w_->cfg;
-  if (!c.pruned() || rope_map_[static_cast<std::size_t>(l)].units == 0) {
+  const RopeMap<E>* map = pruned_rope(l);
+  if (!map) {
     rope_rows(exec_, x, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
               c.rope_layout == RopeLayout::Adjacent);
     return;
   }
   const Mat<E> none;
-  rope_units(exec_, is_q ? x : none, is_q ? none : x, pos, CMat<E>(cos_), CMat<E>(sin_),
-             rope_map_[static_cast<std::size_t>(l)], c.qk_head_dim(l));
+  rope_units(exec_, is_q ? x : none, is_q ? none : x, pos, CMat<E>(cos_), CMat<E>(sin_), *map,
+             c.qk_head_dim(l));
 }
 
 template <class E>
@@ -593,8 +594,7 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
     const int hd = w_->cfg.head_dim;
     if (device_path_ && T == 1 && sh.v_dim <= hd)  // pruned widths too (the model's scale)
       attention_decode_split(exec_, q, kv.k, kv.v, IVec<E>(pos_.data(), n_seq), out, n_seq,
-                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim,
-                             sh.qk_dim == hd ? 0.0f : sh.scale);
+                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim, sh.scale);
     else if (device_path_ && T > 1 && sh.qk_dim == hd && sh.v_dim == hd)
       attention_prefill_tiled(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
                               sh.qk_dim);
@@ -851,9 +851,8 @@ bool Engine<E>::fusable(int l) const {
   const AttnShape& sh = cache_.shape(l);
   // a pruned layer: whole RoPE pairs (rotated by the layer's unit table), an even number of
   // value rows, value heads no wider than the model's
-  const bool mapped = c.pruned() && rope_map_[static_cast<std::size_t>(l)].units > 0;
   const bool widths =
-      mapped ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
+      pruned_rope(l) ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
   return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() && widths &&
          sh.v_dim <= c.head_dim && (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
@@ -879,12 +878,11 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
   tg.head_dim = c.head_dim;
   tg.adjacent = c.rope_layout == RopeLayout::Adjacent;
   const AttnShape& sh = cache_.shape(l);
-  if (c.pruned() && rope_map_[static_cast<std::size_t>(l)].units > 0) {
-    const RopeMap<E>& m = rope_map_[static_cast<std::size_t>(l)];
-    tg.unit_i0 = m.i0.data();
-    tg.unit_i1 = m.i1.data();
-    tg.unit_freq = m.freq.data();
-    tg.units = m.units;
+  if (const RopeMap<E>* m = pruned_rope(l)) {
+    tg.unit_i0 = m->i0.data();
+    tg.unit_i1 = m->i1.data();
+    tg.unit_freq = m->freq.data();
+    tg.units = m->units;
     tg.qk_dim = sh.qk_dim;
   }
   const CMat<E> xc(x);
@@ -894,8 +892,7 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
     gemv_qkv_rope(exec_, xc, wq, view_as<V>(lw.wk), view_as<V>(lw.wv), tg, an, c.rms_eps);
   });
   attention_decode_split(exec_, CMat<E>(q), kv.k, kv.v, IVec<E>(pos_.data(), n_seq), att, n_seq,
-                         c.n_head, c.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim,
-                         sh.qk_dim == c.head_dim ? 0.0f : sh.scale);
+                         c.n_head, c.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim, sh.scale);
   with_view(lw.wo, [&](const auto& w) { gemv_warp(exec_, CMat<E>(att), w, x, GemvOut::AddTo); });
   with_view(lw.w_gate, [&](const auto& wg) {
     using V = std::decay_t<decltype(wg)>;

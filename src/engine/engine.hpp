@@ -157,6 +157,12 @@ class Engine {
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
   bool use_fused(int T) const;
   bool fusable(int l) const;
+  /// The RoPE unit table of a pruned layer whose heads were cut (null: the dense rotation).
+  const RopeMap<E>* pruned_rope(int l) const {
+    return w_->cfg.pruned() && rope_map_[static_cast<std::size_t>(l)].units > 0
+               ? &rope_map_[static_cast<std::size_t>(l)]
+               : nullptr;
+  }
   void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
   void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
                     const int* skip, bool fused = false);

@@ -356,7 +356,6 @@ void gemv_swiglu(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout
       });
 }
 
-/// Where the QKV kernel writes: q rows of the call, and the layer's KV cache.
 namespace gemv {
 /// The channels (r0, r1) of rotary pair i within the q (isq) or k rows of a layer, and the pair's
 /// frequency index j: fixed places in head_dim-wide heads, or a pruned layer's unit table.
@@ -382,6 +381,7 @@ struct QKPairs {
 };
 }  // namespace gemv
 
+/// Where the QKV kernel writes: q rows of the call, and the layer's KV cache.
 struct QKVTarget {
   float* q = nullptr;   ///< [n][q_dim]
   float* kc = nullptr;  ///< key cache [seq][max_ctx][k_dim]
@@ -433,11 +433,8 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
   const T* kp = wk.data();
   const T* vp = wv.data();
   const int qpairs = (qd / hd) * hu, kpairs = (kd / hd) * hu, units = qpairs + kpairs + vd / 2;
-  const bool adjacent = tg.adjacent;
-  const int* ui0 = tg.unit_i0;
-  const int* ui1 = tg.unit_i1;
-  const int* ufr = tg.unit_freq;
-  const gemv::QKPairs pair_of{ui0, ui1, ufr, mapped, adjacent, hd, hu, half, group};
+  const gemv::QKPairs pair_of{tg.unit_i0, tg.unit_i1, tg.unit_freq, mapped, tg.adjacent,
+                              hd,         hu,         half,         group};
   gemv::run_units<2, E, T>(
       "sparsim::kernels::gemv_qkv_rope", exec, units, in, n, inp, wide,
       KOKKOS_LAMBDA(int u, const T** r) {
