@@ -259,18 +259,50 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
   return 0;
 }
 
-/// Seconds of the attention module in a profile: the q, k, v, o projections, RoPE, the cache
-/// store and the attention kernel (the ops RAP narrows).
+/// The ops of the attention module: the q, k, v, o projections, RoPE (with the cache store) and
+/// the attention kernel (the ops RAP narrows).
+constexpr std::array<flops::Op, 6> kAttentionOps = {flops::Op::QProj, flops::Op::KProj,
+                                                    flops::Op::VProj, flops::Op::OProj,
+                                                    flops::Op::RoPE,  flops::Op::AttnScore};
+
+/// Seconds of the attention module in a profile.
 double attention_seconds(const std::array<double, flops::kNumOps>& sec) {
   double t = 0;
-  for (flops::Op op : {flops::Op::QProj, flops::Op::KProj, flops::Op::VProj, flops::Op::OProj,
-                       flops::Op::RoPE, flops::Op::AttnScore})
-    t += sec[static_cast<int>(op)];
+  for (flops::Op op : kAttentionOps) t += sec[static_cast<int>(op)];
   return t;
+}
+
+/// Fills the first `positions` positions of every layer's key and value cache with values in
+/// [−1, 1) from a fixed hash of their index.
+template <class E>
+void fill_cache_noise(Engine<E>& eng, int positions) {
+  const E exec;
+  for (int l = 0; l < eng.config().n_layer; ++l) {
+    const KVLayer<E>& kv = eng.cache().layer(l);
+    for (const Cache<E>& c : {kv.k, kv.v}) {
+      const int ns = static_cast<int>(c.extent(0)), w = static_cast<int>(c.extent(2));
+      const int np = std::min(positions, static_cast<int>(c.extent(1)));
+      Kokkos::parallel_for(
+          "sparsim::bench::fill_cache_noise",
+          Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {ns, np, w}),
+          KOKKOS_LAMBDA(const int s, const int p, const int j) {
+            std::uint32_t h = static_cast<std::uint32_t>((s * 1000003 + p) * 4099 + j + l * 7919);
+            h ^= h >> 16;
+            h *= 0x7feb352dU;
+            h ^= h >> 15;
+            h *= 0x846ca68bU;
+            h ^= h >> 16;
+            c(s, p, j) = static_cast<float>(h >> 8) * (2.0f / 16777216.0f) - 1.0f;
+          });
+    }
+  }
+  exec.fence();
 }
 
 struct AttentionTimes {
   std::vector<double> prefill, decode, prefill_total, decode_total;  // per repetition
+  /// per repetition, the median decode-step seconds of each of kAttentionOps
+  std::vector<std::array<double, kAttentionOps.size()>> decode_ops;
 };
 
 /// One profiled prefill of `batch` sequences of `prompt` tokens and `decode` steps of one token
@@ -291,27 +323,41 @@ void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
     snap = now;
   };
   double a = 0, t = 0;
+  std::array<std::vector<double>, kAttentionOps.size()> ops;
   if (prefill) {
     eng.forward(toks, 0, false);
     delta(a, t);
     out.prefill.push_back(a);
     out.prefill_total.push_back(t);
-  }  // else the decode steps read a cache of `prompt` positions that were never written:
-     // the same work, meaningless values (timing only)
+  } else {
+    // The decode steps read a cache of `prompt` positions that were never computed: the same
+    // work, meaningless values (timing only). Filled with noise, not left at zero: an all-zero
+    // cache decoded about 10 % faster than one of real values here, and more so the wider it is.
+    fill_cache_noise(eng, prompt);
+    snap = eng.op_seconds();
+  }
   std::vector<double> steps, totals;
   std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
   for (int b = 0; b < batch; ++b) next[b] = {toks[b].back()};
   for (int s = 0; s < decode; ++s) {
+    const auto before = eng.op_seconds();
     eng.forward(next, prompt + s, false);
     delta(a, t);
     if (s > 0 || decode == 1) {  // the first step warms up after the prefill
       steps.push_back(a);
       totals.push_back(t);
+      for (std::size_t i = 0; i < kAttentionOps.size(); ++i) {
+        const int o = static_cast<int>(kAttentionOps[i]);
+        ops[i].push_back(snap[o] - before[o]);
+      }
     }
     for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
   }
   out.decode.push_back(median(steps));
   out.decode_total.push_back(median(totals));
+  std::array<double, kAttentionOps.size()> m{};
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = median(ops[i]);
+  out.decode_ops.push_back(m);
   eng.set_profile(false);
 }
 
@@ -478,6 +524,14 @@ int cmd_bench(int argc, char** argv) {
             {"attention_decode_ratio", median(rd)},
             {"forward_prefill_ratio", median(rpt)},
             {"forward_decode_ratio", median(rdt)}};
+        // Where the decode ratio comes from: each op's median seconds per step, per repetition.
+        for (auto [key, tt] :
+             {std::pair<const char*, const AttentionTimes*>{"model", &ta}, {"baseline", &tb}})
+          for (std::size_t i = 0; i < kAttentionOps.size(); ++i) {
+            std::vector<double> v;
+            for (const auto& r : tt->decode_ops) v.push_back(r[i]);
+            j["attention_decode_op_seconds"][key][flops::to_string(kAttentionOps[i])] = v;
+          }
         if (wa->cfg.pruned()) j["pruned"] = pruning::prune_report(wa->cfg).json();
         io::write_file_atomically(json_out, j.dump(2) + "\n");
       }

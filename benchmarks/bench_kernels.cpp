@@ -189,16 +189,21 @@ BENCHMARK(BM_SparseGemv)->Apply(sparse_gemv_args)->Unit(benchmark::kMicrosecond)
 
 /// The host decode attention of one SmolLM2-shaped layer (9 query heads, 3 KV heads) over a
 /// cache of range(1) positions, heads range(0) wide (RAP narrows them to 24 … 58 channels, odd
-/// multiples of 2 included); 30 layer copies are cycled so that the caches come from memory as in
-/// a decode step. Counter: cache bytes/s. At 16 positions the time is the call's fixed cost.
+/// multiples of 2 included). range(2) = 0: enough layer copies are cycled (at least 30, and at
+/// least 256 MiB of caches) that they come from memory as in a decode step, whatever the width;
+/// 1: one layer, whose cache stays in the processor's caches (the loop's own cost). Counter: cache
+/// bytes/s. At 16 positions the time is the call's fixed cost.
 void BM_DecodeAttention(benchmark::State& st) {
   const int d = static_cast<int>(st.range(0)), ctx = static_cast<int>(st.range(1));
-  constexpr int kLayers = 30, nh = 9, nkv = 3;
+  constexpr int nh = 9, nkv = 3;
+  const double bytes = 2.0 * ctx * nkv * d * sizeof(float);
+  const int copies =
+      st.range(2) == 1 ? 1 : std::max(30, static_cast<int>(std::ceil(256.0 * (1 << 20) / bytes)));
   std::vector<Cache<E>> kc, vc;
-  for (int l = 0; l < kLayers; ++l) {
+  for (int l = 0; l < copies; ++l) {
     kc.emplace_back("k", 1, ctx + 1, nkv * d);
     vc.emplace_back("v", 1, ctx + 1, nkv * d);
-    Kokkos::deep_copy(kc.back(), 0.01f * static_cast<float>(l + 1));
+    Kokkos::deep_copy(kc.back(), 0.01f * static_cast<float>(l % 30 + 1));
     Kokkos::deep_copy(vc.back(), 1.0f);
   }
   Mat<E> q("q", 1, nh * d), out("out", 1, nh * d);
@@ -207,15 +212,15 @@ void BM_DecodeAttention(benchmark::State& st) {
   for (auto _ : st) {
     attention(E(), CMat<E>(q), kc[l], vc[l], out, 1, 1, ctx - 1, nh, nkv, d, d, 0.125f);
     E().fence();
-    if (++l == kLayers) l = 0;
+    if (++l == copies) l = 0;
   }
-  const double bytes = 2.0 * ctx * nkv * d * sizeof(float);
   st.counters["GB/s"] =
       benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  st.SetLabel("d=" + std::to_string(d) + " ctx=" + std::to_string(ctx));
+  st.SetLabel("d=" + std::to_string(d) + " ctx=" + std::to_string(ctx) +
+              (copies == 1 ? " hot" : ""));
 }
 BENCHMARK(BM_DecodeAttention)
-    ->ArgsProduct({{64, 58, 56, 50, 48, 42, 36, 24}, {16, 2048}})
+    ->ArgsProduct({{64, 58, 56, 50, 48, 42, 36, 24}, {16, 2048}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -107,12 +107,11 @@ struct RowBand {
   std::size_t stride;
 };
 
-/// The partials of one chunk of `len` positions for a KV head's `group` query heads, whose
-/// scores S (len × group, column-major) are in `sc`: exponentiates S in place and writes head
-/// g's max and sum to part[g·pstride], part[g·pstride + 1] and its unnormalised value mix over
-/// the value rows vb (host::attn_values) to part[g·pstride + 2 …].
-inline void chunk_partials(float* sc, int len, int group, const RowBand& vb, float* part,
-                           int pstride, int v_dim) {
+/// Max and sum of one chunk's scores for a KV head's `group` query heads: exponentiates the
+/// scores S (len × group, column-major, in `sc`) in place and writes head g's max and sum to
+/// part[g·pstride] and part[g·pstride + 1]; the head's value mix (host::attn_values) goes to
+/// part[g·pstride + 2 …].
+inline void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
   for (int g = 0; g < group; ++g) {
     float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
     const float mx = max_lanes(w, len);
@@ -120,8 +119,6 @@ inline void chunk_partials(float* sc, int len, int group, const RowBand& vb, flo
     part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
     part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = sum_lanes(w, len);
   }
-  host::attn_values(sc, static_cast<std::size_t>(len), group, vb.ptr, vb.stride, len, v_dim,
-                    part + 2, static_cast<std::size_t>(pstride));
 }
 
 /// out[0 … v_dim) from the partials of chunks 0 … nch − 1 (each chunk_part(v_dim) floats), merged
@@ -143,16 +140,18 @@ KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, fl
 
 /// The chunked host decode shared by attention_host_decode and cached_attention: rows r < n of
 /// q and out, row r attending to its first npos(r) ≤ max_pos positions, cut into chunks of
-/// kAttnChunk. A work item is one (row, chunk); it takes the KV heads in order, each with its
-/// query heads together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S
-/// (len × group, column-major; `extra` is a scratch of n_extra floats), vband(r, kvh, pb, len) is
-/// the RowBand of the chunk's value rows (v_dim wide); then the chunk's partials (chunk_partials),
-/// and a second pass merges each (row, query head)'s chunks in chunk order. Chunks and call shapes
-/// depend on the positions only, never on the thread count.
-template <class E, class NPos, class Score, class VBand>
+/// kAttnChunk. A work item is one (row, chunk). touch(r, pb, len, false) first reads the chunk's
+/// key rows whole (host::touch_rows); then the KV heads in order, each with its query heads
+/// together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S (len × group,
+/// column-major; `extra` is a scratch of n_extra floats), and each query head's max,
+/// exponentials and sum (chunk_softmax). Then touch(r, pb, len, true) reads the value rows whole
+/// and each KV head's value mix follows (vband(r, kvh, pb, len) is the RowBand of the chunk's
+/// value rows, v_dim wide). A second pass merges each (row, query head)'s chunks in chunk order.
+/// Chunks and call shapes depend on the positions only, never on the thread count.
+template <class E, class NPos, class Touch, class Score, class VBand>
 void decode_chunks_host(const E& exec, const std::string& label, int n, int n_head, int n_kv,
-                        int v_dim, int max_pos, int n_extra, const NPos& npos, const Score& score,
-                        const VBand& vband, const Mat<E>& out) {
+                        int v_dim, int max_pos, int n_extra, const NPos& npos, const Touch& touch,
+                        const Score& score, const VBand& vband, const Mat<E>& out) {
   constexpr int C = kAttnChunk;
   const int group = n_head / n_kv;
   const int nch = (max_pos + C - 1) / C;
@@ -162,7 +161,7 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
   Kokkos::Experimental::UniqueToken<E> token(exec);
   Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
       Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), token.size(),
-      group * C + n_extra);
+      n_head * C + n_extra);
   using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
   Kokkos::parallel_for(label, Dyn(exec, 0, n * nch).set_chunk_size(1), [=](const int it) {
     const int c = it % nch, r = it / nch;
@@ -171,11 +170,21 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
     const int len = np - pb < C ? np - pb : C;
     const int slot = token.acquire();
     float* sc = &scratch(slot, 0);
+    float* extra = sc + n_head * C;
+    const int pstride = static_cast<int>(parts.stride(0));
+    float* pt = &parts(r * n_head, c * part);
+    touch(r, pb, len, false);
     for (int kvh = 0; kvh < n_kv; ++kvh) {
-      score(r, kvh, pb, len, sc, sc + group * C);
-      chunk_partials(sc, len, group, vband(r, kvh, pb, len),
-                     &parts(r * n_head + kvh * group, c * part), static_cast<int>(parts.stride(0)),
-                     v_dim);
+      float* sk = sc + kvh * group * len;
+      score(r, kvh, pb, len, sk, extra);
+      chunk_softmax(sk, len, group, pt + kvh * group * pstride, pstride);
+    }
+    touch(r, pb, len, true);
+    for (int kvh = 0; kvh < n_kv; ++kvh) {
+      const RowBand vb = vband(r, kvh, pb, len);
+      host::attn_values(sc + kvh * group * len, static_cast<std::size_t>(len), group, vb.ptr,
+                        vb.stride, len, v_dim, pt + kvh * group * pstride + 2,
+                        static_cast<std::size_t>(pstride));
     }
     token.release(slot);
   });
@@ -190,12 +199,13 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
 }  // namespace detail
 
 /// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
-/// work item is one (sequence, chunk) and takes its KV heads in turn, each with its query heads
-/// together (they are adjacent in q), so each key and value row is read once: the chunk's scores
-/// (host::attn_scores), the chunk's max, exponentials and sum per head, its unnormalised value
-/// mix (host::attn_values). A second pass merges the chunks of each (sequence, query head) in
-/// chunk order. Chunks depend on the position only, so the result does not depend on the thread
-/// count, and a long cache gives every thread work at batch 1.
+/// work item is one (sequence, chunk): it reads the chunk's key rows whole, then takes its KV
+/// heads in turn, each with its query heads together (they are adjacent in q): the chunk's scores
+/// (host::attn_scores), the chunk's max, exponentials and sum per head; then it reads the value
+/// rows whole and mixes them per KV head (host::attn_values), unnormalised. A second pass merges
+/// the chunks of each (sequence, query head) in chunk order. Chunks depend on the position only, so
+/// the result does not depend on the thread count, and a long cache gives every thread work at
+/// batch 1.
 template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                            const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,
@@ -206,6 +216,12 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
   detail::decode_chunks_host(
       exec, "sparsim::kernels::attention_host_decode", n_seq, n_head, n_kv_head, v_dim, p0 + 1, 0,
       [=](int) { return p0 + 1; },
+      [=](int s, int pb, int len, bool values) {
+        if (values)
+          host::touch_rows(vc.data() + s * vstride + pb * vw, vw, len, static_cast<int>(vw));
+        else
+          host::touch_rows(kc.data() + s * kstride + pb * kw, kw, len, static_cast<int>(kw));
+      },
       [=](int s, int kvh, int pb, int len, float* S, float*) {
         host::attn_scores(&q(s, kvh * group * qk_dim), static_cast<std::size_t>(qk_dim), group,
                           kc.data() + s * kstride + pb * kw + kvh * qk_dim, kw, len, qk_dim, scale,

@@ -44,7 +44,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     // detail::decode_chunks_host, as attention_host_decode: one (row, chunk) per work item, its
-    // KV heads in turn with their query heads together, then the chunks merged in order. A chunk's
+    // rows read whole first, its KV heads in turn with their query heads together, then the chunks
+    // merged in order. A chunk's
     // scores come from up to two host::attn_scores calls: the compacted prefix against the query
     // gathered to the head's kept channels, the full-width rest against the whole query. Dropped
     // positions score kDroppedScore (weight exactly 0). With a dense layout and no drops every call
@@ -54,6 +55,20 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
     detail::decode_chunks_host(
         exec, "sparsim::kernels::cached_attention_host", n, nh, nkv, vd, max_pos, group * qk,
         [=](int r) { return row_pos(r) + 1; },
+        [=](int r, int pb, int len, bool values) {
+          // Whole rows of the full-width keys and of the values; a compacted head's keys are one
+          // contiguous block already.
+          const int s = row_seq(r);
+          if (values) {
+            host::touch_rows(V.data() + s * V.stride(0) + pb * vw, vw, len, static_cast<int>(vw));
+          } else {
+            const int nb = base < row_pos(r) + 1 ? base : row_pos(r) + 1;
+            const int fb = pb > nb ? pb : nb;
+            if (fb < pb + len)
+              host::touch_rows(K.data() + s * K.stride(0) + (fb - base) * kw, kw, pb + len - fb,
+                               static_cast<int>(kw));
+          }
+        },
         [=](int r, int kvh, int pb, int len, float* S, float* qg) {
           const int s = row_seq(r), npos = row_pos(r) + 1;
           const int nb = base < npos ? base : npos;

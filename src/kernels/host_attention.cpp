@@ -8,17 +8,6 @@ namespace sparsim::host {
 namespace {
 
 constexpr int kL = 16;  // lanes of a score's partial sums and of a value block
-#ifndef SPARSIM_ATTN_PF
-#define SPARSIM_ATTN_PF 24576
-#endif
-/// Bytes of cache rows ahead whose lines are requested while the current ones are summed (at
-/// least 32 rows): a head's slice of a cached row is a short strided piece that the hardware
-/// prefetchers follow poorly, and a fixed row count would look less far ahead in narrow caches.
-inline std::size_t ahead_rows(std::size_t stride) {
-  const std::size_t r = SPARSIM_ATTN_PF / (stride * sizeof(float) + 1);
-  return r < 32 ? 32 : r;
-}
-
 #if defined(__GNUC__) && !defined(__CUDACC__)
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
 // xmm registers by each clone.
@@ -32,7 +21,7 @@ inline void st(float* p, v16 v) {
   std::memcpy(p, &v, sizeof v);
 }
 inline v16 splat(float x) {
-  return v16{} + x;
+  return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};  // one broadcast (v16{} + x adds 0)
 }
 inline float lane(const v16& v, int l) {
   return v[l];
@@ -119,20 +108,13 @@ float dot_narrow(const float* q, const float* k, int d) {
 /// and their scores are not stored) for one query head.
 template <bool kFull>
 inline void scores16(const float* qg, const float* k, std::size_t ks, int m, int d, int nfull,
-                     const v16& tmask, float scale, float* out, std::size_t ahead) {
+                     const v16& tmask, float scale, float* out) {
   v16 acc[kL];
   for (auto& a : acc) a = splat(0.0f);
   const float* rows[kL];
 #pragma GCC unroll 16
   for (int j = 0; j < kL; ++j)
     rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
-  if (kFull && ahead > 0)
-#pragma GCC unroll 16
-    for (int j = 0; j < kL; ++j) {
-      const float* next = rows[j] + ahead * ks;
-      for (int i = 0; i < d; i += kL) __builtin_prefetch(next + i);
-      __builtin_prefetch(next + d - 1);
-    }
   for (int b = 0; b < nfull; ++b) {
     const v16 qb = ld(qg + b * kL);
 #pragma GCC unroll 16
@@ -162,16 +144,13 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   float mk[kL];
   for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l >= kL - r ? 1.0f : 0.0f;
   const v16 tmask = ld(mk);
-  const std::size_t ahead = ahead_rows(ks);
   int p = 0;
   for (; p + kL <= len; p += kL)
     for (int g = 0; g < group; ++g)
-      scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p,
-                     g == 0 ? ahead : 0);
+      scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p);
   if (p < len)
     for (int g = 0; g < group; ++g)
-      scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p,
-                      0);
+      scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p);
 }
 
 /// The value mix of G query heads over one slab of at most 64 channels in NB blocks; block b
@@ -180,14 +159,11 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
 template <int G, int NB>
 void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
                  const int* off, int tail, float* o, std::size_t os) {
-  const std::size_t ahead = ahead_rows(vs);
   v16 acc[G][NB];
   for (auto& ag : acc)
     for (auto& a : ag) a = splat(0.0f);
   for (int p = 0; p < len; ++p) {
     const float* vr = v + p * vs;
-    for (int b = 0; b < NB; ++b) __builtin_prefetch(vr + ahead * vs + off[b]);
-    __builtin_prefetch(vr + ahead * vs + off[NB - 1] + kL - 1);
     v16 x[NB];
     for (int b = 0; b < NB; ++b) x[b] = ld(vr + off[b]);
     for (int g = 0; g < G; ++g) {
@@ -265,7 +241,30 @@ void values_impl(const float* w, std::size_t ws, int group, const float* v, std:
   }
 }
 
+/// The loads of touch_rows, folded into one value that the caller keeps alive.
+float touch_impl(const float* p, std::size_t stride, int rows, int width) {
+  v16 m = splat(0.0f);
+  float t = 0.0f;
+  for (int r = 0; r < rows; ++r) {
+    const float* row = p + r * stride;
+    int i = 0;
+    for (; i + kL <= width; i += kL) m += ld(row + i);
+    for (; i < width; ++i) t += row[i];
+  }
+  return lane(m, 0) + t;
+}
+
 }  // namespace
+
+SPARSIM_CLONES void touch_rows(const float* p, std::size_t stride, int rows, int width) {
+  const float sum = touch_impl(p, stride, rows, width);
+#if defined(__GNUC__)
+  asm volatile("" : : "g"(sum));  // the sum is "used": its loads stay
+#else
+  static thread_local volatile float sink;
+  sink = sum;
+#endif
+}
 
 SPARSIM_CLONES void attn_scores(const float* q, std::size_t qs, int group, const float* k,
                                 std::size_t ks, int len, int d, float scale, float* s,

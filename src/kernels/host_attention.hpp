@@ -3,11 +3,15 @@
 /// detail::decode_chunks_host): one chunk of cached positions of one KV head against that head's
 /// query heads. Compiled once per x86-64 level and chosen at run time (kernels/host_clones.hpp).
 ///
-/// Their cost is proportional to the head width: the scores of 16 positions are reduced together
-/// (a transposing tree of shuffles and adds, instead of one horizontal reduction per score), and
-/// the value mix keeps every query head's output row in registers while it streams the value
-/// rows once. A pruned model's narrow heads (RAP: 24 … 58 channels) therefore cost what their
-/// bytes cost, where the vendor BLAS spent a fixed amount per (position, head) and per call.
+/// The scores of 16 positions are reduced together (a transposing tree of shuffles and adds,
+/// instead of one horizontal reduction per score), and the value mix keeps every query head's
+/// output row in registers while it reads the value rows once.
+///
+/// The caller first reads the chunk's cache rows whole, in address order (touch_rows): these loops
+/// read one head's slice of 16 rows at a time, a pattern the hardware prefetchers follow poorly
+/// (from memory it streamed far below the rate of the same bytes read in order), and software
+/// prefetches ahead of it made it slower still. From the first- and second-level caches the
+/// head-by-head loops then run at their own speed.
 ///
 /// Arithmetic, fixed by the code (never by the thread count or the chunking):
 /// - a score sums its products in 16 lanes, lane l taking channels i ≡ l (mod 16) in order of i;
@@ -27,5 +31,9 @@ void attn_scores(const float* q, std::size_t qs, int group, const float* k, std:
 /// o[g·os + i] = Σ_{p<len} w[g·ws + p] · v[p·vs + i] for g < group, i < d.
 void attn_values(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
                  int d, float* o, std::size_t os);
+
+/// Reads rows p + r·stride (r < rows), `width` floats each, in address order and discards what it
+/// read: brings a chunk of cache rows into the caches as one forward stream.
+void touch_rows(const float* p, std::size_t stride, int rows, int width);
 
 }  // namespace sparsim::host
