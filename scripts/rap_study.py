@@ -363,6 +363,22 @@ def write_page(a, s):
             L.append(f"| {r['batch']} | {r['prompt_tokens']} | {r['reps']} | {pre} | "
                      f"{r['attention_decode_ratio']:.3f} | {r['forward_decode_ratio']:.3f} | "
                      f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
+        ops = [r for r in b["runs"] if "attention_decode_op_seconds" in r]
+        if ops:
+            L.append("")
+            L.append("Decode step by op (median over repetitions of each op's median ms per step; "
+                     "RAP / dense):\n")
+            names = list(ops[0]["attention_decode_op_seconds"]["model"])
+            L.append("| op | " + " | ".join(f"batch {r['batch']}: RAP ms | dense ms | ratio"
+                                          for r in ops) + " |")
+            L.append("|---|" + "---|---|---|" * len(ops))
+            for n in names:
+                cells = []
+                for r in ops:
+                    o = r["attention_decode_op_seconds"]
+                    m, d = (statistics.median(o[k][n]) for k in ("model", "baseline"))
+                    cells.append(f"{1e3 * m:.3f} | {1e3 * d:.3f} | {m / d:.3f}")
+                L.append(f"| {n} | " + " | ".join(cells) + " |")
         bw = b["backward"]
         L.append("")
         L.append(f"Backward pass: {bw['backward_ms_per_token']:.1f} ms per calibration token against "
