@@ -1,7 +1,7 @@
 // The run-time dispatched host decode kernels (kernels/host_gemv.hpp): the dense rows against a
 // double-precision reference for every storage type, row counts around the block of eight and
-// lengths around the 16 lanes; blocking rows never changes a row's bits; the ISA reported is one
-// the CPU has.
+// lengths around the 16 lanes and around the short-row limit; blocking rows never changes a row's
+// bits; the ISA reported is one the CPU has.
 #include "helpers.hpp"
 #include "kernels/host_gemv.hpp"
 
@@ -16,7 +16,8 @@ namespace {
 template <class T>
 void check_dot_rows() {
   std::uint64_t seed = 500;
-  for (int n : {1, 15, 16, 17, 100, 577}) {
+  // up to kShortRow rows are summed one by one, longer ones eight at a time
+  for (int n : {1, 15, 16, 17, 100, 577, host::kShortRow, host::kShortRow + 1, 4100}) {
     for (int rows : {1, 7, 8, 9, 16, 19}) {
       const std::size_t ld = n + 3;  // a row stride longer than the row
       const auto wv = random_vec(ld * rows, seed++, 0.3f);

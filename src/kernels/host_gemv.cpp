@@ -45,6 +45,13 @@ template <class T>
 inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int rows, float* y,
                           std::size_t ys) {
   int r = 0;
+  if (n <= kShortRow) {
+    // Short rows one after another: x stays in the first-level cache, and the block's rows are
+    // read as one forward stream, where eight interleaved streams of a few hundred bytes each
+    // are a pattern the hardware prefetchers follow poorly.
+    for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys);
+    return;
+  }
   for (; r + kRowBlock <= rows; r += kRowBlock)
     dot_block<kRowBlock>(x, w + r * ld, ld, n, y + r * ys, ys);
   for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys);

@@ -17,14 +17,20 @@ namespace sparsim::host {
 
 /// Lanes of the fixed-order dense dot product (detail::dot_lanes uses the same).
 inline constexpr int kDotLanes = 16;
-/// Output rows dot_rows computes together (one load of x serves them all).
+/// Output rows dot_rows computes together (one load of x serves them all) when rows are longer
+/// than kShortRow; shorter rows are summed one after another.
 inline constexpr int kRowBlock = 8;
+/// Row length (columns) up to which dot_rows sums rows one by one: x (8 KiB) stays in the
+/// first-level cache and the rows stream in address order. Longer rows share each load of x
+/// among kRowBlock rows, since x no longer fits beside them.
+inline constexpr int kShortRow = 2048;
 /// Kept rows per step of the sparse tile's fixed summation order (sparsim::kGroup).
 inline constexpr int kSparseGroup = 4;
 
 /// y[r · ys] = Σ_i x[i] · w[r · ld + i] for r in [0, rows), i in [0, n): each row's dot product
-/// in the fixed 16-lane order of detail::dot_lanes. Rows are processed eight at a time so that
-/// one load of x serves eight weight rows.
+/// in the fixed 16-lane order of detail::dot_lanes. Rows longer than kShortRow are processed eight
+/// at a time so that one load of x serves eight weight rows; shorter ones one by one. Either way
+/// a row's sum is the same.
 void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows, float* y,
               std::size_t ys);
 void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, float* y,
