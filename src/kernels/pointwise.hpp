@@ -134,10 +134,13 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
   const int n_kv = U > 0 ? static_cast<int>(m.i0.extent(0)) / U : 1;
   const int group = n_kv > 0 && qh > 0 ? qh / n_kv : 1;
   const auto i0 = m.i0, i1 = m.i1, fr = m.freq;
+  // One flat range over (row, head, unit): a decode step's few hundred units are too little
+  // work for a three-dimensional range's tiling, whose set-up cost more than the rotations.
+  const int heads = qh + kh;
   Kokkos::parallel_for(
-      "sparsim::kernels::rope_units",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, U}),
-      KOKKOS_LAMBDA(const int t, const int h, const int u) {
+      "sparsim::kernels::rope_units", Kokkos::RangePolicy<E>(exec, 0, n * heads * U),
+      KOKKOS_LAMBDA(const int i) {
+        const int u = i % U, h = i / U % heads, t = i / U / heads;
         const bool is_q = h < qh;
         const int kvh = is_q ? h / group : h - qh;
         const int a0 = i0(kvh * U + u);
