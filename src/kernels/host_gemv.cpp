@@ -16,8 +16,10 @@ inline float wide(Half v) {
   return v.to_float();
 }
 
+/// `more`: the matrix has a row after the block's last one (w[R · ld …] may be read).
 template <int R, class T>
-inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys) {
+inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys,
+                      bool more) {
   float a[R][kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -33,8 +35,23 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
       for (int r = 0; r < R; ++r) a[r][l] += xv * wide(w[r * ld + i + l]);
     }
   }
-  for (int l = 0; i + l < n; ++l)
-    for (int r = 0; r < R; ++r) a[r][l] += x[i + l] * wide(w[r * ld + i + l]);
+  if (i < n) {
+    // The last n − i < 16 columns into the same lanes as whole vectors: a row's tail is read
+    // together with the first columns of the row after it, whose products are weighted 0 (x is
+    // 0 there). A last row with nothing after it reads its tail from a zero-padded copy, through
+    // the same vector statement, so that every row's sum is the same arithmetic.
+    float xt[kLanes];
+    for (int l = 0; l < kLanes; ++l) xt[l] = i + l < n ? x[i + l] : 0.0f;
+    for (int r = 0; r < R; ++r) {
+      const T* tail = w + r * ld + i;
+      T pad[kLanes];
+      if (r + 1 == R && !more) {
+        for (int l = 0; l < kLanes; ++l) pad[l] = i + l < n ? tail[l] : T{};
+        tail = pad;
+      }
+      for (int l = 0; l < kLanes; ++l) a[r][l] += xt[l] * wide(tail[l]);
+    }
+  }
   for (int h = kLanes / 2; h > 0; h /= 2)
     for (int l = 0; l < h; ++l)
       for (int r = 0; r < R; ++r) a[r][l] += a[r][l + h];
@@ -43,18 +60,18 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
 
 template <class T>
 inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int rows, float* y,
-                          std::size_t ys) {
+                          std::size_t ys, bool more) {
   int r = 0;
   if (n <= kShortRow) {
     // Short rows one after another: x stays in the first-level cache, and the block's rows are
     // read as one forward stream, where eight interleaved streams of a few hundred bytes each
     // are a pattern the hardware prefetchers follow poorly.
-    for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys);
+    for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
     return;
   }
   for (; r + kRowBlock <= rows; r += kRowBlock)
-    dot_block<kRowBlock>(x, w + r * ld, ld, n, y + r * ys, ys);
-  for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys);
+    dot_block<kRowBlock>(x, w + r * ld, ld, n, y + r * ys, ys, r + kRowBlock < rows || more);
+  for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
 }
 
 /// Kept-row groups of the fixed order summed per sweep of the tile: y's partial sums are loaded
@@ -121,16 +138,16 @@ inline void sparse_tile_impl(float* a, int n, const float* x, const int* idx, in
 }  // namespace
 
 SPARSIM_CLONES void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys);
+                             float* y, std::size_t ys, bool more) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
 }
 SPARSIM_CLONES void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys);
+                             float* y, std::size_t ys, bool more) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
 }
 SPARSIM_CLONES void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys);
+                             float* y, std::size_t ys, bool more) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
 }
 
 SPARSIM_CLONES void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz,

@@ -31,12 +31,16 @@ inline constexpr int kSparseGroup = 4;
 /// in the fixed 16-lane order of detail::dot_lanes. Rows longer than kShortRow are processed eight
 /// at a time so that one load of x serves eight weight rows; shorter ones one by one. Either way
 /// a row's sum is the same.
+///
+/// `more`: w holds another row after the last one (w[rows · ld … rows · ld + 15] may be read).
+/// A row with a row after it reads its last n mod 16 columns as one vector with the next row's
+/// first ones, weighted 0; the sums are those of the one-by-one tail.
 void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys);
+              std::size_t ys, bool more = false);
 void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys);
+              std::size_t ys, bool more = false);
 void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys);
+              std::size_t ys, bool more = false);
 
 /// a[0:n] += Σ_k x[idx[k]] · wt[idx[k] · ld + j] (j in [0, n)) over the kept indices k in
 /// [0, nnz), in the fixed order of kernels/sparse_gemv.hpp (groups of four, then singles). `wt`
