@@ -18,30 +18,31 @@ void check_dot_rows() {
   std::uint64_t seed = 500;
   // up to kShortRow rows are summed one by one, longer ones eight at a time
   for (int n : {1, 15, 16, 17, 100, 577, host::kShortRow, host::kShortRow + 1, 4100}) {
-    for (int rows : {1, 7, 8, 9, 16, 19}) {
-      const std::size_t ld = n + 3;  // a row stride longer than the row
-      const auto wv = random_vec(ld * rows, seed++, 0.3f);
-      const auto x = random_vec(n, seed++);
-      std::vector<T> w(wv.size());
-      for (std::size_t i = 0; i < w.size(); ++i) w[i] = from_f32<T>(wv[i]);
-      std::vector<float> y(2 * rows, -1.0f);
-      host::dot_rows(x.data(), w.data(), ld, n, rows, y.data(), 2);  // every other slot
-      const std::string what = "n=" + std::to_string(n) + " rows=" + std::to_string(rows);
-      for (int r = 0; r < rows; ++r) {
-        double ref = 0, mag = 0;
-        for (int i = 0; i < n; ++i) {
-          const double t = double(x[i]) * to_f32(w[r * ld + i]);
-          ref += t;
-          mag += std::fabs(t);
+    for (int rows : {1, 7, 8, 9, 16, 19})
+      for (const std::size_t ld : {std::size_t(n) + 3, std::size_t(n)}) {  // padded rows, or none
+        const auto wv = random_vec(ld * rows, seed++, 0.3f);
+        const auto x = random_vec(n, seed++);
+        std::vector<T> w(wv.size());
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = from_f32<T>(wv[i]);
+        std::vector<float> y(2 * rows, -1.0f);
+        host::dot_rows(x.data(), w.data(), ld, n, rows, y.data(), 2);  // every other slot
+        const std::string what = "n=" + std::to_string(n) + " rows=" + std::to_string(rows) +
+                                 " ld=" + std::to_string(ld);
+        for (int r = 0; r < rows; ++r) {
+          double ref = 0, mag = 0;
+          for (int i = 0; i < n; ++i) {
+            const double t = double(x[i]) * to_f32(w[r * ld + i]);
+            ref += t;
+            mag += std::fabs(t);
+          }
+          ASSERT_NEAR(y[2 * r], ref, 1e-6 * (1 + mag)) << what << " r=" << r;
+          EXPECT_EQ(y[2 * r + 1], -1.0f) << what << ": wrote outside its slot";
+          // the same row alone: the same bits (blocks of eight share x, not their sums)
+          float alone = 0;
+          host::dot_rows(x.data(), w.data() + r * ld, ld, n, 1, &alone, 1);
+          EXPECT_EQ(std::memcmp(&alone, &y[2 * r], sizeof(float)), 0) << what << " r=" << r;
         }
-        ASSERT_NEAR(y[2 * r], ref, 1e-6 * (1 + mag)) << what << " r=" << r;
-        EXPECT_EQ(y[2 * r + 1], -1.0f) << what << ": wrote outside its slot";
-        // the same row alone: the same bits (blocks of eight share x, not their sums)
-        float alone = 0;
-        host::dot_rows(x.data(), w.data() + r * ld, ld, n, 1, &alone, 1);
-        EXPECT_EQ(std::memcmp(&alone, &y[2 * r], sizeof(float)), 0) << what << " r=" << r;
       }
-    }
   }
 }
 

@@ -38,14 +38,15 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
   if (i < n) {
     // The last n − i < 16 columns into the same lanes as whole vectors: a row's tail is read
     // together with the first columns of the row after it, whose products are weighted 0 (x is
-    // 0 there). A last row with nothing after it reads its tail from a zero-padded copy, through
-    // the same vector statement, so that every row's sum is the same arithmetic.
+    // 0 there); with n ≥ 16 (so ld ≥ 16) the read ends inside that row. A row with no row after
+    // it, or a row shorter than 16, reads its tail from a zero-padded copy, through the same
+    // vector statement, so that every row's sum is the same arithmetic.
     float xt[kLanes];
     for (int l = 0; l < kLanes; ++l) xt[l] = i + l < n ? x[i + l] : 0.0f;
     for (int r = 0; r < R; ++r) {
       const T* tail = w + r * ld + i;
       T pad[kLanes];
-      if (r + 1 == R && !more) {
+      if (n < kLanes || (r + 1 == R && !more)) {
         for (int l = 0; l < kLanes; ++l) pad[l] = i + l < n ? tail[l] : T{};
         tail = pad;
       }

@@ -32,9 +32,10 @@ inline constexpr int kSparseGroup = 4;
 /// at a time so that one load of x serves eight weight rows; shorter ones one by one. Either way
 /// a row's sum is the same.
 ///
-/// `more`: w holds another row after the last one (w[rows · ld … rows · ld + 15] may be read).
-/// A row with a row after it reads its last n mod 16 columns as one vector with the next row's
-/// first ones, weighted 0; the sums are those of the one-by-one tail.
+/// `more`: w holds another row after the last one (its first columns may be read). A row of at
+/// least 16 columns with a row after it reads its last n mod 16 columns as one vector with the
+/// next row's first ones, weighted 0; the others read theirs from a zero-padded copy; the sums are
+/// the same.
 void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows, float* y,
               std::size_t ys, bool more = false);
 void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, float* y,
