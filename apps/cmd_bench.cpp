@@ -340,7 +340,7 @@ void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
   std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
   for (int b = 0; b < batch; ++b) next[b] = {toks[b].back()};
   for (int s = 0; s < decode; ++s) {
-    const auto before = eng.op_seconds();
+    const auto before = snap;  // the op seconds after the previous step
     eng.forward(next, prompt + s, false);
     delta(a, t);
     if (s > 0 || decode == 1) {  // the first step warms up after the prefill

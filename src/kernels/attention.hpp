@@ -109,8 +109,8 @@ struct RowBand {
 
 /// Max and sum of one chunk's scores for a KV head's `group` query heads: exponentiates the
 /// scores S (len × group, column-major, in `sc`) in place and writes head g's max and sum to
-/// part[g·pstride] and part[g·pstride + 1]; the head's value mix (host::attn_values) goes to
-/// part[g·pstride + 2 …].
+/// part[g·pstride] and part[g·pstride + 1] (the caller puts the head's value mix, from the
+/// exponentiated scores, at part[g·pstride + 2 …]).
 inline void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
   for (int g = 0; g < group; ++g) {
     float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
