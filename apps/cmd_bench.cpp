@@ -368,7 +368,7 @@ int cmd_bench(int argc, char** argv) {
   std::string model, storage, json_out, run_out, skipping = "on", decode_path = "fused",
                                                  clock_name = "wall", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false, graph = false, decode_only = false, kv_synthetic = false;
+  bool profile = false, bf16_compute = false, graph = false, decode_only = false, kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -377,6 +377,7 @@ int cmd_bench(int argc, char** argv) {
       "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "bf16-compute", po::bool_switch(&bf16_compute), kBf16ComputeHelp)(
       "json", po::value(&json_out), "write the figures as JSON to this file")(
       "out,o", po::value(&run_out),
       "run file (HDF5) of the engine under test (the method's with --method, else dense): the "
@@ -448,6 +449,8 @@ int cmd_bench(int argc, char** argv) {
   const bool sparse = ma.sparse();
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
+  lo.bf16_compute = bf16_compute;
+  check_load_options(lo);
   const ResolvedModel rm = resolve_model(model);
   io::guard_run({{"--model", rm.path}, {"--calibration", ma.calib_path}},
                 {{"--json", json_out}, {"--out", run_out}});
@@ -507,6 +510,7 @@ int cmd_bench(int argc, char** argv) {
             {"model", {{"path", ma_.path}, {"fingerprint", ma_.fingerprint}}},
             {"baseline", {{"path", mb_.path}, {"fingerprint", mb_.fingerprint}}},
             {"storage", storage},
+            {"bf16_compute", bf16_compute},
             {"backend", backend},
             {"threads", rt.threads()},
             {"batch", batch},
@@ -753,7 +757,7 @@ int cmd_bench(int argc, char** argv) {
       const std::vector<double>& tp = sparse ? ts_pre : t_pre;
       const std::vector<double>& tdec = sparse ? ts_dec : t_dec;
       io::Group root = rf->root();
-      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage, lo.bf16_compute);
       io::Group cfg = root.create_group("config");
       cfg.set_attr("method",
                    sparse ? std::string(sparsity::method_name(plan.opt.method)) : "dense");
@@ -806,6 +810,7 @@ int cmd_bench(int argc, char** argv) {
       nlohmann::json j = {
           {"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
           {"storage", storage},
+          {"bf16_compute", bf16_compute},
           {"backend", backend},
           {"threads", rt.threads()},
           {"prompt_tokens", prompt},

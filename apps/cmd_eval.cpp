@@ -52,7 +52,7 @@ int cmd_eval(int argc, char** argv) {
       progress_mode, checkpoint_arg;
   PplOptions po_;
   int score = -1;
-  bool strict = false, no_ppl = false, save_tokens = false, tf_mass = false;
+  bool strict = false, bf16_compute = false, no_ppl = false, save_tokens = false, tf_mass = false;
   std::string task, ret_lengths = "2048,4096,8192", ret_depths = "0,0.25,0.5,0.75,1";
   RetrievalOptions ro;
   MethodArgs ma;
@@ -95,6 +95,7 @@ int cmd_eval(int argc, char** argv) {
                   "from later tokens (run file /token_filter/attention_mass; needs --out)");
   d.add_options()("storage", po::value(&storage)->default_value("f32"),
                   "weight storage: f32, bf16 or f16")(
+      "bf16-compute", po::bool_switch(&bf16_compute), kBf16ComputeHelp)(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "out,o", po::value(&out), "run file (HDF5): config, fingerprints, per-window NLL, FLOPs")(
       "json", po::value(&json_out), "JSON summary file")(
@@ -156,6 +157,8 @@ int cmd_eval(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
+  lo.bf16_compute = bf16_compute;
+  check_load_options(lo);
   const bool show_progress =
       progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   // Fail on bad arguments before loading anything big.
@@ -473,6 +476,7 @@ int cmd_eval(int argc, char** argv) {
     j["method"] = method;
     j["model"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
     j["storage"] = storage;
+    j["bf16_compute"] = bf16_compute;
     j["threads"] = rt.threads();
     j["backend"] = backend;
     j["wall_seconds"] = wall_s;
@@ -525,7 +529,7 @@ int cmd_eval(int argc, char** argv) {
 
     if (rf) {
       io::Group root = rf->root();
-      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage, lo.bf16_compute);
       io::Group cfg = root.create_group("config");
       cfg.set_attr("method", method);
       cfg.set_attr("context", po_.context);

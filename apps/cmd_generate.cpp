@@ -62,7 +62,7 @@ int cmd_generate(int argc, char** argv) {
   int max_tokens = 64, top_k = 40;
   float temperature = 0.0f, top_p = 0.95f;
   std::uint64_t seed = 1;
-  bool chat = false, strict = false;
+  bool chat = false, strict = false, bf16_compute = false;
   MethodArgs ma;
   po::options_description d("sparsim generate options");
   d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
@@ -75,6 +75,7 @@ int cmd_generate(int argc, char** argv) {
       "top-p", po::value(&top_p)->default_value(0.95f), "nucleus probability mass")(
       "seed", po::value(&seed)->default_value(1), "sampling seed")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "bf16-compute", po::bool_switch(&bf16_compute), kBf16ComputeHelp)(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error");
   ma.add_options(d);
   add_common_options(d, co);
@@ -88,6 +89,8 @@ int cmd_generate(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
+  lo.bf16_compute = bf16_compute;
+  check_load_options(lo);
   const ResolvedModel rm = resolve_model(model_arg);
   log().info("model {} ({})", rm.path, rm.origin);
   Runtime rt(co);

@@ -111,4 +111,10 @@ class ProgressBar {
 /// auto is a bar on a terminal and `otherwise` elsewhere.
 ProgressBar::Mode progress_mode(const std::string& arg, ProgressBar::Mode otherwise);
 
+/// --bf16-compute's help, shared by the commands that run a model.
+inline constexpr const char* kBf16ComputeHelp =
+    "with --storage bf16: prefill (multi-token) products in bf16 arithmetic on the host — rows "
+    "rounded to bf16, fp32 accumulation, oneDNN's bf16 matmul (AVX-512; faster, as llama.cpp "
+    "computes bf16 models); decode stays fp32 x bf16";
+
 }  // namespace sparsim::app

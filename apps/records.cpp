@@ -36,7 +36,8 @@ void write_run_group(io::Group root, int argc, char** argv) {
 }
 
 void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
-                      int threads, const ModelInfo& mi, const Config& cfg, DType storage) {
+                      int threads, const ModelInfo& mi, const Config& cfg, DType storage,
+                      bool bf16_compute) {
   write_run_group(root, argc, argv);
 
   io::Group be = root.create_group("backend");
@@ -51,6 +52,7 @@ void write_run_header(io::Group root, int argc, char** argv, const std::string& 
   m.set_attr("fingerprint", mi.fingerprint);
   m.set_attr("file_bytes", static_cast<std::int64_t>(mi.file_bytes));
   m.set_attr("storage", to_string(storage));
+  m.set_attr("bf16_compute", bf16_compute ? 1 : 0);
   m.set_attr("name", cfg.name);
   m.set_attr("n_layer", cfg.n_layer);
   m.set_attr("d_model", cfg.d_model);

@@ -21,7 +21,8 @@ void write_run_group(io::Group root, int argc, char** argv);
 /// average at the time of writing) and
 /// /model (path, fingerprint, hyper-parameters, storage type).
 void write_run_header(io::Group root, int argc, char** argv, const std::string& backend,
-                      int threads, const ModelInfo& mi, const Config& cfg, DType storage);
+                      int threads, const ModelInfo& mi, const Config& cfg, DType storage,
+                      bool bf16_compute = false);
 
 /// Writes /pruned for a pruned model: the method, the retain ratio and the per-layer widths,
 /// kept channels and cost fractions (nothing for a dense model).

@@ -78,3 +78,24 @@ if(NOT _sparsim_exec_uc STREQUAL "DEFAULT" AND NOT _sparsim_exec_uc IN_LIST SPAR
     "SPARSIM_EXEC_SPACE=${SPARSIM_EXEC_SPACE}, but the Kokkos at ${Kokkos_DIR} provides only "
     "the backends '${SPARSIM_BACKENDS}'.")
 endif()
+
+# oneDNN (Debian: libdnnl-dev) for the opt-in bf16-compute prefill of bf16 weights. Optional:
+# without it the option reports itself unavailable.
+option(SPARSIM_DNNL "Use oneDNN's bf16 matmul for the opt-in bf16-compute prefill when found" ON)
+# Found by header and library rather than its CMake package: Debian's package config asks for
+# OpenCL's development files (its GPU runtime), which the CPU matmul used here does not need.
+set(dnnl_FOUND FALSE)
+if(SPARSIM_DNNL)
+  find_path(SPARSIM_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+  find_library(SPARSIM_DNNL_LIBRARY dnnl)
+  if(SPARSIM_DNNL_INCLUDE_DIR AND SPARSIM_DNNL_LIBRARY)
+    set(dnnl_FOUND TRUE)
+    file(STRINGS "${SPARSIM_DNNL_INCLUDE_DIR}/oneapi/dnnl/dnnl_version.h" _dnnl_v
+         REGEX "#define DNNL_VERSION_(MAJOR|MINOR|PATCH) ")
+    string(REGEX REPLACE ".*MAJOR ([0-9]+).*MINOR ([0-9]+).*PATCH ([0-9]+).*" "\\1.\\2.\\3"
+           dnnl_VERSION "${_dnnl_v}")
+    add_library(sparsim::dnnl UNKNOWN IMPORTED)
+    set_target_properties(sparsim::dnnl PROPERTIES IMPORTED_LOCATION "${SPARSIM_DNNL_LIBRARY}"
+                          INTERFACE_INCLUDE_DIRECTORIES "${SPARSIM_DNNL_INCLUDE_DIR}")
+  endif()
+endif()

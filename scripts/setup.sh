@@ -39,7 +39,7 @@ if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
 
 # ---------------------------------------------------------------- Debian packages
 debs=(build-essential cmake ninja-build pkg-config git ca-certificates dpkg-dev
-      libhdf5-dev hdf5-tools zlib1g-dev libopenblas-openmp-dev liblapacke-dev
+      libhdf5-dev hdf5-tools zlib1g-dev libopenblas-openmp-dev liblapacke-dev libdnnl-dev
       libboost-program-options-dev nlohmann-json3-dev libfmt-dev libspdlog-dev libpcre2-dev
       libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
       python3 python3-pip python3-venv

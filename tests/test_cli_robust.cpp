@@ -3,11 +3,15 @@
 // results that must not depend on --batch. Each case checks the exit status, the message and
 // the state of the output folder and of every input (hashes before and after).
 #include "cli_process.hpp"
+#include "gemm_bf16/bf16_gemm.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "io/temp_file.hpp"
 
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
+
+#include <fstream>
 
 #include <cstring>
 
@@ -236,6 +240,30 @@ TEST_F(CliPaths, WindowResultsDoNotDependOnTheBatchBitwise) {
       EXPECT_EQ(std::memcmp(&nll[0][w], &nll[i][w], sizeof(double)), 0)
           << "--batch " << i + 1 << ", window " << w << ": " << nll[0][w] << " vs " << nll[i][w];
   }
+}
+
+
+// --bf16-compute: refused before any work without bf16 storage (or where it cannot run); with it,
+// eval records the setting and its perplexity moves by the rounding of the prefill activations.
+TEST_F(CliPaths, Bf16ComputeNeedsBf16Storage) {
+  const std::string js = dir_.file("e.json");
+  expect_refused(eval("--bf16-compute --json " + js), {"--bf16-compute", "--storage bf16"});
+  if (!host::bf16_gemm_available()) {
+    expect_refused(eval("--storage bf16 --bf16-compute --json " + js),
+                   {"--bf16-compute is unavailable"});
+    GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
+  }
+  auto ppl = [&](const std::string& extra) {
+    const RunResult r = run_cmd(eval("--storage bf16 --json " + js + " " + extra));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    std::ifstream f(js);
+    const auto j = nlohmann::json::parse(f);
+    EXPECT_EQ(j.at("bf16_compute").get<bool>(), !extra.empty());
+    return j.at("perplexity").get<double>();
+  };
+  const double plain = ppl(""), b16 = ppl("--bf16-compute");
+  EXPECT_NE(plain, b16);
+  EXPECT_NEAR(b16, plain, 0.02 * plain);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // backends bitwise, and across storage types.
 #include "backends.hpp"
 #include "engine/engine.hpp"
+#include "gemm_bf16/bf16_gemm.hpp"
 #include "helpers.hpp"
 #include "model/loader.hpp"
 #include "reference_llama.hpp"
@@ -164,6 +165,46 @@ TEST(EngineDeterminism, SerialAndOpenMPBitwiseEqual) {
   const auto o = run(Kokkos::OpenMP());
   ASSERT_EQ(s.size(), o.size());
   EXPECT_EQ(0, std::memcmp(s.data(), o.data(), s.size() * sizeof(float)));
+}
+
+// --bf16-compute: the same bits on one thread (Serial) and on the OpenMP pool, and close to the
+// fp32-arithmetic bf16 model (prefill logits within bf16 rounding of the activations), while the
+// decode step (one row) is the fp32-arithmetic one.
+TEST(EngineDeterminism, Bf16ComputeSerialAndOpenMPBitwiseEqual) {
+  if (!host::bf16_gemm_available()) GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
+  TempDir dir;
+  const SynthSpec spec = tiny_spec(8);
+  const std::string path = make_model(dir, "m.gguf", spec);
+  const auto toks = prompt_tokens(40, spec.cfg.vocab, 8);
+  auto run = [&](auto exec, bool bf16c) {
+    using E = decltype(exec);
+    LoadOptions lo;
+    lo.storage = DType::BF16;
+    lo.bf16_compute = bf16c;
+    auto w = load_model<E>(path, lo);
+    Engine<E> e(w, 1, 64);
+    auto a = to_host(e.forward({toks}, 0, true));
+    auto b = to_host(e.forward({{7}}, 40, true));
+    return std::make_pair(a, b);
+  };
+  const auto s = run(Kokkos::Serial(), true);
+  const auto o = run(Kokkos::OpenMP(), true);
+  ASSERT_EQ(s.first.size(), o.first.size());
+  EXPECT_EQ(0, std::memcmp(s.first.data(), o.first.data(), s.first.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(s.second.data(), o.second.data(), s.second.size() * sizeof(float)));
+  const auto f = run(Kokkos::OpenMP(), false);
+  double worst = 0, range = 0, differ = 0;
+  for (std::size_t i = 0; i < f.first.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(f.first[i] - o.first[i])));
+    range = std::max(range, double(std::fabs(f.first[i])));
+    differ += f.first[i] != o.first[i];
+  }
+  EXPECT_GT(differ, 0) << "bf16 compute changed no prefill logit";
+  EXPECT_LT(worst, 0.05 * range) << "bf16 compute moved a prefill logit by " << worst;
+  // the decode step after a bf16-compute prefill reads a cache that the prefill wrote, so it
+  // differs too, but it is the same kernel: close
+  for (std::size_t i = 0; i < f.second.size(); ++i)
+    EXPECT_NEAR(f.second[i], o.second[i], 0.05 * range);
 }
 #endif
 

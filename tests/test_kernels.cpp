@@ -81,6 +81,63 @@ TYPED_TEST(Kernels, LinearAllTypesAndBatchSizes) {
   }
 }
 
+// The opt-in bf16 compute: rows rounded to bf16 (nearest even), fp32 accumulation. Shapes cross
+// both tile edges (600 > 512 outputs, 300 > 256 tokens) and leave ragged edge tiles; two
+// sequences of 150 rows (seg) each give every row the bits it gets alone.
+TYPED_TEST(Kernels, LinearBf16Compute) {
+  using E = TypeParam;
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                            typename E::memory_space>::accessible) {
+    GTEST_SKIP() << "bf16 compute is a host path";
+  } else {
+    if (!host::bf16_gemm_available()) GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
+    const int out = 600, in = 200, n = 300;
+    const auto w = random_vec(out * in, 21);
+    const auto x = random_vec(n * in, 22, 3.0f);
+    Matrix<E> m = make_matrix<E>(w, out, in, DType::BF16);
+    auto xd = to_device<E>(x, n, in);
+    LinearScratch<E> sc;
+    sc.bf16_compute = true;
+    Mat<E> y("y", n, out);
+    linear(E(), CMat<E>(xd), m, y, sc);
+    std::vector<double> ref(n * out);
+    double scale = 0;
+    for (int r = 0; r < n; ++r)
+      for (int o = 0; o < out; ++o) {
+        double acc = 0, mag = 0;
+        for (int i = 0; i < in; ++i) {
+          const double p = double(stored(x[r * in + i], DType::BF16)) * stored(w[o * in + i], DType::BF16);
+          acc += p;
+          mag += std::fabs(p);
+        }
+        ref[r * out + o] = acc;
+        scale = std::max(scale, mag);
+      }
+    // fp32 sums of exact products: within a few ulps of the sum of magnitudes
+    expect_close(to_host(y), ref, 0.0, 1e-6 * scale, "bf16-compute linear");
+    // not the fp32-activation product: rounding x to bf16 shows
+    std::vector<double> exact(n * out);
+    double moved = 0;
+    for (int r = 0; r < n; ++r)
+      for (int o = 0; o < out; ++o) {
+        double acc = 0;
+        for (int i = 0; i < in; ++i) acc += double(x[r * in + i]) * stored(w[o * in + i], DType::BF16);
+        moved = std::max(moved, std::fabs(acc - ref[r * out + o]));
+      }
+    EXPECT_GT(moved, 1e-4 * scale);
+    // per-sequence tiling: the rows of two sequences of 150, then the second one alone
+    Mat<E> y2("y2", n, out);
+    linear(E(), CMat<E>(xd), m, y2, sc, n / 2);
+    auto x1 = to_device<E>(std::vector<float>(x.begin() + n / 2 * in, x.end()), n / 2, in);
+    Mat<E> y1("y1", n / 2, out);
+    linear(E(), CMat<E>(x1), m, y1, sc);
+    const auto h2 = to_host(y2), h1 = to_host(y1);
+    for (int i = 0; i < n / 2 * out; ++i)
+      ASSERT_EQ(h2[static_cast<std::size_t>(n / 2 * out + i)], h1[static_cast<std::size_t>(i)])
+          << "row " << i / out;
+  }
+}
+
 TYPED_TEST(Kernels, RmsNorm) {
   using E = TypeParam;
   const int n = 5, d = 96;

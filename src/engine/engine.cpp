@@ -73,6 +73,7 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
       exec_(exec),
       graphs_(std::make_unique<Graphs>()) {
   const Config& c = w_->cfg;
+  scratch_.bf16_compute = w_->bf16_compute;
   require(max_seqs > 0, "engine: need at least one sequence, got {}", max_seqs);
   require(max_ctx > 0 && max_ctx <= c.context_length,
           "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,

@@ -6,7 +6,10 @@
 /// which one thread owns one output row. Row-major matrices are passed to BLAS as their
 /// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
-/// widened to fp32 in a scratch buffer so the GEMM path can be used.
+/// widened to fp32 in a scratch buffer so the GEMM path can be used; or, with the opt-in bf16
+/// compute (LinearScratch::bf16_compute, host only), the rows are rounded to bf16 and multiplied
+/// by oneDNN's bf16 matmul in the same fixed tiles.
+#include "gemm_bf16/bf16_gemm.hpp"
 #include "kernels/gemv_device.hpp"
 #include "kernels/host_gemv.hpp"
 #include "kernels/views.hpp"
@@ -142,17 +145,70 @@ void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>
 
 }  // namespace detail
 
-/// Workspace for widening 16-bit weights; grows on demand.
+/// Workspace for widening 16-bit weights (or rounding rows to bf16); grows on demand.
 template <class E>
 struct LinearScratch {
   Mat<E> wide;
+  Kokkos::View<std::uint16_t*, DeviceOf<E>> rows16;
+  /// Multi-row products with bf16 weights in bf16 arithmetic (rows rounded to bf16, fp32
+  /// accumulation) on the host; only set where host::bf16_gemm_available().
+  bool bf16_compute = false;
   Mat<E> get(int rows, int cols) {
     if (wide.extent(0) * wide.extent(1) < static_cast<std::size_t>(rows) * cols)
       wide = Mat<E>(Kokkos::view_alloc("sparsim::linear::wide", Kokkos::WithoutInitializing), rows,
                     cols);
     return Mat<E>(wide.data(), rows, cols);
   }
+  std::uint16_t* get16(std::size_t n) {
+    if (rows16.extent(0) < n)
+      rows16 = Kokkos::View<std::uint16_t*, DeviceOf<E>>(
+          Kokkos::view_alloc("sparsim::linear::rows_bf16", Kokkos::WithoutInitializing), n);
+    return rows16.data();
+  }
 };
+
+namespace detail {
+
+/// y = x · Wᵀ with x rounded to bf16 (round to nearest even, as bf16_t::from_float) and bf16 W,
+/// through oneDNN in blas_linear's fixed tiles, one single-threaded call per tile: every output
+/// element's arithmetic depends on its tile alone, never on the thread count or --batch.
+template <class E>
+void bf16_linear(const E& exec, const CMat<E>& x, const Kokkos::View<bf16_t**, Layout, DeviceOf<E>>& w,
+                 const Mat<E>& y, int seg, LinearScratch<E>& scratch) {
+  const int n = static_cast<int>(x.extent(0));
+  const int in = static_cast<int>(w.extent(1));
+  const int out = static_cast<int>(w.extent(0));
+  std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
+  Kokkos::parallel_for("sparsim::kernels::round_rows_bf16", Kokkos::RangePolicy<E>(exec, 0, n),
+                       [=](const int t) {
+                         for (int k = 0; k < in; ++k)
+                           xb[static_cast<std::size_t>(t) * in + k] =
+                               bf16_t::from_float(x(t, k)).bits;
+                       });
+  exec.fence();
+  const auto* wb = reinterpret_cast<const std::uint16_t*>(w.data());
+  const std::size_t ldw = w.stride(0), ldy = y.stride(0);
+  float* yp = y.data();
+  const int n_seq = n / seg;
+  const int rt = (out + kTileRows - 1) / kTileRows;
+  const int ts = (seg + kTileTokens - 1) / kTileTokens;
+  Kokkos::parallel_for("sparsim::kernels::linear_bf16_tiles",
+                       Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
+                         const int r0 = (i % rt) * kTileRows;
+                         const int tile = (i / rt) % ts, s = i / (rt * ts);
+                         const int t0 = s * seg + tile * kTileTokens;
+                         const int nr = std::min(kTileRows, out - r0);
+                         const int nt = std::min(kTileTokens, seg - tile * kTileTokens);
+                         host::bf16_gemm_tile(xb + static_cast<std::size_t>(t0) * in,
+                                              static_cast<std::size_t>(in),
+                                              wb + static_cast<std::size_t>(r0) * ldw, ldw,
+                                              yp + static_cast<std::size_t>(t0) * ldy + r0, ldy,
+                                              nt, nr, in);
+                       });
+  exec.fence();
+}
+
+}  // namespace detail
 
 /// y[n][out] = x[n][in] · W[out][in]ᵀ. Extents must agree (checked on the host).
 ///
@@ -189,6 +245,12 @@ void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     if constexpr (host) exec.fence();  // the BLAS tiles run on host threads of their own
     detail::blas_linear<E>(exec, x, w.f32, y, seg);
     return;
+  }
+  if constexpr (host) {
+    if (scratch.bf16_compute && w.dtype == DType::BF16 && seg >= kWidenRows) {
+      detail::bf16_linear<E>(exec, x, w.bf16, y, seg, scratch);
+      return;
+    }
   }
   if (seg >= kWidenRows) {
     Mat<E> wide = scratch.get(w.rows, w.cols);

@@ -2,6 +2,7 @@
 
 #include "core/error.hpp"
 #include "core/log.hpp"
+#include "gemm_bf16/bf16_gemm.hpp"
 #include "model/detail/weight_builder.hpp"
 #include "model/gguf.hpp"
 #include "model/pruned_layout.hpp"
@@ -111,6 +112,18 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
   return w;
 }
 
+void check_load_options(const LoadOptions& o) {
+  if (!o.bf16_compute) return;
+  // UsageError: a command line that cannot work, refused (exit 2) before any work starts
+  if (o.storage != DType::BF16)
+    throw UsageError(fmt::format(
+        "--bf16-compute multiplies bf16 weights in bf16: it needs --storage bf16 (got {})",
+        to_string(o.storage)));
+  if (!host::bf16_gemm_available())
+    throw UsageError(fmt::format("--bf16-compute is unavailable: {}",
+                                 host::bf16_gemm_unavailable_reason()));
+}
+
 ModelFormat detect_model_format(const std::string& path) {
   namespace fs = std::filesystem;
   require(fs::exists(path), "model file '{}' does not exist", path);
@@ -137,13 +150,16 @@ ModelFormat detect_model_format(const std::string& path) {
 template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info) {
-  switch (detect_model_format(path)) {
-    case ModelFormat::HfDirectory:
-      return load_safetensors<E>(path, opt, info);
-    case ModelFormat::Gguf:
-      break;
-  }
-  return load_gguf<E>(path, opt, info);
+  check_load_options(opt);
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible)
+    require(!opt.bf16_compute,
+            "--bf16-compute runs on the host backends only (serial, openmp); a GPU multiplies "
+            "bf16 weights with its own library");
+  std::shared_ptr<Weights<E>> w = detect_model_format(path) == ModelFormat::HfDirectory
+                                      ? load_safetensors<E>(path, opt, info)
+                                      : load_gguf<E>(path, opt, info);
+  w->bf16_compute = opt.bf16_compute;
+  return w;
 }
 
 #define SPARSIM_INSTANTIATE_LOADER(E)                                                        \

@@ -18,7 +18,13 @@ class File;
 struct LoadOptions {
   DType storage = DType::F32;  ///< element type the weights are kept in
   bool strict = false;         ///< NaN / Inf in a weight is an error rather than a warning
+  /// Multi-row (prefill) products of bf16 weights in bf16 arithmetic on the host (rows rounded
+  /// to bf16, oneDNN's bf16 matmul); needs storage BF16 and host::bf16_gemm_available().
+  bool bf16_compute = false;
 };
+
+/// Throws sparsim::UsageError naming the problem when `o` asks for bf16 compute that cannot run.
+void check_load_options(const LoadOptions& o);
 
 /// Facts about a loaded model file, for records.
 struct ModelInfo {

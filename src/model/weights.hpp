@@ -76,6 +76,8 @@ struct Weights {
   using Dev = DeviceOf<ExecSpace>;
   Config cfg;
   DType storage = DType::F32;
+  /// Prefill products of bf16 weights in bf16 arithmetic (LoadOptions::bf16_compute).
+  bool bf16_compute = false;
   Matrix<ExecSpace> tok_embd;          ///< [vocab][d_model]
   Kokkos::View<float*, Dev> out_norm;  ///< [d_model]
   Matrix<ExecSpace> output;            ///< [vocab][d_model]; shares tok_embd's view when tied

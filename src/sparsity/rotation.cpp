@@ -391,6 +391,7 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
   out->cfg = c;
   out->cfg.tied_embeddings = false;
   out->storage = storage;
+  out->bf16_compute = w.bf16_compute && storage == DType::BF16;
   out->rope_freq_factors = w.rope_freq_factors;
 
   SingleThreadedBlas single;
