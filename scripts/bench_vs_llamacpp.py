@@ -16,6 +16,10 @@ read the same GGUF, converted from the Q4_1 file by llama.cpp's own `llama-quant
 Repetitions are interleaved (sparsim, llama.cpp, sparsim, …; one process each), the load
 average is recorded before and after every run, and the JSON carries both programs' build flags
 and the CPU's model and vector features. Ratios are sparsim / llama.cpp of the medians.
+
+With BF16 weights sparsim also runs with --bf16-compute in every repetition (its prefill
+products in bf16 arithmetic, as llama.cpp computes them; `sparsim_bf16_compute` in the JSON),
+unless --no-bf16-compute or the build lacks it (oneDNN).
 """
 import argparse
 import json
@@ -99,6 +103,8 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--decode", type=int, default=128)
     ap.add_argument("--weights", default="f32,bf16")
+    ap.add_argument("--no-bf16-compute", action="store_true",
+                    help="BF16: time sparsim's default fp32 arithmetic only")
     ap.add_argument("--work", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "sparsim-bench-llamacpp"))
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
@@ -143,6 +149,19 @@ def main():
             with open(sj) as f:
                 s = json.load(f)
             require_threads(s, a.threads)
+            sc = None
+            if w == "bf16" and not a.no_bf16_compute:
+                sc_json = os.path.join(a.work, "sparsim-bf16-compute.json")
+                _, sc_info = run([a.sparsim, "bench", "--model", model, "--storage", w, "--bf16-compute",
+                                  "--prompt", str(a.prompt), "--decode", str(a.decode), "--reps", "1",
+                                  "--threads", str(a.threads), "--json", sc_json, "--log-level", "error"],
+                                 "sparsim bench --bf16-compute")
+                with open(sc_json) as f:
+                    sj2 = json.load(f)
+                require_threads(sj2, a.threads)
+                sc = {"prefill_tokens_per_s": sj2["prefill_tokens_per_s"],
+                      "decode_tokens_per_s": sj2["decode_tokens_per_s"], "run": sc_info,
+                      "host_kernels": sj2.get("host_kernels")}
             lp, lp_info = llama_bench(tools, model, a.threads, ["-p", str(a.prompt), "-n", "0"])
             ld, ld_info = llama_bench(tools, model, a.threads,
                                       ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])
@@ -155,12 +174,17 @@ def main():
                               "flash_attn": lp.get("flash_attn"), "type_k": lp.get("type_k"),
                               "n_batch": lp.get("n_batch"), "n_ubatch": lp.get("n_ubatch")},
             })
+            if sc:
+                reps[-1]["sparsim_bf16_compute"] = sc
+                print(f"{w} rep {i + 1}/{a.reps}: sparsim --bf16-compute prefill "
+                      f"{sc['prefill_tokens_per_s']:.0f} tok/s", flush=True)
             print(f"{w} rep {i + 1}/{a.reps}: prefill sparsim {s['prefill_tokens_per_s']:.0f} vs llama.cpp "
                   f"{lp['avg_ts']:.0f} tok/s; decode {s['decode_tokens_per_s']:.1f} vs {ld['avg_ts']:.1f} tok/s",
                   flush=True)
         med = lambda prog, k: statistics.median(r[prog][k] for r in reps)
+        progs = ("sparsim", "llama_cpp") + (("sparsim_bf16_compute",) if "sparsim_bf16_compute" in reps[0] else ())
         summary = {p: {k: med(p, k) for k in ("prefill_tokens_per_s", "decode_tokens_per_s")}
-                   for p in ("sparsim", "llama_cpp")}
+                   for p in progs}
         loads = [r["sparsim"]["run"]["load_before"] for r in reps] + \
                 [r["llama_cpp"]["run_decode"]["load_after"] for r in reps]
         res["runs"][w] = {
@@ -168,6 +192,10 @@ def main():
             "ratio_prefill": summary["sparsim"]["prefill_tokens_per_s"] / summary["llama_cpp"]["prefill_tokens_per_s"],
             "ratio_decode": summary["sparsim"]["decode_tokens_per_s"] / summary["llama_cpp"]["decode_tokens_per_s"],
             "load_min": min(loads), "load_max": max(loads),
+            **({"ratio_prefill_bf16_compute": summary["sparsim_bf16_compute"]["prefill_tokens_per_s"] /
+                summary["llama_cpp"]["prefill_tokens_per_s"],
+                "ratio_decode_bf16_compute": summary["sparsim_bf16_compute"]["decode_tokens_per_s"] /
+                summary["llama_cpp"]["decode_tokens_per_s"]} if "sparsim_bf16_compute" in summary else {}),
             "llama_cpp_settings": {k: reps[0]["llama_cpp"][k] for k in ("flash_attn", "type_k", "n_batch", "n_ubatch")},
             "sparsim_host_kernels": reps[0]["sparsim"]["host_kernels"],
         }
@@ -178,6 +206,9 @@ def main():
     for w, r in res["runs"].items():
         print(f"{w}: prefill {r['ratio_prefill']:.2f}x, decode {r['ratio_decode']:.2f}x llama.cpp "
               f"(load {r['load_min']:.1f}-{r['load_max']:.1f})")
+        if "ratio_prefill_bf16_compute" in r:
+            print(f"{w} with --bf16-compute: prefill {r['ratio_prefill_bf16_compute']:.2f}x, "
+                  f"decode {r['ratio_decode_bf16_compute']:.2f}x llama.cpp")
     return 0
 
 

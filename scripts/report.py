@@ -896,17 +896,23 @@ def block_bench_vs_llamacpp(name="bench_vs_llamacpp.json"):
         r = j["runs"].get(w)
         if not r:
             continue
-        for prog, key in (("sparsim", "sparsim"), ("llama.cpp", "llama_cpp")):
+        for prog, key in (("sparsim", "sparsim"), ("sparsim --bf16-compute", "sparsim_bf16_compute"),
+                          ("llama.cpp", "llama_cpp")):
             vals = r["reps"]
+            if key not in vals[0]:
+                continue
             pre = [x[key]["prefill_tokens_per_s"] for x in vals]
             dec = [x[key]["decode_tokens_per_s"] for x in vals]
-            run = "run" if key == "sparsim" else "run_prefill"
+            run = "run_prefill" if key == "llama_cpp" else "run"
             rss = max(x[key][run]["peak_rss_mib"] for x in vals)
             rows.append([w.upper(), prog, f"{r['median'][key]['prefill_tokens_per_s']:.0f}",
                          _span(pre, "{:.0f}"), f"{r['median'][key]['decode_tokens_per_s']:.1f}",
                          _span(dec, "{:.1f}"), f"{rss:.0f}"])
         ratios.append(f"{w.upper()} prefill {r['ratio_prefill']:.2f}, decode {r['ratio_decode']:.2f}"
                       f" (load {r['load_min']:.1f}–{r['load_max']:.1f})")
+        if "ratio_prefill_bf16_compute" in r:
+            ratios.append(f"{w.upper()} with --bf16-compute prefill {r['ratio_prefill_bf16_compute']:.2f},"
+                          f" decode {r['ratio_decode_bf16_compute']:.2f}")
     cpu, lb, sb = j["cpu"], j.get("llama_cpp_build", {}), j.get("sparsim_build", {})
     first_run = next(iter(j["runs"].values()))
     first = first_run["llama_cpp_settings"]
