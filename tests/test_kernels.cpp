@@ -82,8 +82,9 @@ TYPED_TEST(Kernels, LinearAllTypesAndBatchSizes) {
 }
 
 // The opt-in bf16 compute: rows rounded to bf16 (nearest even), fp32 accumulation. Shapes cross
-// both tile edges (600 > 512 outputs, 300 > 256 tokens) and leave ragged edge tiles; two
-// sequences of 150 rows (seg) each give every row the bits it gets alone.
+// both tile edges (1100 outputs: 512, 512, 76; 1000 tokens: 256 × 3, 232), and tiles of one
+// shape run at once on different threads (they once shared oneDNN's scratchpad); two sequences
+// of 500 rows (seg) each give every row the bits it gets alone.
 TYPED_TEST(Kernels, LinearBf16Compute) {
   using E = TypeParam;
   if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
@@ -91,7 +92,7 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
     GTEST_SKIP() << "bf16 compute is a host path";
   } else {
     if (!host::bf16_gemm_available()) GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
-    const int out = 600, in = 200, n = 300;
+    const int out = 1100, in = 576, n = 1000;
     const auto w = random_vec(out * in, 21);
     const auto x = random_vec(n * in, 22, 3.0f);
     Matrix<E> m = make_matrix<E>(w, out, in, DType::BF16);
@@ -115,6 +116,12 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
       }
     // fp32 sums of exact products: within a few ulps of the sum of magnitudes
     expect_close(to_host(y), ref, 0.0, 1e-6 * scale, "bf16-compute linear");
+    // run after run the same bits (a race between tiles would not be)
+    for (int rep = 0; rep < 4; ++rep) {
+      Mat<E> yr("yr", n, out);
+      linear(E(), CMat<E>(xd), m, yr, sc);
+      ASSERT_EQ(to_host(yr), to_host(y)) << "repetition " << rep;
+    }
     // not the fp32-activation product: rounding x to bf16 shows
     std::vector<double> exact(n * out);
     double moved = 0;
@@ -136,6 +143,42 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
       ASSERT_EQ(h2[static_cast<std::size_t>(n / 2 * out + i)], h1[static_cast<std::size_t>(i)])
           << "row " << i / out;
   }
+}
+
+// Tiles of one shape on two threads at once, as a prefill runs them: each must be its own
+// product (oneDNN's library-managed scratchpad belongs to the primitive and was shared).
+TEST(Bf16GemmTile, ConcurrentTilesOfOneShape) {
+  if (!host::bf16_gemm_available()) GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
+  const int nt = 256, nr = 512, K = 576, tiles = 8;
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(tiles) * nt * K), w(static_cast<std::size_t>(nr) * K);
+  const auto xf = random_vec(x.size(), 31), wf = random_vec(w.size(), 32, 0.1f);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_t::from_float(xf[i]).bits;
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = bf16_t::from_float(wf[i]).bits;
+  std::vector<float> y(static_cast<std::size_t>(tiles) * nt * nr);
+  const std::uint16_t* xp = x.data();
+  const std::uint16_t* wp = w.data();
+  float* yp = y.data();
+  for (int rep = 0; rep < 5; ++rep)
+    Kokkos::parallel_for(Kokkos::RangePolicy<Kokkos::DefaultHostExecutionSpace>(0, tiles),
+                         [=](const int i) {
+                           const std::size_t t0 = static_cast<std::size_t>(i) * nt;
+                           host::bf16_gemm_tile(xp + t0 * K, K, wp, K, yp + t0 * nr, nr, nt, nr, K);
+                         });
+  Kokkos::fence();
+  auto f = [](std::uint16_t b) { return bf16_t{b}.to_float(); };
+  double worst = 0, mag = 0;
+  for (int t = 0; t < tiles * nt; t += 5)
+    for (int r = 0; r < nr; r += 3) {
+      double acc = 0, m = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = double(f(x[static_cast<std::size_t>(t) * K + k])) * f(w[static_cast<std::size_t>(r) * K + k]);
+        acc += p;
+        m += std::fabs(p);
+      }
+      worst = std::max(worst, std::fabs(acc - y[static_cast<std::size_t>(t) * nr + r]));
+      mag = std::max(mag, m);
+    }
+  EXPECT_LE(worst, 1e-6 * mag);
 }
 
 TYPED_TEST(Kernels, RmsNorm) {

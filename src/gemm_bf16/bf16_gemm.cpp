@@ -9,6 +9,7 @@
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <vector>
 #endif
 
 namespace sparsim::host {
@@ -20,7 +21,7 @@ using dt = dnnl::memory::data_type;
 using Key = std::tuple<int, int, int, std::size_t, std::size_t, std::size_t>;
 
 struct Prim {
-  dnnl::memory::desc src, wei, dst;
+  dnnl::memory::desc src, wei, dst, scratch;
   dnnl::matmul mm;
   std::string impl;
 };
@@ -38,8 +39,14 @@ Prim make(int nt, int nr, int K, std::size_t ldx, std::size_t ldw, std::size_t l
   // W is row-major [nr][K]: the (K × nr) weight operand with strides (1, ldw).
   p.wei = dnnl::memory::desc({K, nr}, dt::bf16, dims{1, d(ldw)});
   p.dst = dnnl::memory::desc({nt, nr}, dt::f32, dims{d(ldy), 1});
-  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.src, p.wei, p.dst), cpu_engine());
+  // A user scratchpad, one per calling thread: the library-managed one belongs to the primitive,
+  // and two threads running the same tile shape at once would share it.
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(p.src, p.wei, p.dst), attr,
+                                        cpu_engine());
   p.impl = pd.impl_info_str();
+  p.scratch = pd.scratchpad_desc();
   p.mm = dnnl::matmul(pd);
   return p;
 }
@@ -102,10 +109,16 @@ void bf16_gemm_tile(const std::uint16_t* x, std::size_t ldx, const std::uint16_t
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
   thread_local dnnl::stream s(cpu_engine());
+  thread_local std::vector<unsigned char> pad;
+  if (pad.size() < p.scratch.get_size()) pad.resize(p.scratch.get_size());
   dnnl::memory src(p.src, cpu_engine(), const_cast<std::uint16_t*>(x));
   dnnl::memory wei(p.wei, cpu_engine(), const_cast<std::uint16_t*>(w));
   dnnl::memory dst(p.dst, cpu_engine(), y);
-  p.mm.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+  dnnl::memory scratch(p.scratch, cpu_engine(), pad.data());
+  p.mm.execute(s, {{DNNL_ARG_SRC, src},
+                   {DNNL_ARG_WEIGHTS, wei},
+                   {DNNL_ARG_DST, dst},
+                   {DNNL_ARG_SCRATCHPAD, scratch}});
   s.wait();
   omp_set_num_threads(before);
 }
