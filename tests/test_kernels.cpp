@@ -365,6 +365,19 @@ TEST(KernelsHost, SoftmaxExponentWithinTwoUlpAndZeroBelowRange) {
   EXPECT_EQ(sparsim::detail::exp_nonpos(0.0f), 1.0f);
 }
 
+TEST(KernelsHost, SiluWithinFourUlpEverywhere) {
+  // both branches, the crossover at 0, and beyond exp_nonpos's range on both sides
+  for (float g = -120.0f; g <= 120.0f; g += 0.00731f) {
+    const double ref = double(g) / (1.0 + std::exp(-double(g)));
+    const float got = sparsim::detail::silu(g);
+    // below g = −87 (e^g out of the normal range) silu is flushed to 0, an error under 1e-35
+    ASSERT_NEAR(got, ref, 4.0 * std::fabs(ref) * std::numeric_limits<float>::epsilon() + 1e-35)
+        << g;
+  }
+  EXPECT_EQ(sparsim::detail::silu(0.0f), 0.0f);
+  EXPECT_EQ(sparsim::detail::silu(100.0f), 100.0f);
+}
+
 TYPED_TEST(Kernels, NllAndArgmaxRows) {
   using E = TypeParam;
   const int n = 7, V = 1000;

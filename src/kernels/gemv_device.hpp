@@ -24,6 +24,7 @@
 /// and an optional RMSNorm of the input (x[t][j] · g[j] / rms(x[t])), computed by each team
 /// before its dot products (norm + projection in one launch).
 #include "core/compat.hpp"
+#include "kernels/fast_math.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -351,7 +352,7 @@ void gemv_swiglu(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout
       KOKKOS_LAMBDA(int o, int t0, int nt, const FArr<2 * gemv::kTokGroup>& acc) {
         for (int t = 0; t < nt; ++t) {
           const float gv = acc.v[t], uv = acc.v[gemv::kTokGroup + t];
-          hp[static_cast<std::size_t>(t0 + t) * ldh + o] = gv / (1.0f + kx::exp(-gv)) * uv;
+          hp[static_cast<std::size_t>(t0 + t) * ldh + o] = detail::silu(gv) * uv;
         }
       });
 }
