@@ -174,7 +174,6 @@ void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {
                          [=](const int t) {
                            float* g = &gate(t, 0);
                            const float* u = &up(t, 0);
-#pragma omp simd
                            for (int j = 0; j < d; ++j) g[j] = detail::silu(g[j]) * u[j];
                          });
     return;
