@@ -3,6 +3,7 @@
 /// Every output element is written by exactly one thread and every reduction runs in a fixed
 /// order, so results do not depend on the thread count.
 #include "core/compat.hpp"
+#include "core/error.hpp"
 #include "kernels/fast_math.hpp"
 #include "kernels/views.hpp"
 
@@ -115,6 +116,41 @@ RopeMap<E> make_rope_map(const RopeUnits& u) {
   return m;
 }
 
+/// Rotation units per head rope_units' host path holds in registers (a head of up to 512 channels).
+inline constexpr int kMaxRopeUnits = 512;
+
+namespace detail {
+/// One rotation unit u of head h (query heads first, then KV heads) of row t: rope_units' body.
+template <class E, class T>
+struct RopeUnitOp {
+  Kokkos::View<T**, Layout, DeviceOf<E>> q, k;
+  IVec<E> pos;
+  Kokkos::View<const T**, Layout, DeviceOf<E>> cos_t, sin_t;
+  IVec<E> i0, i1, fr;
+  int qh, group, U, width;
+  bool inverse;
+  KOKKOS_INLINE_FUNCTION void operator()(const int t, const int h, const int u) const {
+    const bool is_q = h < qh;
+    const int kvh = is_q ? h / group : h - qh;
+    const int a0 = i0(kvh * U + u);
+    if (a0 < 0) return;
+    const int a1 = i1(kvh * U + u);
+    const int j = fr(kvh * U + u);
+    const int p = pos(t);
+    const T c = cos_t(p, j), s = inverse ? -sin_t(p, j) : sin_t(p, j);
+    const int base = (is_q ? h : h - qh) * width;
+    const auto& x = is_q ? q : k;
+    if (a1 < 0) {
+      x(t, base + a0) = x(t, base + a0) * c;
+    } else {
+      const T a = x(t, base + a0), b = x(t, base + a1);
+      x(t, base + a0) = a * c - b * s;
+      x(t, base + a1) = a * s + b * c;
+    }
+  }
+};
+}  // namespace detail
+
 /// RoPE by rotation units: the heads of q[t][n_head·w] and k[t][n_kv·w] (w = the layer's
 /// q/k head width) are rotated in place by the angle of position pos[t], each unit (a pair, or a
 /// single channel whose partner was pruned) by its own frequency index into cos/sin tables
@@ -134,32 +170,52 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
   const int U = m.units;
   const int n_kv = U > 0 ? static_cast<int>(m.i0.extent(0)) / U : 1;
   const int group = n_kv > 0 && qh > 0 ? qh / n_kv : 1;
-  const auto i0 = m.i0, i1 = m.i1, fr = m.freq;
+  const int heads = qh + kh;
+  const detail::RopeUnitOp<E, T> rotate{q,      k,  pos,   cos_t, sin_t, m.i0,   m.i1,
+                                        m.freq, qh, group, U,     width, inverse};
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    // A (row, KV head) per work item: the units' cos/sin are read once and serve the KV head
+    // and its group of query heads; no integer division per rotation (a 2,048-token prefill of
+    // a pruned SmolLM2 spent 83 ms here with a flat range and three divisions per rotation).
+    const int n_kv_rot = kh > 0 ? kh : n_kv;
+    require(U <= kMaxRopeUnits, "rope_units: {} rotation units per head, at most {}", U,
+            kMaxRopeUnits);
+    Kokkos::parallel_for("sparsim::kernels::rope_units",
+                         Kokkos::RangePolicy<E>(exec, 0, n * n_kv_rot), [=](const int i) {
+                           const int t = i / n_kv_rot, g = i % n_kv_rot;
+                           T c[kMaxRopeUnits], sn[kMaxRopeUnits];
+                           const int p = rotate.pos(t);
+                           for (int u = 0; u < U; ++u) {
+                             const int f = rotate.fr(g * U + u);
+                             c[u] = rotate.cos_t(p, f);
+                             sn[u] = inverse ? -rotate.sin_t(p, f) : rotate.sin_t(p, f);
+                           }
+                           auto head = [&](const auto& x, const int base) {
+                             for (int u = 0; u < U; ++u) {
+                               const int a0 = rotate.i0(g * U + u);
+                               if (a0 < 0) continue;
+                               const int a1 = rotate.i1(g * U + u);
+                               if (a1 < 0) {
+                                 x(t, base + a0) = x(t, base + a0) * c[u];
+                               } else {
+                                 const T a = x(t, base + a0), b = x(t, base + a1);
+                                 x(t, base + a0) = a * c[u] - b * sn[u];
+                                 x(t, base + a1) = a * sn[u] + b * c[u];
+                               }
+                             }
+                           };
+                           for (int h = g * group; h < (g + 1) * group && h < qh; ++h)
+                             head(q, h * width);
+                           if (g < kh) head(k, g * width);
+                         });
+    return;
+  }
   // One flat range over (row, head, unit): a decode step's few hundred units are too little
   // work for a three-dimensional range's tiling, whose set-up cost more than the rotations.
-  const int heads = qh + kh;
   Kokkos::parallel_for(
       "sparsim::kernels::rope_units", Kokkos::RangePolicy<E>(exec, 0, n * heads * U),
-      KOKKOS_LAMBDA(const int i) {
-        const int u = i % U, h = i / U % heads, t = i / U / heads;
-        const bool is_q = h < qh;
-        const int kvh = is_q ? h / group : h - qh;
-        const int a0 = i0(kvh * U + u);
-        if (a0 < 0) return;
-        const int a1 = i1(kvh * U + u);
-        const int j = fr(kvh * U + u);
-        const int p = pos(t);
-        const T c = cos_t(p, j), s = inverse ? -sin_t(p, j) : sin_t(p, j);
-        const int base = (is_q ? h : h - qh) * width;
-        const auto& x = is_q ? q : k;
-        if (a1 < 0) {
-          x(t, base + a0) = x(t, base + a0) * c;
-        } else {
-          const T a = x(t, base + a0), b = x(t, base + a1);
-          x(t, base + a0) = a * c - b * s;
-          x(t, base + a1) = a * s + b * c;
-        }
-      });
+      KOKKOS_LAMBDA(const int i) { rotate(i / U / heads, i / U % heads, i % U); });
 }
 
 /// gate[t][j] = silu(gate[t][j]) · up[t][j], in place.
@@ -180,7 +236,9 @@ void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {
   }
   Kokkos::parallel_for(
       "sparsim::kernels::swiglu", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
-      KOKKOS_LAMBDA(const int t, const int j) { gate(t, j) = detail::silu(gate(t, j)) * up(t, j); });
+      KOKKOS_LAMBDA(const int t, const int j) {
+        gate(t, j) = detail::silu(gate(t, j)) * up(t, j);
+      });
 }
 
 /// x += y.
