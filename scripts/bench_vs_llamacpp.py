@@ -84,6 +84,20 @@ def tool_env(tools):
     return env
 
 
+def sparsim_bench(a, model, storage, json_path, extra=()):
+    """One `sparsim bench` process (prompt, decode, one repetition): its figures and run info."""
+    _, info = run([a.sparsim, "bench", "--model", model, "--storage", storage, *extra,
+                   "--prompt", str(a.prompt), "--decode", str(a.decode), "--reps", "1",
+                   "--threads", str(a.threads), "--json", json_path, "--log-level", "error"],
+                  " ".join(["sparsim bench", *extra]))
+    with open(json_path) as f:
+        s = json.load(f)
+    require_threads(s, a.threads)
+    return {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
+            "decode_tokens_per_s": s["decode_tokens_per_s"], "run": info,
+            "host_kernels": s.get("host_kernels")}
+
+
 def llama_bench(tools, model, threads, args):
     out, info = run([os.path.join(tools, "llama-bench"), "-m", model, "-t", str(threads), "-r", "1",
                      "-o", "json"] + args, "llama-bench", tool_env(tools))
@@ -142,33 +156,16 @@ def main():
             os.replace(tmp, model)
         reps = []
         for i in range(a.reps):
-            sj = os.path.join(a.work, f"sparsim-{w}.json")
-            _, s_info = run([a.sparsim, "bench", "--model", model, "--storage", w, "--prompt", str(a.prompt),
-                             "--decode", str(a.decode), "--reps", "1", "--threads", str(a.threads),
-                             "--json", sj, "--log-level", "error"], "sparsim bench")
-            with open(sj) as f:
-                s = json.load(f)
-            require_threads(s, a.threads)
+            s = sparsim_bench(a, model, w, os.path.join(a.work, f"sparsim-{w}.json"))
             sc = None
             if w == "bf16" and not a.no_bf16_compute:
-                sc_json = os.path.join(a.work, "sparsim-bf16-compute.json")
-                _, sc_info = run([a.sparsim, "bench", "--model", model, "--storage", w, "--bf16-compute",
-                                  "--prompt", str(a.prompt), "--decode", str(a.decode), "--reps", "1",
-                                  "--threads", str(a.threads), "--json", sc_json, "--log-level", "error"],
-                                 "sparsim bench --bf16-compute")
-                with open(sc_json) as f:
-                    sj2 = json.load(f)
-                require_threads(sj2, a.threads)
-                sc = {"prefill_tokens_per_s": sj2["prefill_tokens_per_s"],
-                      "decode_tokens_per_s": sj2["decode_tokens_per_s"], "run": sc_info,
-                      "host_kernels": sj2.get("host_kernels")}
+                sc = sparsim_bench(a, model, w, os.path.join(a.work, "sparsim-bf16-compute.json"),
+                                   ["--bf16-compute"])
             lp, lp_info = llama_bench(tools, model, a.threads, ["-p", str(a.prompt), "-n", "0"])
             ld, ld_info = llama_bench(tools, model, a.threads,
                                       ["-p", "0", "-n", str(a.decode), "-d", str(a.prompt)])
             reps.append({
-                "sparsim": {"prefill_tokens_per_s": s["prefill_tokens_per_s"],
-                            "decode_tokens_per_s": s["decode_tokens_per_s"], "run": s_info,
-                            "host_kernels": s.get("host_kernels")},
+                "sparsim": s,
                 "llama_cpp": {"prefill_tokens_per_s": lp["avg_ts"], "decode_tokens_per_s": ld["avg_ts"],
                               "run_prefill": lp_info, "run_decode": ld_info,
                               "flash_attn": lp.get("flash_attn"), "type_k": lp.get("type_k"),

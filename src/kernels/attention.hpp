@@ -36,7 +36,6 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
 
 namespace detail {
 
-
 /// Maximum and sum of x[0 … n) in kLanes fixed lanes (lane l takes i ≡ l mod kLanes, then a
 /// fixed tree), so that they vectorise and their order is part of the code.
 KOKKOS_INLINE_FUNCTION float max_lanes(const float* x, int n) {

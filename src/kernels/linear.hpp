@@ -97,6 +97,23 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
 inline constexpr int kTileRows = 512;
 inline constexpr int kTileTokens = 256;
 
+/// The host tiles of an (out × n) product whose n rows are sequences of `seg` rows: f(r0, nr, t0,
+/// nt) once per tile (output rows r0 … r0+nr−1, rows t0 … t0+nt−1), tiles in parallel, then a
+/// fence.
+template <class E, class F>
+void for_each_host_tile(const E& exec, const char* label, int out, int n, int seg, const F& f) {
+  const int n_seq = n / seg;
+  const int rt = (out + kTileRows - 1) / kTileRows;
+  const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
+    const int r0 = (i % rt) * kTileRows;
+    const int tile = (i / rt) % ts, s = i / (rt * ts);
+    const int t0 = tile * kTileTokens;
+    f(r0, std::min(kTileRows, out - r0), s * seg + t0, std::min(kTileTokens, seg - t0));
+  });
+  exec.fence();
+}
+
 template <class E>
 void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y, int seg) {
   using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
@@ -122,21 +139,11 @@ void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>
                        Kokkos::subview(yl, rows, toks));
     }
   };
-  const int n_seq = n / seg;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    const int rt = (out + kTileRows - 1) / kTileRows;
-    const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
-    Kokkos::parallel_for("sparsim::kernels::linear_blas_tiles",
-                         Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
-                           const int r0 = (i % rt) * kTileRows;
-                           const int tile = (i / rt) % ts, s = i / (rt * ts);
-                           const int t0 = tile * kTileTokens;
-                           call(r0, std::min(kTileRows, out - r0), s * seg + t0,
-                                std::min(kTileTokens, seg - t0));
-                         });
-    exec.fence();
+    for_each_host_tile(exec, "sparsim::kernels::linear_blas_tiles", out, n, seg, call);
   } else {
+    const int n_seq = n / seg;
     // One call per sequence: the vendor library picks its kernel from the call's shape, which
     // then does not depend on the number of sequences.
     for (int s = 0; s < n_seq; ++s) call(0, out, s * seg, seg);
@@ -173,39 +180,29 @@ namespace detail {
 /// through oneDNN in blas_linear's fixed tiles, one single-threaded call per tile: every output
 /// element's arithmetic depends on its tile alone, never on the thread count or --batch.
 template <class E>
-void bf16_linear(const E& exec, const CMat<E>& x, const Kokkos::View<bf16_t**, Layout, DeviceOf<E>>& w,
-                 const Mat<E>& y, int seg, LinearScratch<E>& scratch) {
+void bf16_linear(const E& exec, const CMat<E>& x,
+                 const Kokkos::View<bf16_t**, Layout, DeviceOf<E>>& w, const Mat<E>& y, int seg,
+                 LinearScratch<E>& scratch) {
   const int n = static_cast<int>(x.extent(0));
   const int in = static_cast<int>(w.extent(1));
   const int out = static_cast<int>(w.extent(0));
   std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
-  Kokkos::parallel_for("sparsim::kernels::round_rows_bf16", Kokkos::RangePolicy<E>(exec, 0, n),
-                       [=](const int t) {
-                         for (int k = 0; k < in; ++k)
-                           xb[static_cast<std::size_t>(t) * in + k] =
-                               bf16_t::from_float(x(t, k)).bits;
-                       });
+  Kokkos::parallel_for(
+      "sparsim::kernels::round_rows_bf16", Kokkos::RangePolicy<E>(exec, 0, n), [=](const int t) {
+        for (int k = 0; k < in; ++k)
+          xb[static_cast<std::size_t>(t) * in + k] = bf16_t::from_float(x(t, k)).bits;
+      });
   exec.fence();
   const auto* wb = reinterpret_cast<const std::uint16_t*>(w.data());
   const std::size_t ldw = w.stride(0), ldy = y.stride(0);
   float* yp = y.data();
-  const int n_seq = n / seg;
-  const int rt = (out + kTileRows - 1) / kTileRows;
-  const int ts = (seg + kTileTokens - 1) / kTileTokens;
-  Kokkos::parallel_for("sparsim::kernels::linear_bf16_tiles",
-                       Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
-                         const int r0 = (i % rt) * kTileRows;
-                         const int tile = (i / rt) % ts, s = i / (rt * ts);
-                         const int t0 = s * seg + tile * kTileTokens;
-                         const int nr = std::min(kTileRows, out - r0);
-                         const int nt = std::min(kTileTokens, seg - tile * kTileTokens);
-                         host::bf16_gemm_tile(xb + static_cast<std::size_t>(t0) * in,
-                                              static_cast<std::size_t>(in),
-                                              wb + static_cast<std::size_t>(r0) * ldw, ldw,
-                                              yp + static_cast<std::size_t>(t0) * ldy + r0, ldy,
-                                              nt, nr, in);
-                       });
-  exec.fence();
+  for_each_host_tile(exec, "sparsim::kernels::linear_bf16_tiles", out, n, seg,
+                     [=](int r0, int nr, int t0, int nt) {
+                       host::bf16_gemm_tile(
+                           xb + static_cast<std::size_t>(t0) * in, static_cast<std::size_t>(in),
+                           wb + static_cast<std::size_t>(r0) * ldw, ldw,
+                           yp + static_cast<std::size_t>(t0) * ldy + r0, ldy, nt, nr, in);
+                     });
 }
 
 }  // namespace detail

@@ -129,6 +129,19 @@ struct RopeUnitOp {
   IVec<E> i0, i1, fr;
   int qh, group, U, width;
   bool inverse;
+  /// Unit (a0, a1) of the head at column `base` of row t of x by the angle with cosine c and
+  /// sine s (a1 < 0: a single channel, scaled by c).
+  template <class X>
+  KOKKOS_INLINE_FUNCTION static void turn(const X& x, const int t, const int base, const int a0,
+                                          const int a1, const T c, const T s) {
+    if (a1 < 0) {
+      x(t, base + a0) = x(t, base + a0) * c;
+    } else {
+      const T a = x(t, base + a0), b = x(t, base + a1);
+      x(t, base + a0) = a * c - b * s;
+      x(t, base + a1) = a * s + b * c;
+    }
+  }
   KOKKOS_INLINE_FUNCTION void operator()(const int t, const int h, const int u) const {
     const bool is_q = h < qh;
     const int kvh = is_q ? h / group : h - qh;
@@ -138,15 +151,7 @@ struct RopeUnitOp {
     const int j = fr(kvh * U + u);
     const int p = pos(t);
     const T c = cos_t(p, j), s = inverse ? -sin_t(p, j) : sin_t(p, j);
-    const int base = (is_q ? h : h - qh) * width;
-    const auto& x = is_q ? q : k;
-    if (a1 < 0) {
-      x(t, base + a0) = x(t, base + a0) * c;
-    } else {
-      const T a = x(t, base + a0), b = x(t, base + a1);
-      x(t, base + a0) = a * c - b * s;
-      x(t, base + a1) = a * s + b * c;
-    }
+    turn(is_q ? q : k, t, (is_q ? h : h - qh) * width, a0, a1, c, s);
   }
 };
 }  // namespace detail
@@ -195,14 +200,7 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
                              for (int u = 0; u < U; ++u) {
                                const int a0 = rotate.i0(g * U + u);
                                if (a0 < 0) continue;
-                               const int a1 = rotate.i1(g * U + u);
-                               if (a1 < 0) {
-                                 x(t, base + a0) = x(t, base + a0) * c[u];
-                               } else {
-                                 const T a = x(t, base + a0), b = x(t, base + a1);
-                                 x(t, base + a0) = a * c[u] - b * sn[u];
-                                 x(t, base + a1) = a * sn[u] + b * c[u];
-                               }
+                               rotate.turn(x, t, base, a0, rotate.i1(g * U + u), c[u], sn[u]);
                              }
                            };
                            for (int h = g * group; h < (g + 1) * group && h < qh; ++h)
