@@ -75,31 +75,34 @@ struct ProfiledRun {
   int decode_steps = 0;  ///< decode steps profiled (the first one warms up after the prefill)
 };
 
-/// One prefill, then the decode steps of timed_run, all profiled (per-op times, fences after
-/// every kernel) except the first decode step, and recorded in `ledger` (nullptr: none).
+/// One prefill of `batch` sequences, then the decode steps of timed_run (the same sequences and
+/// tokens), all profiled (per-op times, fences after every kernel) except the first decode step,
+/// and recorded in `ledger` (nullptr: none).
 template <class E>
 ProfiledRun profiled_run(Engine<E>& eng, const std::vector<int>& toks, int decode, int vocab,
-                         flops::Ledger* ledger, Clock clock) {
+                         flops::Ledger* ledger, Clock clock, int batch = 1) {
   ProfiledRun r;
   eng.set_profile_clock(clock);
   const int prompt = static_cast<int>(toks.size());
+  const auto seqs = batch_of(toks, batch, vocab);
   eng.clear_op_seconds();
   eng.set_ledger(ledger);
   eng.set_profile(true);
-  eng.forward({toks}, 0, false);
+  eng.forward(seqs, 0, false);
   r.prefill = eng.op_seconds();
   eng.set_profile(false);
   eng.set_ledger(nullptr);
   eng.clear_op_seconds();
-  int next = toks.back();
+  std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
+  for (int b = 0; b < batch; ++b) next[static_cast<std::size_t>(b)] = {seqs[b].back()};
   const int first = std::min(1, decode - 1);
   for (int s = 0; s < decode; ++s) {
     if (s == first) {
       eng.set_ledger(ledger);
       eng.set_profile(true);
     }
-    eng.forward({{next}}, prompt + s, false);
-    next = (next * 31 + 7) % vocab;
+    eng.forward(next, prompt + s, false);
+    for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
   }
   r.decode = eng.op_seconds();
   r.decode_steps = decode - first;
@@ -610,14 +613,15 @@ int cmd_bench(int argc, char** argv) {
     std::cout << fmt::format(
         "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
         "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
-        "decode   {:>9.1f} tokens/s  (median step of {} after the prompt)\n"
+        "decode   {:>9.1f} tokens/s  (median step of {} after the prompt{})\n"
         "bandwidth {:>8.2f} GB/s copy (min {:.2f}, max {:.2f} over {} runs of {} MiB; read "
         "{:.2f} GB/s)\n"
-        "decode reads {:.1f} MB/token; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n"
+        "decode reads {:.1f} MB a step; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n"
         "host kernels: decode GEMV {}, OpenBLAS core {}\n",
         mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
-        eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps, prompt,
-        reps, dec_tps, decode, bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
+        eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps,
+        batch > 1 ? fmt::format("{} x {}", batch, prompt) : std::to_string(prompt), reps, dec_tps,
+        decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(), bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
         sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps,
         host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
     if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
@@ -632,7 +636,10 @@ int cmd_bench(int argc, char** argv) {
     auto breakdown = [&](const std::string& what, const std::array<double, flops::kNumOps>& sec) {
       double tot = 0;
       for (double v : sec) tot += v;
-      std::cout << fmt::format("\n{} time by op (profiled run)\n", what);
+      std::cout << fmt::format("\n{} time by op (profiled run{})\n", what,
+                               batch > 1 && what.rfind("decode (", 0) != 0
+                                   ? fmt::format(", batch {}", batch)
+                                   : std::string());
       for (int o = 0; o < flops::kNumOps; ++o) {
         if (sec[o] <= 0) continue;
         std::cout << fmt::format("  {:<14} {:>9.4f} s {:>6.1f}%\n",
@@ -646,7 +653,7 @@ int cmd_bench(int argc, char** argv) {
     flops::Ledger ledger(c.n_layer);
     ProfiledRun pd, ps;
     if (profile || sparse || rf) {
-      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger, clock);
+      pd = profiled_run(eng, toks, decode, c.vocab, sparse ? nullptr : &ledger, clock, batch);
       if (profile) {
         breakdown("prefill", pd.prefill);
         breakdown("decode", pd.decode);
@@ -830,6 +837,16 @@ int cmd_bench(int argc, char** argv) {
           {"decode_fraction_of_ideal", dec_tps / ideal_tps},
           {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}}};
       if (profile) j["profile_seconds"] = prof;
+      if (profile && !sparse) {
+        // what the profiled calls computed (the dense engine's ledger): all `batch` sequences
+        const auto pre = ledger.total(flops::Phase::Prefill);
+        const auto dec = ledger.total(flops::Phase::Decode);
+        j["profile_work"] = {{"batch", batch},
+                             {"decode_steps", pd.decode_steps},
+                             {"prefill_flops", pre.flops_dense},
+                             {"decode_flops", dec.flops_dense},
+                             {"decode_bytes", dec.bytes_dense}};
+      }
       if (sparse) j["sparse"] = mj;
       interruption_point("write");
       io::write_file_atomically(json_out, j.dump(2) + "\n");

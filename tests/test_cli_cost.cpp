@@ -122,6 +122,42 @@ TEST_F(CliCost, ForwardLedgerEqualsFlopsCountedFromTheShapes) {
   }
 }
 
+// bench --profile at batch B profiles the calls it times: B sequences in the prefill and in
+// every decode step (the profiled run once decoded one sequence while the timings were of B).
+TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
+  constexpr int kPrompt = 16, kDecode = 5;
+  nlohmann::json w[2];
+  for (const int b : {1, 2}) {
+    const std::string js = dir_->file("bench-b" + std::to_string(b) + ".json");
+    const RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ + " --prompt " +
+                                std::to_string(kPrompt) + " --decode " + std::to_string(kDecode) +
+                                " --reps 1 --profile --batch " + std::to_string(b) + " --json " +
+                                js);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (b == 2) {
+      EXPECT_NE(r.output.find("2 x 16 tokens"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("decode time by op (profiled run, batch 2)"), std::string::npos);
+    }
+    w[b - 1] = read_json_file(js).at("profile_work");
+    EXPECT_EQ(w[b - 1].at("batch").get<int>(), b);
+    EXPECT_EQ(w[b - 1].at("decode_steps").get<int>(), kDecode - 1);
+  }
+  // one sequence: at least the projections of every profiled token, and the head of every
+  // decode step (a prefill computes the last position's logits only)
+  const int L = 2;
+  double proj = 0;
+  for (const Shape& s : kShapes) proj += 2.0 * s.out * s.in * L;
+  const double head = 2.0 * 512 * 64;
+  EXPECT_GE(w[0].at("prefill_flops").get<double>(), proj * kPrompt + head);
+  EXPECT_GE(w[0].at("decode_flops").get<double>(), (proj + head) * (kDecode - 1));
+  // two sequences at the same positions: twice the work, the weights still read once a step
+  EXPECT_DOUBLE_EQ(w[1].at("prefill_flops").get<double>(),
+                   2 * w[0].at("prefill_flops").get<double>());
+  EXPECT_DOUBLE_EQ(w[1].at("decode_flops").get<double>(),
+                   2 * w[0].at("decode_flops").get<double>());
+  EXPECT_LT(w[1].at("decode_bytes").get<double>(), 2 * w[0].at("decode_bytes").get<double>());
+}
+
 // eval with each method, every sparsified row dumped: the ledger's realised FLOPs of every
 // projection equal 2 · out · (dense rows · d + Σ kept entries of the recorded masks); mask
 // selection counts one compare per sparsified entry; WINA's re-rotation 2 · n · d² twice a
