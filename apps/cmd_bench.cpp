@@ -371,7 +371,8 @@ int cmd_bench(int argc, char** argv) {
   std::string model, storage, json_out, run_out, skipping = "on", decode_path = "fused",
                                                  clock_name = "wall", baseline;
   int prompt = 512, decode = 128, reps = 3, batch = 1;
-  bool profile = false, bf16_compute = false, graph = false, decode_only = false, kv_synthetic = false;
+  bool profile = false, bf16_compute = false, graph = false, decode_only = false,
+       kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
   d.add_options()("model,m", po::value(&model)->required(),
@@ -621,9 +622,10 @@ int cmd_bench(int argc, char** argv) {
         mi.path, c.n_params(), storage, backend, rt.threads(), batch, decode_path,
         eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps,
         batch > 1 ? fmt::format("{} x {}", batch, prompt) : std::to_string(prompt), reps, dec_tps,
-        decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(), bw / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
-        sb.array_bytes >> 20, sb.read.median / 1e9, wbytes / 1e6, ideal_tps, dec_tps / ideal_tps,
-        host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
+        decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(), bw / 1e9,
+        sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps, sb.array_bytes >> 20, sb.read.median / 1e9,
+        wbytes / 1e6, ideal_tps, dec_tps / ideal_tps, host::gemv_isa(),
+        *blas_core_name() ? blas_core_name() : "n/a");
     if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
 
     nlohmann::json prof, mj;

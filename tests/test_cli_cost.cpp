@@ -129,10 +129,10 @@ TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
   nlohmann::json w[2];
   for (const int b : {1, 2}) {
     const std::string js = dir_->file("bench-b" + std::to_string(b) + ".json");
-    const RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ + " --prompt " +
-                                std::to_string(kPrompt) + " --decode " + std::to_string(kDecode) +
-                                " --reps 1 --profile --batch " + std::to_string(b) + " --json " +
-                                js);
+    const RunResult r =
+        run_cmd(sparsim_bin() + " bench --model " + model_ + " --prompt " +
+                std::to_string(kPrompt) + " --decode " + std::to_string(kDecode) +
+                " --reps 1 --profile --batch " + std::to_string(b) + " --json " + js);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     if (b == 2) {
       EXPECT_NE(r.output.find("2 x 16 tokens"), std::string::npos) << r.output;
