@@ -14,8 +14,8 @@ void CalibrateCli::add(po::options_description& d) {
       "greedy-seqs", po::value(&opt.greedy_seqs)->default_value(8),
       "sequences feeding the greedy search and the sensitivity probe (from the start of the "
       "corpus)")("greedy-tokens", po::value(&opt.greedy_tokens)->default_value(256),
-                 "tokens per greedy sequence")(
-      "alpha", po::value(&opt.alpha)->default_value(0.025), "greedy base step α")(
+                 "tokens per greedy sequence")("alpha", po::value(&opt.alpha)->default_value(0.025),
+                                               "greedy base step α")(
       "cap", po::value(&opt.cap)->default_value(0.95), "greedy search stops at P >= cap")(
       "greedy-step-cap", po::value(&opt.step_cap)->default_value(0.0),
       "cap on each projection's greedy step α·F/f_i (0: no cap, the paper's rule; e.g. 0.1 "
@@ -38,9 +38,9 @@ void CalibrateCli::add(po::options_description& d) {
 
 const std::vector<std::string>& CalibrateCli::names() {
   static const std::vector<std::string> n = {
-      "context", "max-windows", "greedy-seqs", "greedy-tokens",  "alpha",
-      "cap",     "greedy-step-cap", "score-fraction", "probes", "delta",
-      "probe-masking", "wina-norms", "sensitivity-from"};
+      "context",       "max-windows",     "greedy-seqs",     "greedy-tokens", "alpha",
+      "cap",           "greedy-step-cap", "score-fraction",  "probes",        "delta",
+      "probe-masking", "wina-norms",      "sensitivity-from"};
   return n;
 }
 

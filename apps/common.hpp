@@ -93,7 +93,8 @@ ResolvedModel resolve_model(const std::string& spec);
 class ProgressBar {
  public:
   enum class Mode { Off, Bar, Lines };
-  ProgressBar(std::string label, bool enabled) : ProgressBar(std::move(label), enabled ? Mode::Bar : Mode::Off) {}
+  ProgressBar(std::string label, bool enabled)
+      : ProgressBar(std::move(label), enabled ? Mode::Bar : Mode::Off) {}
   ProgressBar(std::string label, Mode mode);
   void update(int done, int total);
   void finish();

@@ -12,16 +12,17 @@ PplSpread ppl_spread(const PplResult& r) {
   if (s.windows == 0) return s;
   std::vector<double> per;
   for (std::size_t i = 0; i < r.window_nll.size(); ++i)
-    per.push_back(r.window_nll[i] / static_cast<double>(std::max<std::uint64_t>(1, r.window_tokens[i])));
+    per.push_back(r.window_nll[i] /
+                  static_cast<double>(std::max<std::uint64_t>(1, r.window_tokens[i])));
   double m = 0;
   for (double v : per) m += v;
   m /= static_cast<double>(per.size());
   double ss = 0;
   for (double v : per) ss += (v - m) * (v - m);
   s.mean_nll = m;
-  s.se = per.size() > 1 ? std::sqrt(ss / static_cast<double>(per.size() - 1) /
-                                    static_cast<double>(per.size()))
-                        : 0.0;
+  s.se = per.size() > 1
+             ? std::sqrt(ss / static_cast<double>(per.size() - 1) / static_cast<double>(per.size()))
+             : 0.0;
   s.ci95 = {std::exp(m - 1.96 * s.se), std::exp(m + 1.96 * s.se)};
   return s;
 }

@@ -61,9 +61,9 @@ TEST_F(CliProfile, FromFileAndAfreshAgreeExactly) {
     EXPECT_EQ(da, db);
     EXPECT_EQ(ea, eb) << variant;
     const auto& var = variant == "plain" ? cal.plain : cal.rotated;
-    const auto* set = var->find_sensitivity(variant == "plain" ? sparsity::ProbeRule::Threshold
-                                                               : sparsity::ProbeRule::Guided,
-                                            0.01, false, 0);
+    const auto* set = var->find_sensitivity(
+        variant == "plain" ? sparsity::ProbeRule::Threshold : sparsity::ProbeRule::Guided, 0.01,
+        false, 0);
     ASSERT_NE(set, nullptr);
     std::vector<double> ef;
     for (const auto& row : set->e) ef.insert(ef.end(), row.begin(), row.end());
@@ -108,8 +108,7 @@ TEST_F(CliProfile, BudgetsAreBlockBudgetsAndThePlotIsAPng) {
   }
   const std::vector<double> m = read(out, "mean");
   ASSERT_EQ(m.size(), 4u);
-  for (std::size_t k = 0; k < 4; ++k)
-    EXPECT_DOUBLE_EQ(m[k], (rs.e[k][0] + rs.e[k][1]) / 2);
+  for (std::size_t k = 0; k < 4; ++k) EXPECT_DOUBLE_EQ(m[k], (rs.e[k][0] + rs.e[k][1]) / 2);
   io::H5File h = io::H5File::open_read(out);
   const io::Group g = h.root().open_group("profile");
   EXPECT_EQ(g.get_attr<std::int64_t>("model_checked"), 0);

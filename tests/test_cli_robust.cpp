@@ -8,8 +8,8 @@
 #include "io/hdf5.hpp"
 #include "io/temp_file.hpp"
 
-#include <nlohmann/json.hpp>
 #include <sys/wait.h>
+#include <nlohmann/json.hpp>
 
 #include <fstream>
 
@@ -241,7 +241,6 @@ TEST_F(CliPaths, WindowResultsDoNotDependOnTheBatchBitwise) {
           << "--batch " << i + 1 << ", window " << w << ": " << nll[0][w] << " vs " << nll[i][w];
   }
 }
-
 
 // --bf16-compute: refused before any work without bf16 storage (or where it cannot run); with it,
 // eval records the setting and its perplexity moves by the rounding of the prefill activations.

@@ -292,7 +292,8 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       const auto& bw = j.at("bandwidth");
       EXPECT_GE(bw.at("array_bytes").get<double>(), 256.0 * 1024 * 1024);
       EXPECT_EQ(bw.at("reps"), 11);
-      EXPECT_EQ(bw.at("copy_median").get<double>(), j.at("copy_bandwidth_bytes_per_s").get<double>());
+      EXPECT_EQ(bw.at("copy_median").get<double>(),
+                j.at("copy_bandwidth_bytes_per_s").get<double>());
       EXPECT_LE(bw.at("copy_min").get<double>(), bw.at("copy_median").get<double>());
       EXPECT_LE(bw.at("copy_median").get<double>(), bw.at("copy_max").get<double>());
       EXPECT_LE(bw.at("read_min").get<double>(), bw.at("read_max").get<double>());

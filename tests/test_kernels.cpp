@@ -107,7 +107,8 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
       for (int o = 0; o < out; ++o) {
         double acc = 0, mag = 0;
         for (int i = 0; i < in; ++i) {
-          const double p = double(stored(x[r * in + i], DType::BF16)) * stored(w[o * in + i], DType::BF16);
+          const double p =
+              double(stored(x[r * in + i], DType::BF16)) * stored(w[o * in + i], DType::BF16);
           acc += p;
           mag += std::fabs(p);
         }
@@ -128,7 +129,8 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
     for (int r = 0; r < n; ++r)
       for (int o = 0; o < out; ++o) {
         double acc = 0;
-        for (int i = 0; i < in; ++i) acc += double(x[r * in + i]) * stored(w[o * in + i], DType::BF16);
+        for (int i = 0; i < in; ++i)
+          acc += double(x[r * in + i]) * stored(w[o * in + i], DType::BF16);
         moved = std::max(moved, std::fabs(acc - ref[r * out + o]));
       }
     EXPECT_GT(moved, 1e-4 * scale);
@@ -150,7 +152,8 @@ TYPED_TEST(Kernels, LinearBf16Compute) {
 TEST(Bf16GemmTile, ConcurrentTilesOfOneShape) {
   if (!host::bf16_gemm_available()) GTEST_SKIP() << host::bf16_gemm_unavailable_reason();
   const int nt = 256, nr = 512, K = 576, tiles = 8;
-  std::vector<std::uint16_t> x(static_cast<std::size_t>(tiles) * nt * K), w(static_cast<std::size_t>(nr) * K);
+  std::vector<std::uint16_t> x(static_cast<std::size_t>(tiles) * nt * K),
+      w(static_cast<std::size_t>(nr) * K);
   const auto xf = random_vec(x.size(), 31), wf = random_vec(w.size(), 32, 0.1f);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = bf16_t::from_float(xf[i]).bits;
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = bf16_t::from_float(wf[i]).bits;
@@ -171,7 +174,8 @@ TEST(Bf16GemmTile, ConcurrentTilesOfOneShape) {
     for (int r = 0; r < nr; r += 3) {
       double acc = 0, m = 0;
       for (int k = 0; k < K; ++k) {
-        const double p = double(f(x[static_cast<std::size_t>(t) * K + k])) * f(w[static_cast<std::size_t>(r) * K + k]);
+        const double p = double(f(x[static_cast<std::size_t>(t) * K + k])) *
+                         f(w[static_cast<std::size_t>(r) * K + k]);
         acc += p;
         m += std::fabs(p);
       }

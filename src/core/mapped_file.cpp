@@ -58,7 +58,9 @@ MappedFile& MappedFile::operator=(MappedFile&& o) noexcept {
   return *this;
 }
 
-MappedFile::~MappedFile() { unmap(); }
+MappedFile::~MappedFile() {
+  unmap();
+}
 
 void MappedFile::unmap() noexcept {
   if (map_) ::munmap(map_, static_cast<std::size_t>(size_));
@@ -68,9 +70,9 @@ void MappedFile::unmap() noexcept {
 void MappedFile::release(const void* p, std::uint64_t n, const std::string& what) const {
   const auto base = reinterpret_cast<std::uintptr_t>(map_);
   const auto begin = reinterpret_cast<std::uintptr_t>(p);
-  require(map_ != nullptr && p != nullptr && begin >= base && n <= size_ &&
-              begin - base <= size_ - n,
-          "{}: release: {} does not belong to this file", path_, what);
+  require(
+      map_ != nullptr && p != nullptr && begin >= base && n <= size_ && begin - base <= size_ - n,
+      "{}: release: {} does not belong to this file", path_, what);
   if (n == 0) return;
   const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
   // The mapping starts on a page boundary and covers whole pages up to size_ rounded up.

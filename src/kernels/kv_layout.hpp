@@ -32,8 +32,8 @@ struct AttnShape {
 /// What kernels read of one layer's cache (views are reference-counted handles: copy freely).
 template <class E>
 struct KVLayer {
-  Cache<E> k;    ///< full-width keys of positions k_base …: k(s, p − k_base, j)
-  Cache<E> v;    ///< values: v(s, p, j)
+  Cache<E> k;  ///< full-width keys of positions k_base …: k(s, p − k_base, j)
+  Cache<E> v;  ///< values: v(s, p, j)
   /// compact keys of positions 0 … k_base − 1 (empty when k_base = 0), one contiguous block
   /// per KV head: compact_key_row(kc, s, k_base, koff(s, h), n_h, p)[j] is the j-th kept
   /// channel of head h (kidx(s, koff(s, h) + j)) at position p

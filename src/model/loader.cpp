@@ -120,8 +120,8 @@ void check_load_options(const LoadOptions& o) {
         "--bf16-compute multiplies bf16 weights in bf16: it needs --storage bf16 (got {})",
         to_string(o.storage)));
   if (!host::bf16_gemm_available())
-    throw UsageError(fmt::format("--bf16-compute is unavailable: {}",
-                                 host::bf16_gemm_unavailable_reason()));
+    throw UsageError(
+        fmt::format("--bf16-compute is unavailable: {}", host::bf16_gemm_unavailable_reason()));
 }
 
 ModelFormat detect_model_format(const std::string& path) {
@@ -151,7 +151,8 @@ template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info) {
   check_load_options(opt);
-  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible)
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                            typename E::memory_space>::accessible)
     require(!opt.bf16_compute,
             "--bf16-compute runs on the host backends only (serial, openmp); a GPU multiplies "
             "bf16 weights with its own library");

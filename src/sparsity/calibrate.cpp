@@ -54,8 +54,8 @@ std::vector<ProbeRule> probe_rules_of(const CalibrateOptions& opt, ProbeMasking 
 template <class E>
 void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<int>& stream,
                        const CalibrateOptions& opt, ProbeMasking masking, CalibrationVariant& out,
-                       const CalibrateProgress& progress,
-                       std::vector<Calibration::Timing>* timings, const std::string& prefix) {
+                       const CalibrateProgress& progress, std::vector<Calibration::Timing>* timings,
+                       const std::string& prefix) {
   const Config& c = w->cfg;
   const int L = c.n_layer;
   require(opt.context >= 2 && opt.max_windows >= 1, "calibrate: bad window options");
@@ -80,8 +80,8 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
   StageClock clock;
   auto stage_done = [&](const std::string& name) {
     if (timings)
-      timings->push_back({prefix.empty() ? name : name + " (" + prefix + ")", clock.wall(),
-                          clock.cpu()});
+      timings->push_back(
+          {prefix.empty() ? name : name + " (" + prefix + ")", clock.wall(), clock.cpu()});
     log().debug("calibrate {} {}: {:.1f} s wall, {:.1f} s CPU", name, prefix, clock.wall(),
                 clock.cpu());
     clock.reset();
@@ -239,8 +239,8 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
         const auto& row = out.greedy[static_cast<std::size_t>(l)].nearest(opt.probes[k]);
         for (int i = 0; i < kNumProj; ++i) {
           const Proj pr = static_cast<Proj>(i);
-          const MaskParams m = probe_params(su.rule, hist(l, pr),
-                                            row[static_cast<std::size_t>(i) + 1], opt.delta);
+          const MaskParams m =
+              probe_params(su.rule, hist(l, pr), row[static_cast<std::size_t>(i) + 1], opt.delta);
           const bool norms = m.rule != MaskRule::None && su.rule != ProbeRule::Threshold &&
                              wina_uses_norms(pr, su.norms_all);
           masker.set(l, pr, m, norms ? CVec<E>(nv[static_cast<std::size_t>(i)]) : CVec<E>());
@@ -270,9 +270,9 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
   stage_done("sensitivity");
 }
 
-#define SPARSIM_INSTANTIATE_CALIBRATE(E)                                                      \
-  template void calibrate_variant<E>(std::shared_ptr<const Weights<E>>, const std::vector<int>&, \
-                                     const CalibrateOptions&, ProbeMasking, CalibrationVariant&, \
+#define SPARSIM_INSTANTIATE_CALIBRATE(E)                                                          \
+  template void calibrate_variant<E>(std::shared_ptr<const Weights<E>>, const std::vector<int>&,  \
+                                     const CalibrateOptions&, ProbeMasking, CalibrationVariant&,  \
                                      const CalibrateProgress&, std::vector<Calibration::Timing>*, \
                                      const std::string&);
 #ifdef KOKKOS_ENABLE_SERIAL

@@ -15,16 +15,16 @@
 namespace sparsim::sparsity {
 
 struct CalibrateOptions {
-  int context = 2048;      ///< tokens per histogram window
-  int max_windows = 8;     ///< histogram windows (consecutive, non-overlapping)
-  int greedy_seqs = 8;     ///< sequences whose block inputs drive the greedy search / sensitivity
+  int context = 2048;       ///< tokens per histogram window
+  int max_windows = 8;      ///< histogram windows (consecutive, non-overlapping)
+  int greedy_seqs = 8;      ///< sequences whose block inputs drive the greedy search / sensitivity
   int greedy_tokens = 256;  ///< tokens per such sequence
-  double alpha = 0.025;    ///< greedy base step
-  double cap = 0.95;       ///< greedy stops at P ≥ cap
-  double step_cap = 0.0;   ///< cap on each matrix's greedy step (0: none, the paper's α·F/f_i)
+  double alpha = 0.025;     ///< greedy base step
+  double cap = 0.95;        ///< greedy stops at P ≥ cap
+  double step_cap = 0.0;    ///< cap on each matrix's greedy step (0: none, the paper's α·F/f_i)
   double score_fraction = 0.25;  ///< greedy error over the last fraction of each sequence
   std::vector<double> probes{0.2, 0.4, 0.6, 0.8};  ///< sensitivity probe sparsities s̄
-  double delta = 0.01;  ///< TopK-Guided clip margin of the guided probes
+  double delta = 0.01;                             ///< TopK-Guided clip margin of the guided probes
   /// Masking rules of the sensitivity probes; empty: the variant's own (plain: threshold;
   /// rotated: guided and topk, the masks of TopK-Guided and of its ablation with WINA's TopK).
   std::vector<ProbeRule> probe_rules;

@@ -70,8 +70,8 @@ double greedy_step(double alpha, double F, double f_i, double step_cap = 0.0);
 /// for bad arguments or a NaN error value (+inf is allowed).
 GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
                             const BlockErrorFn& block_error);
-GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap,
-                            double step_cap, const GreedyEvaluator& eval);
+GreedyTable greedy_allocate(const std::vector<double>& f, double alpha, double cap, double step_cap,
+                            const GreedyEvaluator& eval);
 
 // ---------------------------------------------------------------------------------------------
 // Sensitivity-aware block budgets

@@ -39,7 +39,9 @@ Lookup parse_lookup(const std::string& s) {
   fail("--greedy-lookup '{}' is not one of nearest, interpolate", s);
 }
 
-const char* lookup_name(Lookup l) { return l == Lookup::Nearest ? "nearest" : "interpolate"; }
+const char* lookup_name(Lookup l) {
+  return l == Lookup::Nearest ? "nearest" : "interpolate";
+}
 
 void MethodOptions::validate() const {
   require(std::isfinite(sparsity) && sparsity >= 0.0 && sparsity < 1.0,
@@ -79,7 +81,8 @@ Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
     for (std::size_t i = 0; i < cal.probe_levels.size(); ++i)
       if (std::fabs(cal.probe_levels[i] - opt.probe) < 1e-9) k = static_cast<int>(i);
     std::string levels;
-    for (double v : cal.probe_levels) levels += (levels.empty() ? "" : ", ") + fmt::format("{:g}", v);
+    for (double v : cal.probe_levels)
+      levels += (levels.empty() ? "" : ", ") + fmt::format("{:g}", v);
     require(k >= 0, "--probe {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
             levels.empty() ? "none" : levels);
     // the sensitivities must have been probed as this evaluation masks

@@ -26,12 +26,12 @@ struct MethodOptions {
   double delta = 0.01;    ///< TopK-Guided clip margin δ, in [0, 0.5)
   double probe = 0.4;     ///< s̄: the sensitivity probe level (one of the calibrated levels)
   double lambda = 0.4;    ///< λ ≥ 0: redistribution strength
-  bool sensitivity_budget = true;  ///< TopK-Guided: s_i from sensitivities (false: s_i = s)
-  bool guided_masking = true;      ///< TopK-Guided: guided TopK (false: WINA's TopK)
-  bool rotate = true;              ///< WINA / TopK-Guided on the rotated model
-  bool wina_norms_all = false;     ///< score every projection with its column norms
+  bool sensitivity_budget = true;   ///< TopK-Guided: s_i from sensitivities (false: s_i = s)
+  bool guided_masking = true;       ///< TopK-Guided: guided TopK (false: WINA's TopK)
+  bool rotate = true;               ///< WINA / TopK-Guided on the rotated model
+  bool wina_norms_all = false;      ///< score every projection with its column norms
   Lookup lookup = Lookup::Nearest;  ///< greedy-table row per block budget
-  int sensitivity_from = 0;  ///< TopK-Guided: the sensitivity set over positions ≥ this
+  int sensitivity_from = 0;         ///< TopK-Guided: the sensitivity set over positions ≥ this
   DType rotation_storage = DType::F32;  ///< rotated plans: the online re-rotation matrices' type
   /// Throws sparsim::Error naming the option that is out of range.
   void validate() const;

@@ -466,10 +466,10 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
   return out;
 }
 
-#define SPARSIM_INSTANTIATE_ROTATION(E)                     \
-  template Rotation compute_rotation<E>(const Weights<E>&); \
-  template std::shared_ptr<Weights<E>> apply_rotation<E>(const Weights<E>&, const Rotation&, DType, \
-                                                        DType);
+#define SPARSIM_INSTANTIATE_ROTATION(E)                                                      \
+  template Rotation compute_rotation<E>(const Weights<E>&);                                  \
+  template std::shared_ptr<Weights<E>> apply_rotation<E>(const Weights<E>&, const Rotation&, \
+                                                         DType, DType);
 #ifdef KOKKOS_ENABLE_SERIAL
 SPARSIM_INSTANTIATE_ROTATION(Kokkos::Serial)
 #endif

@@ -40,8 +40,8 @@ Matrix<E> as_f32(const E& exec, const Matrix<E>& m) {
   out.dtype = DType::F32;
   out.rows = m.rows;
   out.cols = m.cols;
-  out.f32 = decltype(out.f32)(Kokkos::view_alloc("sparsim::calibrate::wide", Kokkos::WithoutInitializing),
-                              m.rows, m.cols);
+  out.f32 = decltype(out.f32)(
+      Kokkos::view_alloc("sparsim::calibrate::wide", Kokkos::WithoutInitializing), m.rows, m.cols);
   if (m.dtype == DType::BF16)
     sparsim::detail::widen(exec, m.bf16, Mat<E>(out.f32));
   else
@@ -74,7 +74,8 @@ class GreedyBlock {
     {  // RoPE angles as the engine makes them: double precision, rounded once
       const int half = c_.head_dim / 2;
       const std::vector<double> inv = c_.rope_inv_freq(w.rope_freq_factors);
-      Mat<E> cs("sparsim::calibrate::rope_cos", T, half), sn("sparsim::calibrate::rope_sin", T, half);
+      Mat<E> cs("sparsim::calibrate::rope_cos", T, half),
+          sn("sparsim::calibrate::rope_sin", T, half);
       auto hc = Kokkos::create_mirror_view(cs);
       auto hs = Kokkos::create_mirror_view(sn);
       for (int p = 0; p < T; ++p)
@@ -196,7 +197,8 @@ class GreedyBlock {
     const int d = static_cast<int>(y.extent(1));
     Kokkos::parallel_for(
         "sparsim::calibrate::row_error",
-        Kokkos::RangePolicy<E>(exec_, 0, static_cast<int>(y.extent(0))), KOKKOS_LAMBDA(const int r) {
+        Kokkos::RangePolicy<E>(exec_, 0, static_cast<int>(y.extent(0))),
+        KOKKOS_LAMBDA(const int r) {
           double acc = 0;
           for (int j = 0; j < d; ++j) {
             const double e = static_cast<double>(yd(r, j)) - static_cast<double>(y(r, j));
