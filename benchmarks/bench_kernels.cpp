@@ -12,7 +12,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <numeric>
 #include <random>
@@ -148,6 +150,17 @@ void BM_DenseGemv(benchmark::State& st) {
   st.SetLabel(gemv_label(sh, 0.0, cold));
 }
 
+/// The kept rows at sparsity s: a seeded random subset of [0, in), ascending.
+std::vector<int> kept_rows(int in, double s) {
+  const int keep = static_cast<int>(std::lround(in * (1.0 - s)));
+  std::vector<int> order(static_cast<std::size_t>(in));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937(1234));
+  order.resize(static_cast<std::size_t>(keep));
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
 /// The column-skipping GEMV at sparsity s = range(1) / 10 on Wt[in][out], bf16.
 void BM_SparseGemv(benchmark::State& st) {
   const GemvShape& sh = kGemvShapes[st.range(0)];
@@ -156,11 +169,8 @@ void BM_SparseGemv(benchmark::State& st) {
   const auto wt = weight_copies(sh.in, sh.out, cold);
   Vec<E> x("x", sh.in), y("y", sh.out);
   Kokkos::deep_copy(x, 1.0f);
-  const int keep = static_cast<int>(std::lround(sh.in * (1.0 - s)));
-  std::vector<int> order(sh.in);
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937(1234));
-  std::sort(order.begin(), order.begin() + keep);
+  const std::vector<int> order = kept_rows(sh.in, s);
+  const int keep = static_cast<int>(order.size());
   IVec<E> idx("idx", std::max(keep, 1));
   auto hi = Kokkos::create_mirror_view(idx);
   for (int k = 0; k < keep; ++k) hi(k) = order[k];
@@ -175,6 +185,60 @@ void BM_SparseGemv(benchmark::State& st) {
   st.SetLabel(gemv_label(sh, s, cold));
 }
 
+/// The memory side of the column-skipping GEMV alone: the kept rows of BM_SparseGemv read with
+/// no arithmetic (their 64-bit words XORed), split as the kernel splits them (range(3) = 0: each
+/// thread a tile of outputs, i.e. a piece of every kept row) or by rows (1: each thread whole
+/// kept rows, a contiguous part of the list). Its time bounds what any kernel reading these rows
+/// in that order can reach; dense / this time is that bound's speedup.
+void BM_KeptRowRead(benchmark::State& st) {
+  if constexpr (!detail::kHostSpace<E>) {
+    st.SkipWithError("host backends only");
+    return;
+  } else {
+    const GemvShape& sh = kGemvShapes[st.range(0)];
+    const double s = st.range(1) / 10.0;
+    const bool cold = st.range(2) != 0, by_rows = st.range(3) != 0;
+    const auto wt = weight_copies(sh.in, sh.out, cold);
+    const std::vector<int> order = kept_rows(sh.in, s);
+    const int keep = static_cast<int>(order.size()), out = sh.out;
+    const int threads = E().concurrency();
+    const int tile = sparse_gemv_tile(out, threads);
+    const int parts = by_rows ? threads : (out + tile - 1) / tile;
+    std::vector<std::uint64_t> sink(static_cast<std::size_t>(parts) * 8);
+    const int* ip = order.data();
+    std::uint64_t* sp = sink.data();
+    std::size_t c = 0;
+    for (auto _ : st) {
+      const char* base = reinterpret_cast<const char*>(wt[c].data());
+      Kokkos::parallel_for(
+          "sparsim::bench::kept_row_read", Kokkos::RangePolicy<E>(0, parts), [&](const int t) {
+            const int o0 = by_rows ? 0 : t * tile;
+            const int n = by_rows ? out : std::min(tile, out - o0);
+            const int k0 = by_rows ? static_cast<int>(static_cast<long>(keep) * t / parts) : 0;
+            const int k1 =
+                by_rows ? static_cast<int>(static_cast<long>(keep) * (t + 1) / parts) : keep;
+            const std::size_t words = static_cast<std::size_t>(n) * sizeof(bf16_t) / 8;
+            std::uint64_t acc[8] = {};
+            for (int k = k0; k < k1; ++k) {
+              const char* row =
+                  base + (static_cast<std::size_t>(ip[k]) * out + o0) * sizeof(bf16_t);
+              for (std::size_t w = 0; w < words; ++w) {
+                std::uint64_t v;
+                std::memcpy(&v, row + 8 * w, 8);
+                acc[w % 8] ^= v;
+              }
+            }
+            for (int l = 0; l < 8; ++l) sp[8 * t + l] = acc[l];
+          });
+      E().fence();
+      benchmark::DoNotOptimize(sink.data());
+      if (++c == wt.size()) c = 0;
+    }
+    set_gemv_counters(st, 2.0 * keep * sh.out);
+    st.SetLabel(gemv_label(sh, s, cold) + (by_rows ? " split=rows" : " split=tiles"));
+  }
+}
+
 void dense_gemv_args(benchmark::internal::Benchmark* b) {
   for (int cold : {1, 0})
     for (int i = 0; i < static_cast<int>(std::size(kGemvShapes)); ++i) b->Args({i, cold});
@@ -186,6 +250,12 @@ void sparse_gemv_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_DenseGemv)->Apply(dense_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 BENCHMARK(BM_SparseGemv)->Apply(sparse_gemv_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+void kept_row_read_args(benchmark::internal::Benchmark* b) {
+  for (int split : {0, 1})
+    for (int i = 0; i < static_cast<int>(std::size(kGemvShapes)); ++i)
+      for (int s : {0, 3, 5, 7, 9}) b->Args({i, s, 1, split});
+}
+BENCHMARK(BM_KeptRowRead)->Apply(kept_row_read_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 /// The host decode attention of one SmolLM2-shaped layer (9 query heads, 3 KV heads) over a
 /// cache of range(1) positions, heads range(0) wide (RAP narrows them to 24 … 58 channels, odd

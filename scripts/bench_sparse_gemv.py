@@ -6,7 +6,10 @@ SmolLM2-135M and Llama-2-7B, s in {0, 0.3, 0.5, 0.7, 0.9}) with repetitions, tak
 and writes a table to docs/results/sparse_gemv.json and a markdown table to stdout:
 
     shape, weights, s, dense time, sparse time, speedup (dense / sparse), speedup against the
-    sparse kernel at s = 0, ideal 1/(1-s), speedup / ideal, GB/s of kept weights read.
+    sparse kernel at s = 0, ideal 1/(1-s), speedup / ideal, GB/s of kept weights read;
+    with cold weights also the read bound (BM_KeptRowRead): the time to read only the kept rows,
+    with no arithmetic, split as the kernel splits them (tiles of outputs) and by whole rows, and
+    dense time / the faster of the two, the most a kernel reading only those rows could reach.
 
 "cold" weights rotate through copies larger than the last-level cache (every projection comes
 from memory once per token, as in decode); "hot" reuse one copy. The goal is speedup >=
@@ -37,6 +40,8 @@ def parse_label(label):
 def run_benchmark(args):
     weights = {"cold": "1", "hot": "0", "both": "[01]"}[args.weights]
     flt = f"BM_DenseGemv/[0-9]+/{weights}/|BM_SparseGemv/[0-9]+/[0-9]+/{weights}/"
+    if args.weights != "hot":  # the read bound is measured with cold weights
+        flt += "|BM_KeptRowRead/"
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(args.threads)
     env.setdefault("OMP_PROC_BIND", "spread")
@@ -60,7 +65,7 @@ def run_benchmark(args):
 
 def tabulate(raw):
     scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
-    dense, sparse, shapes = {}, {}, {}
+    dense, sparse, shapes, read = {}, {}, {}, {}
     medians = [b for b in raw["benchmarks"] if b.get("aggregate_name") == "median"]
     if not medians:  # one repetition: no aggregates
         medians = [b for b in raw["benchmarks"] if b.get("run_type") == "iteration"]
@@ -72,6 +77,8 @@ def tabulate(raw):
         entry = {"time_us": t_us, "gb_s": b["GB/s"]}
         if b["name"].startswith("BM_DenseGemv"):
             dense[key] = entry
+        elif b["name"].startswith("BM_KeptRowRead"):
+            read[key + (float(lab["s"]), lab["split"])] = entry
         else:
             sparse[key + (float(lab["s"]),)] = entry
     rows = []
@@ -82,6 +89,19 @@ def tabulate(raw):
             continue
         ideal = 1.0 / (1.0 - s)
         speedup = d["time_us"] / sp["time_us"]
+        rt, rr = read.get((shape, weights, s, "tiles")), read.get((shape, weights, s, "rows"))
+        bound = {}
+        if rt and rr:
+            best = min(rt["time_us"], rr["time_us"])
+            bound = {
+                "read_tiles_us": round(rt["time_us"], 2),
+                "read_rows_us": round(rr["time_us"], 2),
+                # dense time / the faster read of the kept rows: the speedup a kernel reading
+                # only these rows could reach at most on this machine
+                "read_bound_speedup": round(d["time_us"] / best, 3),
+                # the kernel's time over the read of its own split
+                "kernel_over_read": round(sp["time_us"] / rt["time_us"], 3),
+            }
         rows.append({
             "shape": shape,
             "wt_in": shapes[(shape, weights)][0],
@@ -97,6 +117,7 @@ def tabulate(raw):
             "dense_gb_s": round(d["gb_s"], 2),
             "sparse_gb_s": round(sp["gb_s"], 2),
             "goal_met": (speedup >= GOAL * ideal) if 0 < s <= GOAL_MAX_S + 1e-9 else None,
+            **bound,
         })
     return rows
 

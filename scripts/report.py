@@ -1128,6 +1128,48 @@ def block_sparse_gemv(name="sparse_gemv.json"):
     return md_table(["shape (Wt in×out)", "dense µs"] + [f"s={sv:g}" for sv in svals], rows)
 
 
+def block_sparse_gemv_bound(name="sparse_gemv.json"):
+    """Cold weights: the kernel's speedup, the ideal 1/(1-s) and the read bound (dense time over
+    the time to read only the kept rows, no arithmetic), per shape and s."""
+    j = _results(name)
+    rows = []
+    for r in j["rows"]:
+        if r["weights"] != "cold" or "read_bound_speedup" not in r or r["s"] == 0:
+            continue
+        rows.append([f"{r['shape']} {r['wt_in']}×{r['wt_out']}", f"{r['s']:g}", f"{r['speedup']:.2f}",
+                     f"{r['ideal']:.2f}", f"{r['read_bound_speedup']:.2f}", f"{r['read_tiles_us']:.1f}",
+                     f"{r['read_rows_us']:.1f}", f"{r['sparse_us']:.1f}", f"{r['kernel_over_read']:.2f}"])
+    return md_table(["shape (Wt in×out)", "s", "speedup", "ideal", "read bound", "read µs (tiles)",
+                     "read µs (rows)", "kernel µs", "kernel / read (tiles)"], rows)
+
+
+def block_hf_teal_check(name="hf_teal_check.json"):
+    """sparsim against Hugging Face transformers with the same thresholds (scripts/hf_teal_check.py):
+    both perplexities, their relative difference and the paired per-window NLL difference."""
+    import math
+    import statistics
+    j = _results(name)
+    rows = []
+    for what, r in j["results"].items():
+        d = [a - b for a, b in zip(r["sparsim_window_nll"], r["hf_window_nll"])]
+        se = statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else float("nan")
+        rows.append([what, f"{r['sparsim_perplexity']:.4f}", f"{r['hf_perplexity']:.4f}",
+                     f"{100 * r['relative_difference']:.3f}%" if r["relative_difference"] >= 1e-5 else
+                     f"{r['relative_difference']:.1e}", f"{statistics.mean(d):+.2f} ± {se:.2f}",
+                     f"{statistics.stdev(d) if len(d) > 1 else 0:.2f}",
+                     "yes" if r["relative_difference"] <= j["tolerance"] else "**no**"])
+    for jt in j.get("threshold_jitter", []):
+        rows.append([f"transformers, thresholds × (1 {'+' if jt['epsilon'] > 0 else '−'} {abs(jt['epsilon']):g})", "",
+                     f"{jt['hf_perplexity']:.4f}", "", "", "", ""])
+    tokens = j["results"]["dense"]["tokens_scored"]
+    return (md_table(["run", "sparsim PPL", "transformers PPL", "relative difference",
+                      "window NLL difference, mean ± se (nats)", "its sd across windows", "within tolerance"], rows) +
+            f"\n{j['windows']} windows of {j['context']} tokens every {j['stride']} ({tokens} scored tokens), corpus "
+            f"`{j['corpus']}`, TEAL at s = {j['sparsity']:g} with the thresholds of `{os.path.basename(j['calibration'])}`; "
+            f"tolerance {100 * j['tolerance']:g}% on the perplexity; transformers {j['transformers']}, torch {j['torch']} "
+            f"(CPU); {j['seconds'] / 60:.0f} min. From `results/{name}`.\n")
+
+
 def block_llamacpp_agreement():
     out = []
     for name in ("llamacpp_smollm2_f32.json", "llamacpp_smollm2_f32_ctx2048.json"):
@@ -1146,6 +1188,7 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
           "decode-methods": block_decode_methods, "sparse-gemv": block_sparse_gemv,
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
           "decode-methods-summary": block_decode_methods_summary, "sparse-gemv-notes": block_sparse_gemv_notes,
+          "sparse-gemv-bound": block_sparse_gemv_bound, "hf-teal-check": block_hf_teal_check,
           "cost-validation-summary": block_cost_validation_summary, "decode-methods-7b": block_decode_methods_7b,
           "portable-build": block_portable_build}
 
