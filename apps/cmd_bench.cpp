@@ -672,12 +672,22 @@ int cmd_bench(int argc, char** argv) {
       const auto& tsp = ps.decode;
       double t_dense = 0, t_dense_proj = 0, t_proj_scaled = 0, fl_dense = 0, fl_real = 0,
              proj_bytes = 0;
+      const double nsteps = std::max(1, decode - std::min(1, decode - 1));
+      nlohmann::json projections = nlohmann::json::object();
       for (int o = 0; o < flops::kNumOps; ++o) {
         const auto op = static_cast<flops::Op>(o);
         t_dense += td[o];
         if (!is_projection(op)) continue;
         const auto tot = ledger.by_op(op, flops::Phase::Decode);
         const double f = tot.flops_dense > 0 ? tot.flops_realised / tot.flops_dense : 1.0;
+        // per projection: the kept FLOP fraction against the profiled time ratio
+        projections[flops::to_string(op)] = {
+            {"kept_fraction", f},
+            {"dense_seconds", td[o]},
+            {"method_seconds", tsp[o]},
+            {"flops_dense_per_step", tot.flops_dense / nsteps},
+            {"bytes_dense_per_step", tot.bytes_dense / nsteps},
+            {"bytes_realised_per_step", tot.bytes_realised / nsteps}};
         t_dense_proj += td[o];
         t_proj_scaled += td[o] * f;
         fl_dense += tot.flops_dense;
@@ -699,7 +709,6 @@ int cmd_bench(int argc, char** argv) {
       // what one decode step reads and computes, dense against the method (rotation included)
       const flops::Ledger::Totals step = ledger.total(flops::Phase::Decode);
       const flops::Ledger::Totals rot_t = ledger.by_op(flops::Op::Rotation, flops::Phase::Decode);
-      const double nsteps = std::max(1, decode - std::min(1, decode - 1));
       const double s_pre_tps = prompt / median(ts_pre);
       const double s_dec_tps = 1.0 / median(ts_dec);
       std::vector<double> step_ratio;
@@ -757,7 +766,8 @@ int cmd_bench(int argc, char** argv) {
               {"flops_dense", step.flops_dense / nsteps},
               {"flops_realised", step.flops_realised / nsteps},
               {"flops_rotation", rot_t.flops_realised / nsteps}}},
-            {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}}};
+            {"profile_decode_seconds", {{"dense", op_json(td)}, {"method", op_json(tsp)}}},
+            {"projections", projections}};
     }
     if (rf) {
       // The engine under test: its ledger (one prefill, the profiled decode steps), per-op times

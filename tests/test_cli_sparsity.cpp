@@ -300,6 +300,24 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       const double sr = s.at("realised_projection_sparsity");
       EXPECT_NEAR(sr, 0.5, 0.15) << m;
       EXPECT_NEAR(s.at("ideal_speedup_projections").get<double>(), 1.0 / (1.0 - sr), 1e-9);
+      // per projection: kept fractions that add up, FLOP-weighted, to the realised sparsity,
+      // and the profiled times of both engines
+      const auto& pj = s.at("projections");
+      EXPECT_EQ(pj.size(), 7u);
+      double kept = 0, total = 0;
+      for (const auto& [op, e] : pj.items()) {
+        const double kf = e.at("kept_fraction"), fl = e.at("flops_dense_per_step");
+        EXPECT_GT(kf, 0.0) << op;
+        EXPECT_LE(kf, 1.0) << op;
+        EXPECT_GT(e.at("dense_seconds").get<double>(), 0.0) << op;
+        EXPECT_GT(e.at("method_seconds").get<double>(), 0.0) << op;
+        EXPECT_LE(e.at("bytes_realised_per_step").get<double>(),
+                  e.at("bytes_dense_per_step").get<double>() * (1 + 1e-12))
+            << op;
+        kept += kf * fl;
+        total += fl;
+      }
+      EXPECT_NEAR(1.0 - kept / total, sr, 1e-9);
       const double step = s.at("ideal_speedup_decode_step");
       EXPECT_GT(step, 0.5);
       // the step's ideal weighs each projection by its measured time, the FLOP-weighted ideal by
