@@ -847,6 +847,8 @@ int cmd_bench(int argc, char** argv) {
           {"decode_weight_bytes_per_token", wbytes},
           {"decode_ideal_tokens_per_s", ideal_tps},
           {"decode_fraction_of_ideal", dec_tps / ideal_tps},
+          {"load_average_start", load_start},
+          {"load_average_end", load_average()},
           {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}}};
       if (profile) j["profile_seconds"] = prof;
       if (profile && !sparse) {

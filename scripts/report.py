@@ -1170,6 +1170,28 @@ def block_hf_teal_check(name="hf_teal_check.json"):
             f"(CPU); {j['seconds'] / 60:.0f} min. From `results/{name}`.\n")
 
 
+def block_decode_projections(names):
+    """Per projection, from `sparsim bench --method … --profile --json` files (comma-separated): the
+    kept FLOP fraction (the ideal time ratio) against the profiled time ratio method / dense."""
+    rows, notes = [], []
+    for name in names.split(","):
+        j = _results(name)
+        sp = j["sparse"]
+        steps = max(1, j["decode_tokens"] - 1)
+        for op, e in sp["projections"].items():
+            ratio = e["method_seconds"] / e["dense_seconds"]
+            rows.append([j["storage"], sp["method"], op, f"{e['kept_fraction']:.3f}",
+                         f"{1e3 * e['dense_seconds'] / steps:.3f}", f"{1e3 * e['method_seconds'] / steps:.3f}",
+                         f"{ratio:.2f}", f"{ratio / e['kept_fraction']:.2f}"])
+        notes.append(f"`results/{name}`: {j['storage']}, {sp['method']} at s = {sp['sparsity_target']:g}, whole step "
+                     f"{sp['decode_speedup']:.2f}× dense (ideal {sp['ideal_speedup_decode_step']:.2f}), load average "
+                     f"{j['load_average_start']:.2f} → {j['load_average_end']:.2f}")
+    return (md_table(["storage", "method", "projection", "kept fraction", "dense ms/step", "method ms/step",
+                      "time ratio", "time ratio / kept"], rows) +
+            "\nTimes are of the profiled decode steps (a fence after every kernel), per step. " +
+            "; ".join(notes) + ".\n")
+
+
 def block_llamacpp_agreement():
     out = []
     for name in ("llamacpp_smollm2_f32.json", "llamacpp_smollm2_f32_ctx2048.json"):
@@ -1189,6 +1211,7 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
           "decode-methods-summary": block_decode_methods_summary, "sparse-gemv-notes": block_sparse_gemv_notes,
           "sparse-gemv-read": block_sparse_gemv_read, "hf-teal-check": block_hf_teal_check,
+          "decode-projections": block_decode_projections,
           "cost-validation-summary": block_cost_validation_summary, "decode-methods-7b": block_decode_methods_7b,
           "portable-build": block_portable_build}
 
