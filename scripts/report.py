@@ -1219,7 +1219,7 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
 def cmd_docs_blocks(a):
     """Re-render the generated blocks of Markdown pages from the committed files they name."""
     import re
-    pat = re.compile(r"(<!-- generated: ([\w.:-]+) -->\n)(.*?)(<!-- end generated[^>]*-->)", re.S)
+    pat = re.compile(r"(<!-- generated: ([\w.:,-]+) -->\n)(.*?)(<!-- end generated[^>]*-->)", re.S)
     stale = []
     for page in a.pages:
         text = open(page).read()
