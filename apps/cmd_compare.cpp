@@ -90,7 +90,7 @@ int cmd_compare(int argc, char** argv) {
   std::vector<std::string> config_lines;
   PplOptions po_;
   int score = -1;
-  bool strict = false;
+  bool strict = false, bf16_compute = false;
   po::options_description d("sparsim compare options");
   d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
                   "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
@@ -113,6 +113,7 @@ int cmd_compare(int argc, char** argv) {
       "configs", po::value(&configs_file),
       "a file of configurations, one 'NAME: OPTIONS' per line ('#' starts a comment)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
+      "bf16-compute", po::bool_switch(&bf16_compute), kBf16ComputeHelp)(
       "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
       "json", po::value(&json_out), "JSON summary file (required)")(
       "out,o", po::value(&out), "run file (HDF5): per configuration its windows, sparsity, FLOPs")(
@@ -155,6 +156,8 @@ int cmd_compare(int argc, char** argv) {
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
+  lo.bf16_compute = bf16_compute;
+  check_load_options(lo);
   const ResolvedModel rm = resolve_model(model_arg);
   const Corpus corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
 
@@ -279,6 +282,7 @@ int cmd_compare(int argc, char** argv) {
     nlohmann::json j;
     j["model"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
     j["storage"] = storage;
+    j["bf16_compute"] = bf16_compute;
     j["threads"] = rt.threads();
     j["backend"] = backend;
     j["wall_seconds"] = wall_s;
@@ -336,7 +340,7 @@ int cmd_compare(int argc, char** argv) {
     if (!out.empty()) {
       rf = std::make_unique<io::RunFile>(out);
       io::Group root = rf->root();
-      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
+      write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage, lo.bf16_compute);
       io::Group cg = root.create_group("corpus");
       cg.set_attr("source", corpus.source);
       cg.set_attr("fingerprint", corpus.fingerprint);

@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <fstream>
 
 #include <cstring>
@@ -263,6 +264,22 @@ TEST_F(CliPaths, Bf16ComputeNeedsBf16Storage) {
   const double plain = ppl(""), b16 = ppl("--bf16-compute");
   EXPECT_NE(plain, b16);
   EXPECT_NEAR(b16, plain, 0.02 * plain);
+  // compare takes it too: refused the same way, and its dense configuration scores the same
+  // windows as eval (compare runs each window's dense prefix as a call of its own, so the bf16
+  // rounding of the rows falls into other tiles: equal to rounding, not to the bit)
+  const std::string cj = dir_.file("c.json");
+  const std::string compare = sparsim_bin() + " compare --model " + model_ + " --corpus " +
+                              corpus_ + " --context 32 --stride 24 --max-windows 4 --config " +
+                              "'d: --method dense' --json " + cj + " ";
+  expect_refused(compare + "--bf16-compute", {"--bf16-compute", "--storage bf16"});
+  const RunResult r = run_cmd(compare + "--storage bf16 --bf16-compute");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream f(cj);
+  const auto j = nlohmann::json::parse(f);
+  EXPECT_TRUE(j.at("bf16_compute").get<bool>());
+  const double pc = j.at("configs").at(0).at("perplexity");
+  EXPECT_NE(pc, plain);
+  EXPECT_NEAR(std::log(pc), std::log(b16), 1e-4 * std::log(b16));
 }
 
 }  // namespace
