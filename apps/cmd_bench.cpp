@@ -282,7 +282,8 @@ void fill_cache_noise(Engine<E>& eng, int positions) {
   const E exec;
   for (int l = 0; l < eng.config().n_layer; ++l) {
     const KVLayer<E>& kv = eng.cache().layer(l);
-    for (const Cache<E>& c : {kv.k, kv.v}) {
+    for (int which = 0; which < 2; ++which) {  // (nvcc rejects a braced list of views here)
+      const Cache<E> c = which == 0 ? kv.k : kv.v;
       const int ns = static_cast<int>(c.extent(0)), w = static_cast<int>(c.extent(2));
       const int np = std::min(positions, static_cast<int>(c.extent(1)));
       Kokkos::parallel_for(
