@@ -505,11 +505,15 @@ int cmd_bench(int argc, char** argv) {
           "attention module of {}\n  against {}, batch {}, prompt {}, {} decode steps, median of "
           "{} interleaved repetitions (profiled: fences after every kernel), backend {}, {} "
           "threads\n"
-          "  prefill  {:>10.4f} s vs {:>10.4f} s  = {:.3f} x  (whole forward {:.3f} x)\n"
+          "  prefill  {}\n"
           "  decode   {:>10.6f} s vs {:>10.6f} s per step = {:.3f} x  (whole step {:.3f} x)\n",
           ma_.path, mb_.path, batch, prompt, decode, reps, backend, rt.threads(),
-          median(ta.prefill), median(tb.prefill), median(rp), median(rpt), median(ta.decode),
-          median(tb.decode), median(rd), median(rdt));
+          decode_only
+              ? std::string("not run (--decode-only)")
+              : fmt::format("{:>10.4f} s vs {:>10.4f} s  = {:.3f} x  (whole forward "
+                            "{:.3f} x)",
+                            median(ta.prefill), median(tb.prefill), median(rp), median(rpt)),
+          median(ta.decode), median(tb.decode), median(rd), median(rdt));
       if (!json_out.empty()) {
         nlohmann::json j = {
             {"model", {{"path", ma_.path}, {"fingerprint", ma_.fingerprint}}},

@@ -107,6 +107,17 @@ TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
     const RunResult b =
         run_cmd(sparsim_bin() + " bench --model " + out + " --prompt 16 --decode 4 --reps 1");
     EXPECT_EQ(b.exit_code, 0) << b.output;
+    // its attention module against the full model's, decode steps only over a noise-filled cache
+    const std::string bj = dir_->file(m + "-bl.json");
+    const RunResult bl = run_cmd(sparsim_bin() + " bench --model " + out + " --baseline " + model_ +
+                                 " --decode-only --prompt 16 --decode 4 --reps 1 --json " + bj);
+    ASSERT_EQ(bl.exit_code, 0) << bl.output;
+    EXPECT_NE(bl.output.find("not run (--decode-only)"), std::string::npos) << bl.output;
+    const auto bb = read_json(bj);
+    EXPECT_TRUE(bb.at("decode_only").get<bool>());
+    EXPECT_GT(bb.at("attention_decode_ratio").get<double>(), 0.0);
+    EXPECT_EQ(bb.at("pruned").at("method"), m);
+    EXPECT_EQ(bb.at("attention_decode_op_seconds").at("model").at("attn_score").size(), 1u);
     const RunResult i = run_cmd(sparsim_bin() + " inspect " + out);
     ASSERT_EQ(i.exit_code, 0) << i.output;
     EXPECT_NE(i.output.find("pruned     " + m), std::string::npos) << i.output;
