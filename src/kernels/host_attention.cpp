@@ -9,6 +9,11 @@ namespace {
 
 constexpr int kL = 16;  // lanes of a score's partial sums and of a value block
 #if defined(__GNUC__) && !defined(__CUDACC__)
+#define SPARSIM_UNROLL16 _Pragma("GCC unroll 16")
+#else
+#define SPARSIM_UNROLL16  // (nvcc's front end does not take GCC's unroll pragma)
+#endif
+#if defined(__GNUC__) && !defined(__CUDACC__)
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
 // xmm registers by each clone.
 using v16 = float __attribute__((vector_size(kL * sizeof(float))));
@@ -72,9 +77,6 @@ inline v16 operator*(v16 a, v16 b) {
   for (int l = 0; l < kL; ++l) a.x[l] *= b.x[l];
   return a;
 }
-inline v16 operator*(v16 a, float s) {
-  return a * splat(s);
-}
 inline v16& operator+=(v16& a, v16 b) {
   for (int l = 0; l < kL; ++l) a.x[l] += b.x[l];
   return a;
@@ -112,17 +114,17 @@ inline void scores16(const float* qg, const float* k, std::size_t ks, int m, int
   v16 acc[kL];
   for (auto& a : acc) a = splat(0.0f);
   const float* rows[kL];
-#pragma GCC unroll 16
+  SPARSIM_UNROLL16
   for (int j = 0; j < kL; ++j)
     rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
   for (int b = 0; b < nfull; ++b) {
     const v16 qb = ld(qg + b * kL);
-#pragma GCC unroll 16
+    SPARSIM_UNROLL16
     for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + b * kL) * qb;
   }
   if (nfull * kL < d) {
     const v16 qb = ld(qg + d - kL) * tmask;
-#pragma GCC unroll 16
+    SPARSIM_UNROLL16
     for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + d - kL) * qb;
   }
   const v16 r = tree16(acc) * splat(scale);

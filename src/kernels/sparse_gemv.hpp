@@ -70,7 +70,7 @@ void sparse_gemv_tiled(const E& exec, const CVec<E>& x, const IVec<E>& idx, int 
   const int tiles = (out + tile - 1) / tile;
   Kokkos::parallel_for(
       "sparsim::kernels::sparse_gemv", Kokkos::RangePolicy<E>(exec, 0, tiles),
-      KOKKOS_LAMBDA(const int t) {
+      [=](const int t) {  // host only: a plain lambda (the tile kernel is a host function)
         const int o0 = t * tile;
         const int n = out - o0 < tile ? out - o0 : tile;
         float* a = &y(o0);
