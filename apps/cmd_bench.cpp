@@ -643,10 +643,9 @@ int cmd_bench(int argc, char** argv) {
     auto breakdown = [&](const std::string& what, const std::array<double, flops::kNumOps>& sec) {
       double tot = 0;
       for (double v : sec) tot += v;
+      // (a method's engine decodes one sequence: --method requires --batch 1)
       std::cout << fmt::format("\n{} time by op (profiled run{})\n", what,
-                               batch > 1 && what.rfind("decode (", 0) != 0
-                                   ? fmt::format(", batch {}", batch)
-                                   : std::string());
+                               batch > 1 ? fmt::format(", batch {}", batch) : std::string());
       for (int o = 0; o < flops::kNumOps; ++o) {
         if (sec[o] <= 0) continue;
         std::cout << fmt::format("  {:<14} {:>9.4f} s {:>6.1f}%\n",
@@ -677,7 +676,7 @@ int cmd_bench(int argc, char** argv) {
       const auto& tsp = ps.decode;
       double t_dense = 0, t_dense_proj = 0, t_proj_scaled = 0, fl_dense = 0, fl_real = 0,
              proj_bytes = 0;
-      const double nsteps = std::max(1, decode - std::min(1, decode - 1));
+      const double nsteps = std::max(1, ps.decode_steps);
       nlohmann::json projections = nlohmann::json::object();
       for (int o = 0; o < flops::kNumOps; ++o) {
         const auto op = static_cast<flops::Op>(o);

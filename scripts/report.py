@@ -1146,7 +1146,6 @@ def block_sparse_gemv_read(name="sparse_gemv.json"):
 def block_hf_teal_check(name="hf_teal_check.json"):
     """sparsim against Hugging Face transformers with the same thresholds (scripts/hf_teal_check.py):
     both perplexities, their relative difference and the paired per-window NLL difference."""
-    import math
     import statistics
     j = _results(name)
     rows = []
