@@ -193,6 +193,57 @@ void BM_SparseGemv(benchmark::State& st) {
 /// (the kernel asks for the next rows ahead, which can beat a plain read on long rows).
 using Block = std::uint64_t __attribute__((vector_size(64)));  // one cache line
 
+/// Reads the rows `rows` of every cold copy of a bf16 Wt[in][out] in turn, `tile` outputs of each
+/// row per work item (by_rows: whole rows, the list cut into one contiguous part per thread).
+void read_kept_rows(benchmark::State& st, const GemvShape& sh, const std::vector<int>& rows,
+                    bool by_rows) {
+  const auto wt = weight_copies(sh.in, sh.out, true);
+  const int keep = static_cast<int>(rows.size()), out = sh.out;
+  const int threads = E().concurrency();
+  const int tile = sparse_gemv_tile(out, threads);
+  const int parts = by_rows ? threads : (out + tile - 1) / tile;
+  std::vector<std::uint64_t> sink(static_cast<std::size_t>(parts) * 8);
+  const int* ip = rows.data();
+  std::uint64_t* sp = sink.data();
+  std::size_t c = 0;
+  for (auto _ : st) {
+    const char* base = reinterpret_cast<const char*>(wt[c].data());
+    Kokkos::parallel_for(
+        "sparsim::bench::kept_row_read", Kokkos::RangePolicy<E>(0, parts), [&](const int t) {
+          const int o0 = by_rows ? 0 : t * tile;
+          const int n = by_rows ? out : std::min(tile, out - o0);
+          const int k0 = by_rows ? static_cast<int>(static_cast<long>(keep) * t / parts) : 0;
+          const int k1 =
+              by_rows ? static_cast<int>(static_cast<long>(keep) * (t + 1) / parts) : keep;
+          // whole 64-byte blocks of the row piece, two independent accumulators
+          const std::size_t blocks = static_cast<std::size_t>(n) * sizeof(bf16_t) / 64;
+          Block a0{}, a1{};
+          for (int k = k0; k < k1; ++k) {
+            const char* row = base + (static_cast<std::size_t>(ip[k]) * out + o0) * sizeof(bf16_t);
+            std::size_t b = 0;
+            for (; b + 2 <= blocks; b += 2) {
+              Block x, y;
+              std::memcpy(&x, row + 64 * b, 64);
+              std::memcpy(&y, row + 64 * b + 64, 64);
+              a0 ^= x;
+              a1 ^= y;
+            }
+            if (b < blocks) {
+              Block x;
+              std::memcpy(&x, row + 64 * b, 64);
+              a0 ^= x;
+            }
+          }
+          a0 ^= a1;
+          std::memcpy(sp + 8 * t, &a0, 64);
+        });
+    E().fence();
+    benchmark::DoNotOptimize(sink.data());
+    if (++c == wt.size()) c = 0;
+  }
+  set_gemv_counters(st, 2.0 * keep * sh.out);
+}
+
 void BM_KeptRowRead(benchmark::State& st) {
   if constexpr (!detail::kHostSpace<E>) {
     st.SkipWithError("host backends only");
@@ -200,55 +251,37 @@ void BM_KeptRowRead(benchmark::State& st) {
   } else {
     const GemvShape& sh = kGemvShapes[st.range(0)];
     const double s = st.range(1) / 10.0;
-    const bool cold = st.range(2) != 0, by_rows = st.range(3) != 0;
-    const auto wt = weight_copies(sh.in, sh.out, cold);
-    const std::vector<int> order = kept_rows(sh.in, s);
-    const int keep = static_cast<int>(order.size()), out = sh.out;
-    const int threads = E().concurrency();
-    const int tile = sparse_gemv_tile(out, threads);
-    const int parts = by_rows ? threads : (out + tile - 1) / tile;
-    std::vector<std::uint64_t> sink(static_cast<std::size_t>(parts) * 8);
-    const int* ip = order.data();
-    std::uint64_t* sp = sink.data();
-    std::size_t c = 0;
-    for (auto _ : st) {
-      const char* base = reinterpret_cast<const char*>(wt[c].data());
-      Kokkos::parallel_for(
-          "sparsim::bench::kept_row_read", Kokkos::RangePolicy<E>(0, parts), [&](const int t) {
-            const int o0 = by_rows ? 0 : t * tile;
-            const int n = by_rows ? out : std::min(tile, out - o0);
-            const int k0 = by_rows ? static_cast<int>(static_cast<long>(keep) * t / parts) : 0;
-            const int k1 =
-                by_rows ? static_cast<int>(static_cast<long>(keep) * (t + 1) / parts) : keep;
-            // whole 64-byte blocks of the row piece, two independent accumulators
-            const std::size_t blocks = static_cast<std::size_t>(n) * sizeof(bf16_t) / 64;
-            Block a0{}, a1{};
-            for (int k = k0; k < k1; ++k) {
-              const char* row =
-                  base + (static_cast<std::size_t>(ip[k]) * out + o0) * sizeof(bf16_t);
-              std::size_t b = 0;
-              for (; b + 2 <= blocks; b += 2) {
-                Block x, y;
-                std::memcpy(&x, row + 64 * b, 64);
-                std::memcpy(&y, row + 64 * b + 64, 64);
-                a0 ^= x;
-                a1 ^= y;
-              }
-              if (b < blocks) {
-                Block x;
-                std::memcpy(&x, row + 64 * b, 64);
-                a0 ^= x;
-              }
-            }
-            a0 ^= a1;
-            std::memcpy(sp + 8 * t, &a0, 64);
-          });
-      E().fence();
-      benchmark::DoNotOptimize(sink.data());
-      if (++c == wt.size()) c = 0;
-    }
-    set_gemv_counters(st, 2.0 * keep * sh.out);
-    st.SetLabel(gemv_label(sh, s, cold) + (by_rows ? " split=rows" : " split=tiles"));
+    const bool by_rows = st.range(3) != 0;
+    read_kept_rows(st, sh, kept_rows(sh.in, s), by_rows);
+    st.SetLabel(gemv_label(sh, s, st.range(2) != 0) + (by_rows ? " split=rows" : " split=tiles"));
+  }
+}
+
+/// The plain read by whole rows (BM_KeptRowRead, split=rows) when the kept rows come in runs of
+/// range(2) consecutive rows: a seeded random set of runs, (1 − s) of them. Activation masks are
+/// not clustered like this; the benchmark measures how the cost of reading a subset depends on
+/// how scattered it is (run 1 = BM_KeptRowRead's pattern), i.e. what grouping the kept channels
+/// (a static permutation of Wt's rows) could buy on the machine.
+void BM_KeptRunRead(benchmark::State& st) {
+  if constexpr (!detail::kHostSpace<E>) {
+    st.SkipWithError("host backends only");
+    return;
+  } else {
+    const GemvShape& sh = kGemvShapes[st.range(0)];
+    const double s = st.range(1) / 10.0;
+    const int run = static_cast<int>(st.range(2));
+    const int nruns = sh.in / run;
+    const int keep = static_cast<int>(std::lround(nruns * (1.0 - s)));
+    std::vector<int> first(static_cast<std::size_t>(nruns));
+    std::iota(first.begin(), first.end(), 0);
+    std::shuffle(first.begin(), first.end(), std::mt19937(1234));
+    first.resize(static_cast<std::size_t>(keep));
+    std::sort(first.begin(), first.end());
+    std::vector<int> rows;
+    for (int f : first)
+      for (int r = 0; r < run; ++r) rows.push_back(f * run + r);
+    read_kept_rows(st, sh, rows, true);
+    st.SetLabel(gemv_label(sh, s, true) + " split=rows run=" + std::to_string(run));
   }
 }
 
@@ -269,6 +302,12 @@ void kept_row_read_args(benchmark::internal::Benchmark* b) {
       for (int s : {0, 3, 5, 7, 9}) b->Args({i, s, 1, split});
 }
 BENCHMARK(BM_KeptRowRead)->Apply(kept_row_read_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
+void kept_run_read_args(benchmark::internal::Benchmark* b) {
+  for (int i = 0; i < static_cast<int>(std::size(kGemvShapes)); ++i)
+    for (int s : {0, 5})
+      for (int run : {1, 2, 4, 8, 16}) b->Args({i, s, run});
+}
+BENCHMARK(BM_KeptRunRead)->Apply(kept_run_read_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 /// The host decode attention of one SmolLM2-shaped layer (9 query heads, 3 KV heads) over a
 /// cache of range(1) positions, heads range(0) wide (RAP narrows them to 24 … 58 channels, odd

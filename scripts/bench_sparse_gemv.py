@@ -13,6 +13,10 @@ and writes a table to docs/results/sparse_gemv.json and a markdown table to stdo
     strict bound (the kernel prefetches the next rows and can beat it on long rows); it shows
     what reading a scattered subset of the rows costs on the machine against the dense kernel.
 
+--kept-runs: instead, the plain read by whole rows when the kept rows come in runs of R = 1, 2,
+4, 8, 16 consecutive rows (BM_KeptRunRead, cold weights, s = 0 and 0.5), against the dense
+kernel: how the cost of reading half of each matrix depends on how scattered that half is.
+
 "cold" weights rotate through copies larger than the last-level cache (every projection comes
 from memory once per token, as in decode); "hot" reuse one copy. The goal is speedup >=
 0.9/(1-s) up to s = 0.7. Standard library only.
@@ -44,6 +48,8 @@ def run_benchmark(args):
     flt = f"BM_DenseGemv/[0-9]+/{weights}/|BM_SparseGemv/[0-9]+/[0-9]+/{weights}/"
     if args.weights != "hot":  # the plain read of the kept rows: cold weights only
         flt += "|BM_KeptRowRead/"
+    if args.kept_runs:
+        flt = "BM_DenseGemv/[0-9]+/1/|BM_KeptRunRead/"
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = str(args.threads)
     env.setdefault("OMP_PROC_BIND", "spread")
@@ -65,13 +71,17 @@ def run_benchmark(args):
             return cmd, json.load(f)
 
 
-def tabulate(raw):
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
-    dense, sparse, shapes, read = {}, {}, {}, {}
+def medians_of(raw):
     medians = [b for b in raw["benchmarks"] if b.get("aggregate_name") == "median"]
     if not medians:  # one repetition: no aggregates
         medians = [b for b in raw["benchmarks"] if b.get("run_type") == "iteration"]
-    for b in medians:
+    return medians
+
+
+def tabulate(raw):
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+    dense, sparse, shapes, read = {}, {}, {}, {}
+    for b in medians_of(raw):
         lab = parse_label(b["label"])
         key = (lab["shape"], lab["weights"])
         shapes[key] = (int(lab["in"]), int(lab["out"]))
@@ -123,6 +133,32 @@ def tabulate(raw):
     return rows
 
 
+def tabulate_runs(raw):
+    """Rows of the --kept-runs study: per shape and run length, the plain read of all rows (s = 0)
+    and of half of them (s = 0.5), and the dense kernel's time."""
+    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+    dense, read, shapes = {}, {}, {}
+    for b in medians_of(raw):
+        lab = parse_label(b["label"])
+        shapes[lab["shape"]] = (int(lab["in"]), int(lab["out"]))
+        t_us = b["real_time"] * scale[b["time_unit"]]
+        if b["name"].startswith("BM_DenseGemv"):
+            dense[lab["shape"]] = t_us
+        else:
+            read[(lab["shape"], int(lab["run"]), float(lab["s"]))] = t_us
+    rows = []
+    for (shape, run, s), t in sorted(read.items()):
+        if s == 0.0 or (shape, run, 0.0) not in read:
+            continue
+        full = read[(shape, run, 0.0)]
+        rows.append({"shape": shape, "wt_in": shapes[shape][0], "wt_out": shapes[shape][1],
+                     "row_bytes": shapes[shape][1] * 2, "run": run, "s": s,
+                     "read_all_us": round(full, 2), "read_kept_us": round(t, 2),
+                     "dense_us": round(dense[shape], 2) if shape in dense else None,
+                     "read_speedup": round(full / t, 3), "ideal": round(1.0 / (1.0 - s), 3)})
+    return rows
+
+
 def markdown(rows):
     lines = [
         "| shape (Wt in×out) | weights | s | dense µs | sparse µs | speedup | vs sparse@0 | ideal "
@@ -149,17 +185,24 @@ def main():
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
     ap.add_argument("--weights", choices=["cold", "hot", "both"], default="both")
     ap.add_argument("--out", default=os.path.join(root, "docs", "results", "sparse_gemv.json"))
+    ap.add_argument("--kept-runs", action="store_true",
+                    help="the plain read of kept rows in runs of R consecutive rows (BM_KeptRunRead)")
     args = ap.parse_args()
+    if args.kept_runs and args.weights == "hot":
+        ap.error("--kept-runs reads cold weights")
 
     cmd, raw = run_benchmark(args)
-    rows = tabulate(raw)
+    rows = tabulate_runs(raw) if args.kept_runs else tabulate(raw)
     ctx = raw.get("context", {})
     ran = ctx.get("kokkos_host_threads", ctx.get("kokkos_concurrency"))
     if ran is not None and int(ran) != args.threads:
         raise SystemExit(f"the benchmark ran on {ran} threads, not the {args.threads} asked for")
     result = {
-        "what": "bf16 decode GEMV: sparse (column-skipping, Wt[in][out]) vs dense "
-                "(linear_direct, W[out][in]); medians of repetitions",
+        "what": ("plain read (no arithmetic, no prefetch) of half of the rows of a bf16 Wt[in][out] "
+                 "in runs of R consecutive rows, against reading all rows; medians of repetitions"
+                 if args.kept_runs else
+                 "bf16 decode GEMV: sparse (column-skipping, Wt[in][out]) vs dense "
+                 "(linear_direct, W[out][in]); medians of repetitions"),
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "command": " ".join(cmd),
         "threads": args.threads,
@@ -176,7 +219,8 @@ def main():
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
-    print(markdown(rows))
+    if not args.kept_runs:
+        print(markdown(rows))
     print(f"\nwritten: {args.out}", file=sys.stderr)
 
 

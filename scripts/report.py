@@ -1143,6 +1143,48 @@ def block_sparse_gemv_read(name="sparse_gemv.json"):
                      "read µs (rows)", "kernel µs", "kernel / read (tiles)"], rows)
 
 
+def block_kept_runs(name="kept_runs.json"):
+    """The plain read of half of each Wt's rows in runs of R consecutive rows against reading all
+    of them (scripts/bench_sparse_gemv.py --kept-runs), per shape and run length."""
+    j = _results(name)
+    runs = sorted({r["run"] for r in j["rows"]})
+    by = {}
+    for r in j["rows"]:
+        by.setdefault((r["shape"], r["wt_in"], r["wt_out"], r["row_bytes"]), {})[r["run"]] = r
+    rows = []
+    for (shape, i, o, rb), rr in sorted(by.items()):
+        first = next(iter(rr.values()))
+        rows.append([f"{shape} {i}×{o}", f"{rb}", f"{first['dense_us']:.1f}"] +
+                    [f"{rr[k]['read_speedup']:.2f}" if k in rr else "" for k in runs])
+    ld = j["machine"]["load_avg"]
+    return (md_table(["shape (Wt in×out)", "row bytes", "dense kernel µs"] +
+                     [f"run {k}" for k in runs], rows) +
+            f"\nTime to read all rows over the time to read a random half of them (ideal 2), by whole rows per "
+            f"thread, cold bf16 weights, {j['threads']} threads, medians of {j['repetitions']}; load average "
+            f"{ld[0]:.2f} at the start. From `results/{name}` (`scripts/bench_sparse_gemv.py --kept-runs`).\n")
+
+
+def block_teal_mask_runs(name="teal_mask_runs.json"):
+    """Mean run length of TEAL's kept channels per projection input, in the model's channel order
+    and after sorting the channels by keep frequency (scripts/teal_mask_runs.py)."""
+    j = _results(name)
+    rows = []
+    for p in j["projections"]:
+        f = p["keep_frequency_p10_p50_p90"]
+        rows.append([p["projection"], f"{p['input_width']}", f"{p['kept']:.3f}", f"{1 / (1 - p['kept']):.2f}",
+                     f"{p['mean_run']:.2f}", f"{p['mean_run_permuted']:.2f}",
+                     f"{p['mean_run_permuted_max_layer']:.2f}", f"{f[0]:.2f} / {f[1]:.2f} / {f[2]:.2f}"])
+    return (md_table(["projection", "input width", "kept", "independent channels: 1/(1−kept)",
+                      "mean run", "mean run, permuted", "best layer, permuted",
+                      "keep frequency p10 / p50 / p90"], rows) +
+            f"\nTEAL at s = {j['sparsity']:g} with the thresholds of `{os.path.basename(j['calibration'])}`, "
+            f"{j['windows']} windows of {j['context']} tokens of corpus `{j['corpus']}`: the first "
+            f"{j['permutation_windows']} give the keep frequencies (the permutation), the other "
+            f"{j['tokens_measured']} tokens are measured; averages over the masked layers. transformers "
+            f"{j['transformers']}, torch {j['torch']} (CPU). From `results/{name}` "
+            f"(`scripts/teal_mask_runs.py --calibration cal.h5 --windows {j['windows']} --json docs/results/{name}`).\n")
+
+
 def block_hf_teal_check(name="hf_teal_check.json"):
     """sparsim against Hugging Face transformers with the same thresholds (scripts/hf_teal_check.py):
     both perplexities, their relative difference and the paired per-window NLL difference."""
@@ -1210,6 +1252,7 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
           "decode-methods-summary": block_decode_methods_summary, "sparse-gemv-notes": block_sparse_gemv_notes,
           "sparse-gemv-read": block_sparse_gemv_read, "hf-teal-check": block_hf_teal_check,
+          "kept-runs": block_kept_runs, "teal-mask-runs": block_teal_mask_runs,
           "decode-projections": block_decode_projections,
           "cost-validation-summary": block_cost_validation_summary, "decode-methods-7b": block_decode_methods_7b,
           "portable-build": block_portable_build}
