@@ -763,6 +763,7 @@ int cmd_bench(int argc, char** argv) {
             {"mask_select_time_share", share_mask},
             {"rotation_time_share", share_rot},
             {"rotation_storage", to_string(plan.opt.rotation_storage)},
+            {"profiled_decode_steps", ps.decode_steps},
             {"per_step",
              {{"bytes_dense", step.bytes_dense / nsteps},
               {"bytes_realised", step.bytes_realised / nsteps},
@@ -848,7 +849,8 @@ int cmd_bench(int argc, char** argv) {
           {"decode_step_seconds_reps", t_dec},
           {"copy_bandwidth_bytes_per_s", bw},
           {"bandwidth", bw_json},
-          {"decode_weight_bytes_per_token", wbytes},
+          {"decode_weight_bytes_per_token", wbytes},  // per step (all `batch` tokens); kept name
+          {"decode_weight_bytes_per_step", wbytes},
           {"decode_ideal_tokens_per_s", ideal_tps},
           {"decode_fraction_of_ideal", dec_tps / ideal_tps},
           {"load_average_start", load_start},

@@ -1218,7 +1218,8 @@ def block_decode_projections(names):
     for name in names.split(","):
         j = _results(name)
         sp = j["sparse"]
-        steps = max(1, j["decode_tokens"] - 1)
+        # the profiled steps (files before the count was written: bench's rule, decode - 1)
+        steps = max(1, sp.get("profiled_decode_steps", j["decode_tokens"] - 1))
         for op, e in sp["projections"].items():
             ratio = e["method_seconds"] / e["dense_seconds"]
             rows.append([j["storage"], sp["method"], op, f"{e['kept_fraction']:.3f}",

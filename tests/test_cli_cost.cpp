@@ -127,6 +127,7 @@ TEST_F(CliCost, ForwardLedgerEqualsFlopsCountedFromTheShapes) {
 TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
   constexpr int kPrompt = 16, kDecode = 5;
   nlohmann::json w[2];
+  double step_bytes[2] = {};
   for (const int b : {1, 2}) {
     const std::string js = dir_->file("bench-b" + std::to_string(b) + ".json");
     const RunResult r =
@@ -138,7 +139,11 @@ TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
       EXPECT_NE(r.output.find("2 x 16 tokens"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("decode time by op (profiled run, batch 2)"), std::string::npos);
     }
-    w[b - 1] = read_json_file(js).at("profile_work");
+    const nlohmann::json all = read_json_file(js);
+    w[b - 1] = all.at("profile_work");
+    // the weights a decode step reads: the same whatever the batch (the old key is kept)
+    step_bytes[b - 1] = all.at("decode_weight_bytes_per_step").get<double>();
+    EXPECT_EQ(step_bytes[b - 1], all.at("decode_weight_bytes_per_token").get<double>());
     EXPECT_EQ(w[b - 1].at("batch").get<int>(), b);
     EXPECT_EQ(w[b - 1].at("decode_steps").get<int>(), kDecode - 1);
   }
@@ -156,6 +161,8 @@ TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
   EXPECT_DOUBLE_EQ(w[1].at("decode_flops").get<double>(),
                    2 * w[0].at("decode_flops").get<double>());
   EXPECT_LT(w[1].at("decode_bytes").get<double>(), 2 * w[0].at("decode_bytes").get<double>());
+  EXPECT_GT(step_bytes[0], 0.0);
+  EXPECT_EQ(step_bytes[1], step_bytes[0]);
 }
 
 // eval with each method, every sparsified row dumped: the ledger's realised FLOPs of every

@@ -304,6 +304,8 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       // and the profiled times of both engines
       const auto& pj = s.at("projections");
       EXPECT_EQ(pj.size(), 7u);
+      // per-step figures are over the profiled steps: all decoded tokens but the first
+      EXPECT_EQ(s.at("profiled_decode_steps").get<int>(), j.at("decode_tokens").get<int>() - 1);
       double kept = 0, total = 0;
       for (const auto& [op, e] : pj.items()) {
         const double kf = e.at("kept_fraction"), fl = e.at("flops_dense_per_step");
