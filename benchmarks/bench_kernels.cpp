@@ -270,13 +270,7 @@ void BM_KeptRunRead(benchmark::State& st) {
     const GemvShape& sh = kGemvShapes[st.range(0)];
     const double s = st.range(1) / 10.0;
     const int run = static_cast<int>(st.range(2));
-    const int nruns = sh.in / run;
-    const int keep = static_cast<int>(std::lround(nruns * (1.0 - s)));
-    std::vector<int> first(static_cast<std::size_t>(nruns));
-    std::iota(first.begin(), first.end(), 0);
-    std::shuffle(first.begin(), first.end(), std::mt19937(1234));
-    first.resize(static_cast<std::size_t>(keep));
-    std::sort(first.begin(), first.end());
+    const std::vector<int> first = kept_rows(sh.in / run, s);  // the kept runs
     std::vector<int> rows;
     for (int f : first)
       for (int r = 0; r < run; ++r) rows.push_back(f * run + r);

@@ -110,6 +110,8 @@ def llama_bench(tools, model, threads, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
+    ap.add_argument("--sparsim-build", help="the build folder whose CMake cache describes --sparsim "
+                    "(default: the folder above the binary's; give it when timing a copy of a build)")
     ap.add_argument("--llama-tools", help="folder of llama-bench and llama-quantize "
                     "(default: scripts/build_llamacpp.sh --print)")
     ap.add_argument("--threads", type=int, default=2)
@@ -143,7 +145,8 @@ def main():
            "command": "scripts/bench_vs_llamacpp.py " + " ".join(sys.argv[1:]),
            "cpu": cpu_info(),
            "llama_cpp_build": json.load(open(info_path)) if os.path.exists(info_path) else {},
-           "sparsim_build": sparsim_build(os.path.abspath(a.sparsim)),
+           "sparsim_build": sparsim_build(os.path.join(os.path.abspath(a.sparsim_build), "bin", "sparsim")
+                                          if a.sparsim_build else os.path.abspath(a.sparsim)),
            "runs": {}}
     for w in [x for x in a.weights.split(",") if x]:
         if w not in ("f32", "bf16"):

@@ -101,13 +101,18 @@ def hf_perplexity(model, torch, run, bos_id, thresholds=None, rules=None):
     return math.exp(nll / n), per_window
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_teal_run_args(ap):
+    """The options of the sparsim TEAL run whose thresholds a transformers study applies."""
     ap.add_argument("--sparsim", default="build/bin/sparsim")
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--corpus", default="default")
     ap.add_argument("--calibration", required=True, help="calibration file with a plain variant")
     ap.add_argument("--sparsity", type=float, default=0.5)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_teal_run_args(ap)
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--stride", type=int, default=512)
     ap.add_argument("--windows", type=int, default=4)

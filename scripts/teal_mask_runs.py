@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_teal_check import PROJ  # noqa: E402
+from hf_teal_check import PROJ, add_teal_run_args  # noqa: E402
 
 
 def mean_run(m):
@@ -40,11 +40,7 @@ def mean_run(m):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sparsim", default="build/bin/sparsim")
-    ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--corpus", default="default")
-    ap.add_argument("--calibration", required=True, help="calibration file with a plain variant")
-    ap.add_argument("--sparsity", type=float, default=0.5)
+    add_teal_run_args(ap)
     ap.add_argument("--context", type=int, default=512, help="tokens per window")
     ap.add_argument("--windows", type=int, default=8, help="windows (half for the permutation)")
     ap.add_argument("--threads", type=int, default=2)
