@@ -402,7 +402,8 @@ int cmd_bench(int argc, char** argv) {
       "kernel)")("baseline", po::value(&baseline),
                  "time the attention module (q, k, v, o projections, RoPE, cache store, "
                  "attention) of --model against this model in the same run, repetitions "
-                 "interleaved, e.g. a pruned model against the dense one it came from; replaces "
+                 "interleaved, e.g. a pruned model against the dense one it came from; both are "
+                 "loaded afresh in swapped order for the second half of the repetitions; replaces "
                  "the throughput runs")(
       "decode-only", po::bool_switch(&decode_only),
       "with --baseline: time only the decode steps, at positions --prompt onwards, over a cache "
@@ -469,23 +470,43 @@ int cmd_bench(int argc, char** argv) {
     if (!baseline.empty()) {
       const ResolvedModel rb = resolve_model(baseline);
       ModelInfo ma_, mb_;
-      std::shared_ptr<const Weights<E>> wa = load_model<E>(rm.path, lo, &ma_);
-      std::shared_ptr<const Weights<E>> wb = load_model<E>(rb.path, lo, &mb_);
       const int ctx = prompt + decode;
-      for (const auto* w : {&wa, &wb})
-        require(ctx <= (*w)->cfg.context_length,
-                "--prompt + --decode = {} exceeds a model's context of {}", ctx,
-                (*w)->cfg.context_length);
-      require(wa->cfg.vocab == wb->cfg.vocab, "--baseline has another vocabulary");
-      Engine<E> ea(wa, batch, ctx, nullptr, exec), eb(wb, batch, ctx, nullptr, exec);
       AttentionTimes ta, tb;
-      for (int r = 0; r < reps; ++r) {  // alternate which model goes first
-        if (r % 2 == 0) {
-          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
-          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+      // The weights loaded first can run measurably slower for the whole process than the
+      // weights loaded second (seen on a virtual machine: the same model against itself, 4-16%
+      // per decode step, always against the first loaded). So the repetitions come in two
+      // halves with the load order swapped between them (both models loaded afresh), and within
+      // a half the model that runs first alternates too.
+      const int half = (reps + 1) / 2;
+      std::vector<int> loaded_first;  // per repetition: 0 the model, 1 the baseline
+      Config cfg_a;                   // the model's (its pruning report)
+      for (const bool model_first : {true, false}) {
+        const int r0 = model_first ? 0 : half, r1 = model_first ? half : reps;
+        if (r0 >= r1) continue;
+        std::shared_ptr<const Weights<E>> wa, wb;
+        if (model_first) {
+          wa = load_model<E>(rm.path, lo, &ma_);
+          wb = load_model<E>(rb.path, lo, &mb_);
         } else {
-          attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
-          attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+          wb = load_model<E>(rb.path, lo, &mb_);
+          wa = load_model<E>(rm.path, lo, &ma_);
+        }
+        for (const auto* w : {&wa, &wb})
+          require(ctx <= (*w)->cfg.context_length,
+                  "--prompt + --decode = {} exceeds a model's context of {}", ctx,
+                  (*w)->cfg.context_length);
+        require(wa->cfg.vocab == wb->cfg.vocab, "--baseline has another vocabulary");
+        cfg_a = wa->cfg;
+        Engine<E> ea(wa, batch, ctx, nullptr, exec), eb(wb, batch, ctx, nullptr, exec);
+        for (int r = r0; r < r1; ++r) {  // alternate which model goes first
+          if (r % 2 == 0) {
+            attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+            attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+          } else {
+            attention_run(eb, batch, prompt, decode, wb->cfg.vocab, !decode_only, tb);
+            attention_run(ea, batch, prompt, decode, wa->cfg.vocab, !decode_only, ta);
+          }
+          loaded_first.push_back(model_first ? 0 : 1);
         }
       }
       std::vector<double> rp, rd, rpt, rdt;
@@ -514,6 +535,20 @@ int cmd_bench(int argc, char** argv) {
                             "{:.3f} x)",
                             median(ta.prefill), median(tb.prefill), median(rp), median(rpt)),
           median(ta.decode), median(tb.decode), median(rd), median(rdt));
+      // the two load orders apart, so that a difference between them shows
+      std::vector<double> rd_order[2], rdt_order[2];
+      for (int r = 0; r < reps; ++r) {
+        rd_order[loaded_first[r]].push_back(rd[r]);
+        rdt_order[loaded_first[r]].push_back(rdt[r]);
+      }
+      const auto med_or_nan = [](const std::vector<double>& v) {
+        return v.empty() ? std::numeric_limits<double>::quiet_NaN() : median(v);
+      };
+      std::cout << fmt::format(
+          "  load order swapped halfway: decode {:.3f} x (whole step {:.3f} x) with the model "
+          "loaded first, {:.3f} x ({:.3f} x) with the baseline loaded first\n",
+          med_or_nan(rd_order[0]), med_or_nan(rdt_order[0]), med_or_nan(rd_order[1]),
+          med_or_nan(rdt_order[1]));
       if (!json_out.empty()) {
         nlohmann::json j = {
             {"model", {{"path", ma_.path}, {"fingerprint", ma_.fingerprint}}},
@@ -533,6 +568,13 @@ int cmd_bench(int argc, char** argv) {
             {"forward_decode_step_seconds",
              {{"model", ta.decode_total}, {"baseline", tb.decode_total}}},
             {"decode_only", decode_only},
+            {"loaded_first", loaded_first},  // per repetition: 0 the model, 1 the baseline
+            {"attention_decode_ratio_by_load_order",
+             {{"model_first", med_or_nan(rd_order[0])},
+              {"baseline_first", med_or_nan(rd_order[1])}}},
+            {"forward_decode_ratio_by_load_order",
+             {{"model_first", med_or_nan(rdt_order[0])},
+              {"baseline_first", med_or_nan(rdt_order[1])}}},
             {"attention_prefill_ratio", median(rp)},
             {"attention_decode_ratio", median(rd)},
             {"forward_prefill_ratio", median(rpt)},
@@ -545,7 +587,7 @@ int cmd_bench(int argc, char** argv) {
             for (const auto& r : tt->decode_ops) v.push_back(r[i]);
             j["attention_decode_op_seconds"][key][flops::to_string(kAttentionOps[i])] = v;
           }
-        if (wa->cfg.pruned()) j["pruned"] = pruning::prune_report(wa->cfg).json();
+        if (cfg_a.pruned()) j["pruned"] = pruning::prune_report(cfg_a).json();
         io::write_file_atomically(json_out, j.dump(2) + "\n");
       }
       return 0;

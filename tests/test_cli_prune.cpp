@@ -110,14 +110,20 @@ TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
     // its attention module against the full model's, decode steps only over a noise-filled cache
     const std::string bj = dir_->file(m + "-bl.json");
     const RunResult bl = run_cmd(sparsim_bin() + " bench --model " + out + " --baseline " + model_ +
-                                 " --decode-only --prompt 16 --decode 4 --reps 1 --json " + bj);
+                                 " --decode-only --prompt 16 --decode 4 --reps 3 --json " + bj);
     ASSERT_EQ(bl.exit_code, 0) << bl.output;
     EXPECT_NE(bl.output.find("not run (--decode-only)"), std::string::npos) << bl.output;
     const auto bb = read_json(bj);
     EXPECT_TRUE(bb.at("decode_only").get<bool>());
     EXPECT_GT(bb.at("attention_decode_ratio").get<double>(), 0.0);
     EXPECT_EQ(bb.at("pruned").at("method"), m);
-    EXPECT_EQ(bb.at("attention_decode_op_seconds").at("model").at("attn_score").size(), 1u);
+    EXPECT_EQ(bb.at("attention_decode_op_seconds").at("model").at("attn_score").size(), 3u);
+    // the load order is swapped for the second half of the repetitions
+    EXPECT_EQ(bb.at("loaded_first"), nlohmann::json::array({0, 0, 1}));
+    EXPECT_GT(bb.at("attention_decode_ratio_by_load_order").at("model_first").get<double>(), 0.0);
+    EXPECT_GT(bb.at("attention_decode_ratio_by_load_order").at("baseline_first").get<double>(),
+              0.0);
+    EXPECT_NE(bl.output.find("load order swapped halfway"), std::string::npos) << bl.output;
     const RunResult i = run_cmd(sparsim_bin() + " inspect " + out);
     ASSERT_EQ(i.exit_code, 0) << i.output;
     EXPECT_NE(i.output.find("pruned     " + m), std::string::npos) << i.output;
