@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -306,9 +307,10 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       EXPECT_EQ(pj.size(), 7u);
       // per-step figures are over the profiled steps: all decoded tokens but the first
       EXPECT_EQ(s.at("profiled_decode_steps").get<int>(), j.at("decode_tokens").get<int>() - 1);
-      double kept = 0, total = 0;
+      double kept = 0, total = 0, kept_min = 1.0;
       for (const auto& [op, e] : pj.items()) {
         const double kf = e.at("kept_fraction"), fl = e.at("flops_dense_per_step");
+        kept_min = std::min(kept_min, kf);
         EXPECT_GT(kf, 0.0) << op;
         EXPECT_LE(kf, 1.0) << op;
         EXPECT_GT(e.at("dense_seconds").get<double>(), 0.0) << op;
@@ -322,10 +324,10 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       EXPECT_NEAR(1.0 - kept / total, sr, 1e-9);
       const double step = s.at("ideal_speedup_decode_step");
       EXPECT_GT(step, 0.5);
-      // the step's ideal weighs each projection by its measured time, the FLOP-weighted ideal by
-      // its FLOPs: when the projections' times are not in proportion to their FLOPs the first
-      // can pass the second by a little, never by much
-      EXPECT_LT(step, 1.1 / (1.0 - sr));
+      // the step's ideal weighs each projection by its measured time (a tiny model's times are
+      // noisy under load), the FLOP-weighted ideal by its FLOPs; whatever the times, no step can
+      // shrink by more than its least-kept projection does
+      EXPECT_LE(step, 1.0 / kept_min * (1 + 1e-9));
       const double mask = s.at("mask_select_time_share"), rot = s.at("rotation_time_share");
       EXPECT_GT(mask, 0.0);
       EXPECT_LT(mask, 1.0);
