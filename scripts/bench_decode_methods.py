@@ -27,7 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_vs_llamacpp import sparsim_build  # noqa: E402
+from bench_vs_llamacpp import add_sparsim_build_arg, sparsim_build_of  # noqa: E402
 from machine_info import cpu_info, require_threads  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +109,7 @@ def summarize(runs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
+    add_sparsim_build_arg(ap)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--calibration", required=True, help="from sparsim calibrate --model M")
     ap.add_argument("--calibration-rotated",
@@ -167,7 +168,7 @@ def main():
         "load_average_end": load_average(),
         "command": "scripts/bench_decode_methods.py " + " ".join(sys.argv[1:]),
         "cpu": cpu_info(),
-        "sparsim_build": sparsim_build(os.path.abspath(args.sparsim)),
+        "sparsim_build": sparsim_build_of(args),
         "table": table,
         "raw": raw,
     }

@@ -58,6 +58,18 @@ def sparsim_build(binary):
     return out
 
 
+def add_sparsim_build_arg(ap):
+    ap.add_argument("--sparsim-build", help="the build folder whose CMake cache describes --sparsim "
+                    "(default: the folder above the binary's; give it when timing a copy of a build)")
+
+
+def sparsim_build_of(a):
+    """sparsim_build of --sparsim, or of --sparsim-build's binary when given."""
+    if a.sparsim_build:
+        return sparsim_build(os.path.join(os.path.abspath(a.sparsim_build), "bin", "sparsim"))
+    return sparsim_build(os.path.abspath(a.sparsim))
+
+
 def run(cmd, what, env=None):
     """Runs cmd; returns its stdout and the load average before / after, the wall time and the
     peak RSS (from wait4)."""
@@ -110,8 +122,7 @@ def llama_bench(tools, model, threads, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sparsim", default=os.path.join(ROOT, "build", "bin", "sparsim"))
-    ap.add_argument("--sparsim-build", help="the build folder whose CMake cache describes --sparsim "
-                    "(default: the folder above the binary's; give it when timing a copy of a build)")
+    add_sparsim_build_arg(ap)
     ap.add_argument("--llama-tools", help="folder of llama-bench and llama-quantize "
                     "(default: scripts/build_llamacpp.sh --print)")
     ap.add_argument("--threads", type=int, default=2)
@@ -145,8 +156,7 @@ def main():
            "command": "scripts/bench_vs_llamacpp.py " + " ".join(sys.argv[1:]),
            "cpu": cpu_info(),
            "llama_cpp_build": json.load(open(info_path)) if os.path.exists(info_path) else {},
-           "sparsim_build": sparsim_build(os.path.join(os.path.abspath(a.sparsim_build), "bin", "sparsim")
-                                          if a.sparsim_build else os.path.abspath(a.sparsim)),
+           "sparsim_build": sparsim_build_of(a),
            "runs": {}}
     for w in [x for x in a.weights.split(",") if x]:
         if w not in ("f32", "bf16"):
