@@ -197,6 +197,10 @@ using Block = std::uint64_t __attribute__((vector_size(64)));  // one cache line
 /// row per work item (by_rows: whole rows, the list cut into one contiguous part per thread).
 void read_kept_rows(benchmark::State& st, const GemvShape& sh, const std::vector<int>& rows,
                     bool by_rows) {
+  if (!detail::kHostSpace<E>) {
+    st.SkipWithError("host backends only");
+    return;
+  }
   const auto wt = weight_copies(sh.in, sh.out, true);
   const int keep = static_cast<int>(rows.size()), out = sh.out;
   const int threads = E().concurrency();
@@ -245,16 +249,11 @@ void read_kept_rows(benchmark::State& st, const GemvShape& sh, const std::vector
 }
 
 void BM_KeptRowRead(benchmark::State& st) {
-  if constexpr (!detail::kHostSpace<E>) {
-    st.SkipWithError("host backends only");
-    return;
-  } else {
-    const GemvShape& sh = kGemvShapes[st.range(0)];
-    const double s = st.range(1) / 10.0;
-    const bool by_rows = st.range(3) != 0;
-    read_kept_rows(st, sh, kept_rows(sh.in, s), by_rows);
-    st.SetLabel(gemv_label(sh, s, st.range(2) != 0) + (by_rows ? " split=rows" : " split=tiles"));
-  }
+  const GemvShape& sh = kGemvShapes[st.range(0)];
+  const double s = st.range(1) / 10.0;
+  const bool by_rows = st.range(3) != 0;
+  read_kept_rows(st, sh, kept_rows(sh.in, s), by_rows);
+  st.SetLabel(gemv_label(sh, s, st.range(2) != 0) + (by_rows ? " split=rows" : " split=tiles"));
 }
 
 /// The plain read by whole rows (BM_KeptRowRead, split=rows) when the kept rows come in runs of
@@ -263,20 +262,14 @@ void BM_KeptRowRead(benchmark::State& st) {
 /// how scattered it is (run 1 = BM_KeptRowRead's pattern), i.e. what grouping the kept channels
 /// (a static permutation of Wt's rows) could buy on the machine.
 void BM_KeptRunRead(benchmark::State& st) {
-  if constexpr (!detail::kHostSpace<E>) {
-    st.SkipWithError("host backends only");
-    return;
-  } else {
-    const GemvShape& sh = kGemvShapes[st.range(0)];
-    const double s = st.range(1) / 10.0;
-    const int run = static_cast<int>(st.range(2));
-    const std::vector<int> first = kept_rows(sh.in / run, s);  // the kept runs
-    std::vector<int> rows;
-    for (int f : first)
-      for (int r = 0; r < run; ++r) rows.push_back(f * run + r);
-    read_kept_rows(st, sh, rows, true);
-    st.SetLabel(gemv_label(sh, s, true) + " split=rows run=" + std::to_string(run));
-  }
+  const GemvShape& sh = kGemvShapes[st.range(0)];
+  const double s = st.range(1) / 10.0;
+  const int run = static_cast<int>(st.range(2));
+  std::vector<int> rows;
+  for (int f : kept_rows(sh.in / run, s))  // the kept runs
+    for (int r = 0; r < run; ++r) rows.push_back(f * run + r);
+  read_kept_rows(st, sh, rows, true);
+  st.SetLabel(gemv_label(sh, s, true) + " split=rows run=" + std::to_string(run));
 }
 
 void dense_gemv_args(benchmark::internal::Benchmark* b) {

@@ -78,14 +78,18 @@ def medians_of(raw):
     return medians
 
 
+def time_us(b):
+    """A benchmark entry's real time in microseconds."""
+    return b["real_time"] * {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}[b["time_unit"]]
+
+
 def tabulate(raw):
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
     dense, sparse, shapes, read = {}, {}, {}, {}
     for b in medians_of(raw):
         lab = parse_label(b["label"])
         key = (lab["shape"], lab["weights"])
         shapes[key] = (int(lab["in"]), int(lab["out"]))
-        t_us = b["real_time"] * scale[b["time_unit"]]
+        t_us = time_us(b)
         entry = {"time_us": t_us, "gb_s": b["GB/s"]}
         if b["name"].startswith("BM_DenseGemv"):
             dense[key] = entry
@@ -136,12 +140,11 @@ def tabulate(raw):
 def tabulate_runs(raw):
     """Rows of the --kept-runs study: per shape and run length, the plain read of all rows (s = 0)
     and of half of them (s = 0.5), and the dense kernel's time."""
-    scale = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
     dense, read, shapes = {}, {}, {}
     for b in medians_of(raw):
         lab = parse_label(b["label"])
         shapes[lab["shape"]] = (int(lab["in"]), int(lab["out"]))
-        t_us = b["real_time"] * scale[b["time_unit"]]
+        t_us = time_us(b)
         if b["name"].startswith("BM_DenseGemv"):
             dense[lab["shape"]] = t_us
         else:

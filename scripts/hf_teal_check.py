@@ -56,6 +56,11 @@ def read_run(path):
         return r
 
 
+def projection_modules(layer):
+    """A transformers Llama block's seven projections, in sparsim's order (PROJ)."""
+    return [getattr(layer.self_attn if i < 4 else layer.mlp, p) for i, p in enumerate(PROJ)]
+
+
 def hf_perplexity(model, torch, run, bos_id, thresholds=None, rules=None):
     """Sums the NLL of the scored tokens of every window, masking the projection inputs of the
     sparsified rows (|x| < τ → 0) when thresholds are given."""
@@ -66,10 +71,7 @@ def hf_perplexity(model, torch, run, bos_id, thresholds=None, rules=None):
     if thresholds is not None:
         layers = model.model.layers
         for l, layer in enumerate(layers):
-            mods = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
-                    layer.self_attn.o_proj, layer.mlp.gate_proj, layer.mlp.up_proj,
-                    layer.mlp.down_proj]
-            for i, m in enumerate(mods):
+            for i, m in enumerate(projection_modules(layer)):
                 if rules[l, i] != 1:  # 1: threshold (TEAL); 0: not masked
                     continue
                 tau = float(np.float32(thresholds[l, i]))

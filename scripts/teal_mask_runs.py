@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hf_teal_check import PROJ, add_teal_run_args  # noqa: E402
+from hf_teal_check import PROJ, add_teal_run_args, projection_modules  # noqa: E402
 
 
 def mean_run(m):
@@ -76,8 +76,7 @@ def main():
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval()
     masks, hooks = {}, []
     for l, layer in enumerate(model.model.layers):
-        mods = [getattr(layer.self_attn, p) if i < 4 else getattr(layer.mlp, p) for i, p in enumerate(PROJ)]
-        for i, m in enumerate(mods):
+        for i, m in enumerate(projection_modules(layer)):
             if rule[l, i] != 1:  # 1: threshold (TEAL); 0: not masked
                 continue
             tau = float(np.float32(th[l, i]))
