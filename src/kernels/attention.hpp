@@ -13,6 +13,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <atomic>
+
 namespace sparsim {
 
 template <class E>
@@ -85,20 +87,6 @@ struct RowBand {
   std::size_t stride;
 };
 
-/// Max and sum of one chunk's scores for a KV head's `group` query heads: exponentiates the
-/// scores S (len × group, column-major, in `sc`) in place and writes head g's max and sum to
-/// part[g·pstride] and part[g·pstride + 1] (the caller puts the head's value mix, from the
-/// exponentiated scores, at part[g·pstride + 2 …]).
-inline void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
-  for (int g = 0; g < group; ++g) {
-    float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
-    const float mx = max_lanes(w, len);
-    for (int p = 0; p < len; ++p) w[p] = exp_nonpos(w[p] - mx);
-    part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
-    part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = sum_lanes(w, len);
-  }
-}
-
 /// out[0 … v_dim) from the partials of chunks 0 … nch − 1 (each chunk_part(v_dim) floats), merged
 /// in chunk order.
 KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, float* o) {
@@ -116,55 +104,91 @@ KOKKOS_INLINE_FUNCTION void merge_chunks(const float* pt, int nch, int v_dim, fl
   for (int i = 0; i < v_dim; ++i) o[i] *= inv;
 }
 
+/// The bytes [i·B/n, (i+1)·B/n) of a block of B bytes: the share of its prefetches one of n
+/// consecutive loops issues.
+inline host::Ahead ahead_share(const host::Ahead& a, int i, int n) {
+  const std::size_t b0 = a.bytes * static_cast<std::size_t>(i) / static_cast<std::size_t>(n);
+  const std::size_t b1 = a.bytes * static_cast<std::size_t>(i + 1) / static_cast<std::size_t>(n);
+  return {a.p == nullptr ? nullptr : static_cast<const char*>(a.p) + b0, b1 - b0};
+}
+
 /// The chunked host decode shared by attention_host_decode and cached_attention: rows r < n of
 /// q and out, row r attending to its first npos(r) ≤ max_pos positions, cut into chunks of
-/// kAttnChunk. A work item is one (row, chunk). touch(r, pb, len, false) first reads the chunk's
-/// key rows whole (host::touch_rows); then the KV heads in order, each with its query heads
-/// together: score(r, kvh, pb, len, S, extra) writes the chunk's scaled scores to S (len × group,
-/// column-major; `extra` is a scratch of n_extra floats), and each query head's max,
-/// exponentials and sum (chunk_softmax). Then touch(r, pb, len, true) reads the value rows whole
-/// and each KV head's value mix follows (vband(r, kvh, pb, len) is the RowBand of the chunk's
-/// value rows, v_dim wide). A second pass merges each (row, query head)'s chunks in chunk order.
-/// Chunks and call shapes depend on the positions only, never on the thread count.
-template <class E, class NPos, class Touch, class Score, class VBand>
+/// kAttnChunk. A work item is one (row, chunk); rows(r, pb, len, values) is the one contiguous
+/// block of cache rows the item reads (its full-width key rows, or its value rows; empty where it
+/// has none). Then the KV heads in order, each with its query heads together: score(r, kvh, pb,
+/// len, S, extra, ahead) writes the chunk's scaled scores to S (len × group, column-major;
+/// `extra` is a scratch of n_extra floats), and each query head's max, exponentials and sum
+/// (host::chunk_softmax); then each KV head's value mix (vband(r, kvh, pb, len) is the RowBand of
+/// the chunk's value rows, v_dim wide). A second pass merges each (row, query head)'s chunks in
+/// chunk order. Chunks and call shapes depend on the positions only, never on the thread count.
+///
+/// The memory transfers run under the arithmetic: each worker (one per thread) takes its items
+/// from a shared counter one ahead, and while it scores an item it prefetches that item's value
+/// rows, while it mixes them the next item's key rows (each loop a share of the block, spread over
+/// its steps: host::Ahead). Only a worker's first item reads its key rows before computing
+/// (host::touch_rows). Which worker takes an item changes nothing in its arithmetic.
+template <class E, class NPos, class Rows, class Score, class VBand>
 void decode_chunks_host(const E& exec, const std::string& label, int n, int n_head, int n_kv,
-                        int v_dim, int max_pos, int n_extra, const NPos& npos, const Touch& touch,
+                        int v_dim, int max_pos, int n_extra, const NPos& npos, const Rows& rows,
                         const Score& score, const VBand& vband, const Mat<E>& out) {
   constexpr int C = kAttnChunk;
   const int group = n_head / n_kv;
   const int nch = (max_pos + C - 1) / C;
   const int part = chunk_part(v_dim);
+  const int items = n * nch;
   Kokkos::View<float**, Layout, DeviceOf<E>> parts(
       Kokkos::view_alloc(label + "::parts", Kokkos::WithoutInitializing), n * n_head, nch * part);
-  Kokkos::Experimental::UniqueToken<E> token(exec);
+  const int conc = static_cast<int>(exec.concurrency());
+  const int workers = conc < items ? (conc > 0 ? conc : 1) : (items > 0 ? items : 1);
   Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
-      Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), token.size(),
+      Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), workers,
       n_head * C + n_extra);
-  using Dyn = Kokkos::RangePolicy<E, Kokkos::Schedule<Kokkos::Dynamic>>;
-  Kokkos::parallel_for(label, Dyn(exec, 0, n * nch).set_chunk_size(1), [=](const int it) {
-    const int c = it % nch, r = it / nch;
-    const int np = npos(r), pb = c * C;
-    if (pb >= np) return;
-    const int len = np - pb < C ? np - pb : C;
-    const int slot = token.acquire();
-    float* sc = &scratch(slot, 0);
+  std::atomic<int> counter{0};  // host memory: this path runs on host execution spaces only
+  std::atomic<int>* next = &counter;
+  Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, workers), [=](const int w) {
+    float* sc = &scratch(w, 0);
     float* extra = sc + n_head * C;
     const int pstride = static_cast<int>(parts.stride(0));
-    float* pt = &parts(r * n_head, c * part);
-    touch(r, pb, len, false);
-    for (int kvh = 0; kvh < n_kv; ++kvh) {
-      float* sk = sc + kvh * group * len;
-      score(r, kvh, pb, len, sk, extra);
-      chunk_softmax(sk, len, group, pt + kvh * group * pstride, pstride);
+    // The next item with positions to read (items past a row's length have none), or `items`.
+    const auto take = [&]() {
+      for (;;) {
+        const int it = next->fetch_add(1, std::memory_order_relaxed);
+        if (it >= items) return items;
+        if ((it % nch) * C < npos(it / nch)) return it;
+      }
+    };
+    const auto block = [&](int it, bool values) {
+      const int r = it / nch, pb = (it % nch) * C, np = npos(r);
+      return rows(r, pb, np - pb < C ? np - pb : C, values);
+    };
+    int cur = take();
+    if (cur < items) {
+      const host::Ahead k0 = block(cur, false);
+      const int nf = static_cast<int>(k0.bytes / sizeof(float));
+      if (nf > 0) host::touch_rows(static_cast<const float*>(k0.p), nf, 1, nf);
     }
-    touch(r, pb, len, true);
-    for (int kvh = 0; kvh < n_kv; ++kvh) {
-      const RowBand vb = vband(r, kvh, pb, len);
-      host::attn_values(sc + kvh * group * len, static_cast<std::size_t>(len), group, vb.ptr,
-                        vb.stride, len, v_dim, pt + kvh * group * pstride + 2,
-                        static_cast<std::size_t>(pstride));
+    while (cur < items) {
+      const int nxt = take();
+      const int c = cur % nch, r = cur / nch;
+      const int np = npos(r), pb = c * C;
+      const int len = np - pb < C ? np - pb : C;
+      float* pt = &parts(r * n_head, c * part);
+      const host::Ahead va = rows(r, pb, len, true);
+      const host::Ahead kn = nxt < items ? block(nxt, false) : host::Ahead{};
+      for (int kvh = 0; kvh < n_kv; ++kvh) {
+        float* sk = sc + kvh * group * len;
+        score(r, kvh, pb, len, sk, extra, ahead_share(va, kvh, n_kv));
+        host::chunk_softmax(sk, len, group, pt + kvh * group * pstride, pstride);
+      }
+      for (int kvh = 0; kvh < n_kv; ++kvh) {
+        const RowBand vb = vband(r, kvh, pb, len);
+        host::attn_values(sc + kvh * group * len, static_cast<std::size_t>(len), group, vb.ptr,
+                          vb.stride, len, v_dim, pt + kvh * group * pstride + 2,
+                          static_cast<std::size_t>(pstride), ahead_share(kn, kvh, n_kv));
+      }
+      cur = nxt;
     }
-    token.release(slot);
   });
   Kokkos::parallel_for(
       label + "_merge", Kokkos::RangePolicy<E>(exec, 0, n * n_head), [=](const int rh) {
@@ -177,13 +201,13 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
 }  // namespace detail
 
 /// Host decode attention (T = 1). The cached positions are cut into chunks of kAttnChunk; a
-/// work item is one (sequence, chunk): it reads the chunk's key rows whole, then takes its KV
-/// heads in turn, each with its query heads together (they are adjacent in q): the chunk's scores
-/// (host::attn_scores), the chunk's max, exponentials and sum per head; then it reads the value
-/// rows whole and mixes them per KV head (host::attn_values), unnormalised. A second pass merges
-/// the chunks of each (sequence, query head) in chunk order. Chunks depend on the position only, so
-/// the result does not depend on the thread count, and a long cache gives every thread work at
-/// batch 1.
+/// work item is one (sequence, chunk): it takes its KV heads in turn, each with its query heads
+/// together (they are adjacent in q): the chunk's scores (host::attn_scores), the chunk's max,
+/// exponentials and sum per head (host::chunk_softmax); then it mixes the value rows per KV head
+/// (host::attn_values), unnormalised. The scores prefetch the chunk's value rows, the value mix
+/// the next item's key rows (detail::decode_chunks_host). A second pass merges the chunks of each
+/// (sequence, query head) in chunk order. Chunks depend on the position only, so the result does
+/// not depend on the thread count, and a long cache gives every thread work at batch 1.
 template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                            const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,
@@ -195,15 +219,14 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
       exec, "sparsim::kernels::attention_host_decode", n_seq, n_head, n_kv_head, v_dim, p0 + 1, 0,
       [=](int) { return p0 + 1; },
       [=](int s, int pb, int len, bool values) {
-        if (values)
-          host::touch_rows(vc.data() + s * vstride + pb * vw, vw, len, static_cast<int>(vw));
-        else
-          host::touch_rows(kc.data() + s * kstride + pb * kw, kw, len, static_cast<int>(kw));
+        // rows pb … pb + len − 1 of a [pos][width] cache are one block
+        return values ? host::Ahead{vc.data() + s * vstride + pb * vw, len * vw * sizeof(float)}
+                      : host::Ahead{kc.data() + s * kstride + pb * kw, len * kw * sizeof(float)};
       },
-      [=](int s, int kvh, int pb, int len, float* S, float*) {
+      [=](int s, int kvh, int pb, int len, float* S, float*, const host::Ahead& ahead) {
         host::attn_scores(&q(s, kvh * group * qk_dim), static_cast<std::size_t>(qk_dim), group,
                           kc.data() + s * kstride + pb * kw + kvh * qk_dim, kw, len, qk_dim, scale,
-                          S, static_cast<std::size_t>(len));
+                          S, static_cast<std::size_t>(len), ahead);
       },
       [=](int s, int kvh, int pb, int) {
         return detail::RowBand{vc.data() + s * vstride + pb * vw + kvh * v_dim, vw};

@@ -44,8 +44,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     // detail::decode_chunks_host, as attention_host_decode: one (row, chunk) per work item, its
-    // rows read whole first, its KV heads in turn with their query heads together, then the chunks
-    // merged in order. A chunk's
+    // value rows and the next item's full-width key rows prefetched while it computes, its KV
+    // heads in turn with their query heads together, then the chunks merged in order. A chunk's
     // scores come from up to two host::attn_scores calls: the compacted prefix against the query
     // gathered to the head's kept channels, the full-width rest against the whole query. Dropped
     // positions score kDroppedScore (weight exactly 0). With a dense layout and no drops every call
@@ -56,24 +56,25 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
         exec, "sparsim::kernels::cached_attention_host", n, nh, nkv, vd, max_pos, group * qk,
         [=](int r) { return row_pos(r) + 1; },
         [=](int r, int pb, int len, bool values) {
-          // Whole rows of the full-width keys and of the values; a compacted head's keys are one
-          // contiguous block already.
+          // The value rows, or the full-width key rows, of the chunk: one block each (a compacted
+          // head's keys are one contiguous block of their own).
           const int s = row_seq(r);
-          if (values) {
-            host::touch_rows(V.data() + s * V.stride(0) + pb * vw, vw, len, static_cast<int>(vw));
-          } else {
-            const int nb = base < row_pos(r) + 1 ? base : row_pos(r) + 1;
-            const int fb = pb > nb ? pb : nb;
-            if (fb < pb + len)
-              host::touch_rows(K.data() + s * K.stride(0) + (fb - base) * kw, kw, pb + len - fb,
-                               static_cast<int>(kw));
-          }
+          if (values)
+            return host::Ahead{V.data() + s * V.stride(0) + pb * vw, len * vw * sizeof(float)};
+          const int nb = base < row_pos(r) + 1 ? base : row_pos(r) + 1;
+          const int fb = pb > nb ? pb : nb;
+          if (fb >= pb + len) return host::Ahead{};
+          return host::Ahead{K.data() + s * K.stride(0) + (fb - base) * kw,
+                             static_cast<std::size_t>(pb + len - fb) * kw * sizeof(float)};
         },
-        [=](int r, int kvh, int pb, int len, float* S, float* qg) {
+        [=](int r, int kvh, int pb, int len, float* S, float* qg, const host::Ahead& ahead) {
           const int s = row_seq(r), npos = row_pos(r) + 1;
           const int nb = base < npos ? base : npos;
           const int cend = nb < pb + len ? nb : pb + len;  // end of the compacted part
           const std::size_t ls = static_cast<std::size_t>(len);
+          const int fb = pb > nb ? pb : nb;  // first full-width position of the chunk
+          const bool full = fb < pb + len;
+          bool fetched = false;  // whether a score loop took `ahead`
           if (cend > pb) {
             const int c0 = koff(s, kvh), nc = koff(s, kvh + 1) - c0;
             if (nc == 0) {
@@ -85,14 +86,18 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
                   qg[g * nc + j] = q(r, (kvh * group + g) * qk + kidx(s, c0 + j));
               host::attn_scores(qg, static_cast<std::size_t>(nc), group,
                                 compact_key_row(KC, s, base, c0, nc, pb),
-                                static_cast<std::size_t>(nc), cend - pb, nc, scale, S, ls);
+                                static_cast<std::size_t>(nc), cend - pb, nc, scale, S, ls,
+                                full ? host::Ahead{} : ahead);
+              fetched = !full;
             }
           }
-          const int fb = pb > nb ? pb : nb;  // first full-width position of the chunk
-          if (fb < pb + len)
+          if (full) {
             host::attn_scores(&q(r, kvh * group * qk), static_cast<std::size_t>(qk), group,
                               K.data() + s * K.stride(0) + (fb - base) * kw + kvh * qk, kw,
-                              pb + len - fb, qk, scale, S + (fb - pb), ls);
+                              pb + len - fb, qk, scale, S + (fb - pb), ls, ahead);
+            fetched = true;
+          }
+          if (!fetched) host::prefetch(ahead);
           if (drops)
             for (int p = 0; p < len; ++p)
               if (dropped(s, pb + p))

@@ -7,11 +7,12 @@
 /// instead of one horizontal reduction per score), and the value mix keeps every query head's
 /// output row in registers while it reads the value rows once.
 ///
-/// The caller first reads the chunk's cache rows whole, in address order (touch_rows): these loops
-/// read one head's slice of 16 rows at a time, a pattern the hardware prefetchers follow poorly
-/// (from memory it streamed far below the rate of the same bytes read in order), and software
-/// prefetches ahead of it made it slower still. From the first- and second-level caches the
-/// head-by-head loops then run at their own speed.
+/// These loops read one head's slice of 16 rows at a time, a pattern the hardware prefetchers
+/// follow poorly from memory, so the rows they read come from the first- and second-level caches:
+/// the caller brings a chunk's rows in as one block in address order, either read whole before the
+/// loops (touch_rows) or, while the loops of the previous block compute, as prefetches into the
+/// second-level cache spread over their steps (Ahead). Prefetches into the first-level cache
+/// (locality 3) competed with the loops' own loads and measured slower than no prefetch at all.
 ///
 /// Arithmetic, fixed by the code (never by the thread count or the chunking):
 /// - a score sums its products in 16 lanes, lane l taking channels i ≡ l (mod 16) in order of i;
@@ -24,13 +25,29 @@
 
 namespace sparsim::host {
 
+/// Bytes a loop brings towards the caches (prefetches spread over its steps) while it computes:
+/// the rows the caller reads next.
+struct Ahead {
+  const void* p = nullptr;
+  std::size_t bytes = 0;
+};
+
 /// s[g·ls + p] = scale · Σ_{i<d} q[g·qs + i] · k[p·ks + i] for g < group, p < len.
 void attn_scores(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
-                 int d, float scale, float* s, std::size_t ls);
+                 int d, float scale, float* s, std::size_t ls, Ahead ahead = {});
 
 /// o[g·os + i] = Σ_{p<len} w[g·ws + p] · v[p·vs + i] for g < group, i < d.
 void attn_values(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
-                 int d, float* o, std::size_t os);
+                 int d, float* o, std::size_t os, Ahead ahead = {});
+
+/// Max and sum of one chunk's scores for a KV head's `group` query heads: exponentiates the
+/// scores (len × group, column-major, in `sc`) in place, max-shifted per head
+/// (detail::exp_nonpos), and writes head g's max and sum (detail::max_lanes, detail::sum_lanes)
+/// to part[g·pstride] and part[g·pstride + 1].
+void chunk_softmax(float* sc, int len, int group, float* part, int pstride);
+
+/// Issues the prefetches of `ahead` at once (where no loop runs to spread them over).
+void prefetch(Ahead ahead);
 
 /// Reads rows p + r·stride (r < rows), `width` floats each, in address order and discards what it
 /// read: brings a chunk of cache rows into the caches as one forward stream.

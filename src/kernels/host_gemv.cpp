@@ -2,11 +2,15 @@
 
 #include "kernels/host_clones.hpp"
 
+#include <cstddef>
+#include <cstdint>
+
 namespace sparsim::host {
 namespace {
 
 constexpr int kLanes = kDotLanes;
 constexpr int kGroup = kSparseGroup;
+constexpr std::ptrdiff_t kAhead = 4096;  // bytes the short-row stream prefetches ahead
 
 inline float wide(float v) {
   return v;
@@ -67,7 +71,16 @@ inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int
     // Short rows one after another: x stays in the first-level cache, and the block's rows are
     // read as one forward stream, where eight interleaved streams of a few hundred bytes each
     // are a pattern the hardware prefetchers follow poorly.
-    for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
+    // The stream is also asked for kAhead bytes ahead of the row being summed (into the
+    // second-level cache): the hardware prefetchers stop at every 4 KiB page and rows of a few
+    // hundred bytes give them little to learn from between pages.
+    const char* ahead = reinterpret_cast<const char*>(w) + kAhead;
+    ahead -= reinterpret_cast<std::uintptr_t>(ahead) % 64;
+    for (; r < rows; ++r) {
+      const char* until = reinterpret_cast<const char*>(w + (r + 1) * ld) + kAhead;
+      for (; ahead < until; ahead += 64) __builtin_prefetch(ahead, 0, 1);
+      dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
+    }
     return;
   }
   for (; r + kRowBlock <= rows; r += kRowBlock)
