@@ -16,11 +16,6 @@ constexpr std::ptrdiff_t kLine = 64;  // bytes of a cache line (the prefetch gra
 /// with it against 175-210 µs with locality 3 (prefetcht0) or none.
 constexpr int kAheadLocality = 1;
 #if defined(__GNUC__) && !defined(__CUDACC__)
-#define SPARSIM_UNROLL16 _Pragma("GCC unroll 16")
-#else
-#define SPARSIM_UNROLL16  // (nvcc's front end does not take GCC's unroll pragma)
-#endif
-#if defined(__GNUC__) && !defined(__CUDACC__)
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
 // xmm registers by each clone.
 using v16 = float __attribute__((vector_size(kL * sizeof(float))));
@@ -39,27 +34,25 @@ inline float lane(const v16& v, int l) {
   return v[l];
 }
 #define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-/// r[j] = the 16 lanes of a[j] added pairwise at distances 8, 4, 2, 1, for 16 vectors at once:
-/// each level halves the partial sums per vector and doubles the vectors' share of lanes.
-inline v16 tree16(const v16* a) {
-  v16 b[8], c[4], d[2];
-  for (int j = 0; j < 8; ++j)
+/// r[j] (j < 8) = the 16 lanes of a[j] added pairwise at distances 8, 4, 2, 1, for 8 vectors at
+/// once: each level halves the partial sums per vector and doubles the vectors' share of lanes
+/// (lanes 8 … 15 of r repeat 0 … 7).
+inline v16 tree8(const v16* a) {
+  v16 b[4], c[2];
+  for (int j = 0; j < 4; ++j)
     b[j] =
         SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
         SPARSIM_SH(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
                    31);
-  for (int j = 0; j < 4; ++j)
+  for (int j = 0; j < 2; ++j)
     c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
                       27) +
            SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
                       30, 31);
-  for (int j = 0; j < 2; ++j)
-    d[j] = SPARSIM_SH(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
-                      29) +
-           SPARSIM_SH(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
-                      30, 31);
-  return SPARSIM_SH(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-         SPARSIM_SH(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  const v16 d = SPARSIM_SH(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+                SPARSIM_SH(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  return SPARSIM_SH(d, d, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14) +
+         SPARSIM_SH(d, d, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
 }
 #undef SPARSIM_SH
 #else
@@ -91,11 +84,11 @@ inline v16& operator+=(v16& a, v16 b) {
 inline float lane(const v16& v, int l) {
   return v.x[l];
 }
-inline v16 tree16(const v16* a) {
+inline v16 tree8(const v16* a) {
   v16 r;
   for (int j = 0; j < kL; ++j) {
     float t[kL];
-    std::memcpy(t, a[j].x, sizeof t);
+    std::memcpy(t, a[j % 8].x, sizeof t);
     for (int h = kL / 2; h > 0; h /= 2)
       for (int l = 0; l < h; ++l) t[l] += t[l + h];
     r.x[j] = t[0];
@@ -144,38 +137,60 @@ struct Stream {
   }
 };
 
-/// Scores of 16 positions (rows k + j·ks; in a short block the missing rows repeat the last one
-/// and their scores are not stored) for one query head.
-template <bool kFull>
-inline void scores16(const float* qg, const float* k, std::size_t ks, int m, int d, int nfull,
-                     const v16& tmask, float scale, float* out) {
-  v16 acc[kL];
-  for (auto& a : acc) a = splat(0.0f);
-  const float* rows[kL];
-  SPARSIM_UNROLL16
-  for (int j = 0; j < kL; ++j)
+/// Positions scored together: G ≤ 3 query heads × 8 positions of partial sums (24 vectors) stay in
+/// AVX-512's 32 registers beside the key block and the queries.
+constexpr int kP = 8;
+constexpr int kHeadsTogether = 3;
+
+/// Scores of kP positions (rows k + j·ks; in a short block the missing rows repeat the last one
+/// and their scores are not stored) for G query heads (q + g·qs), each key block loaded once for
+/// all of them.
+template <int G, bool kFull>
+inline void scores8(const float* q, std::size_t qs, const float* k, std::size_t ks, int m, int d,
+                    int nfull, const v16& tmask, float scale, float* out, std::size_t ls) {
+  v16 acc[G][kP];
+  for (auto& ag : acc)
+    for (auto& a : ag) a = splat(0.0f);
+  const float* rows[kP];
+  for (int j = 0; j < kP; ++j)
     rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
   for (int b = 0; b < nfull; ++b) {
-    const v16 qb = ld(qg + b * kL);
-    SPARSIM_UNROLL16
-    for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + b * kL) * qb;
+    v16 qb[G];
+    for (int g = 0; g < G; ++g) qb[g] = ld(q + g * qs + b * kL);
+    for (int j = 0; j < kP; ++j) {
+      const v16 x = ld(rows[j] + b * kL);
+      for (int g = 0; g < G; ++g) acc[g][j] += x * qb[g];
+    }
   }
   if (nfull * kL < d) {
-    const v16 qb = ld(qg + d - kL) * tmask;
-    SPARSIM_UNROLL16
-    for (int j = 0; j < kL; ++j) acc[j] += ld(rows[j] + d - kL) * qb;
+    v16 qb[G];
+    for (int g = 0; g < G; ++g) qb[g] = ld(q + g * qs + d - kL) * tmask;
+    for (int j = 0; j < kP; ++j) {
+      const v16 x = ld(rows[j] + d - kL);
+      for (int g = 0; g < G; ++g) acc[g][j] += x * qb[g];
+    }
   }
-  const v16 r = tree16(acc) * splat(scale);
-  if (kFull) {
-    st(out, r);
-  } else {
-    for (int j = 0; j < m; ++j) out[j] = lane(r, j);
+  for (int g = 0; g < G; ++g) {
+    const v16 r = tree8(acc[g]) * splat(scale);
+    for (int j = 0; j < (kFull ? kP : m); ++j) out[g * ls + j] = lane(r, j);
   }
+}
+
+template <int G>
+void scores_heads(const float* q, std::size_t qs, const float* k, std::size_t ks, int len, int d,
+                  int nfull, const v16& tmask, float scale, float* s, std::size_t ls, Stream& pf) {
+  int p = 0;
+  for (; p + kP <= len; p += kP) {
+    pf.tick();
+    scores8<G, true>(q, qs, k + p * ks, ks, kP, d, nfull, tmask, scale, s + p, ls);
+  }
+  if (p < len) scores8<G, false>(q, qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + p, ls);
 }
 
 void scores_impl(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
                  int d, float scale, float* s, std::size_t ls, const Ahead& ahead) {
-  Stream pf(ahead, static_cast<std::size_t>((len + kL - 1) / kL) * group);
+  const int hblocks = (group + kHeadsTogether - 1) / kHeadsTogether;
+  Stream pf(ahead, static_cast<std::size_t>(len / kP) * hblocks);
   if (d < kL) {
     for (int g = 0; g < group; ++g)
       for (int p = 0; p < len; ++p) s[g * ls + p] = dot_narrow(q + g * qs, k + p * ks, d) * scale;
@@ -186,15 +201,21 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   float mk[kL];
   for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l >= kL - r ? 1.0f : 0.0f;
   const v16 tmask = ld(mk);
-  int p = 0;
-  for (; p + kL <= len; p += kL)
-    for (int g = 0; g < group; ++g) {
-      pf.tick();
-      scores16<true>(q + g * qs, k + p * ks, ks, kL, d, nfull, tmask, scale, s + g * ls + p);
+  for (int g0 = 0; g0 < group; g0 += kHeadsTogether) {
+    const float* qg = q + g0 * qs;
+    float* sg = s + g0 * ls;
+    switch (group - g0 < kHeadsTogether ? group - g0 : kHeadsTogether) {
+      case 1:
+        scores_heads<1>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        break;
+      case 2:
+        scores_heads<2>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        break;
+      default:
+        scores_heads<3>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        break;
     }
-  if (p < len)
-    for (int g = 0; g < group; ++g)
-      scores16<false>(q + g * qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + g * ls + p);
+  }
   pf.finish();
 }
 

@@ -3,9 +3,10 @@
 /// detail::decode_chunks_host): one chunk of cached positions of one KV head against that head's
 /// query heads. Compiled once per x86-64 level and chosen at run time (kernels/host_clones.hpp).
 ///
-/// The scores of 16 positions are reduced together (a transposing tree of shuffles and adds,
-/// instead of one horizontal reduction per score), and the value mix keeps every query head's
-/// output row in registers while it reads the value rows once.
+/// The scores of 8 positions are reduced together (a transposing tree of shuffles and adds,
+/// instead of one horizontal reduction per score), for up to three query heads at once, so that
+/// each key block is loaded once for all of them; the value mix keeps every query head's output
+/// row in registers while it reads the value rows once.
 ///
 /// These loops read one head's slice of 16 rows at a time, a pattern the hardware prefetchers
 /// follow poorly from memory, so the rows they read come from the first- and second-level caches:
