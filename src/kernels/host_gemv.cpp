@@ -65,7 +65,7 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
 
 template <class T>
 inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int rows, float* y,
-                          std::size_t ys, bool more) {
+                          std::size_t ys, bool more, bool ahead_too) {
   int r = 0;
   if (n <= kShortRow) {
     // Short rows one after another: x stays in the first-level cache, and the block's rows are
@@ -77,8 +77,10 @@ inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int
     const char* ahead = reinterpret_cast<const char*>(w) + kAhead;
     ahead -= reinterpret_cast<std::uintptr_t>(ahead) % 64;
     for (; r < rows; ++r) {
-      const char* until = reinterpret_cast<const char*>(w + (r + 1) * ld) + kAhead;
-      for (; ahead < until; ahead += 64) __builtin_prefetch(ahead, 0, 1);
+      if (ahead_too) {
+        const char* until = reinterpret_cast<const char*>(w + (r + 1) * ld) + kAhead;
+        for (; ahead < until; ahead += 64) __builtin_prefetch(ahead, 0, 1);
+      }
       dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
     }
     return;
@@ -152,16 +154,16 @@ inline void sparse_tile_impl(float* a, int n, const float* x, const int* idx, in
 }  // namespace
 
 SPARSIM_CLONES void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys, bool more) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
+                             float* y, std::size_t ys, bool more, bool ahead) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more, ahead);
 }
 SPARSIM_CLONES void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys, bool more) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
+                             float* y, std::size_t ys, bool more, bool ahead) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more, ahead);
 }
 SPARSIM_CLONES void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows,
-                             float* y, std::size_t ys, bool more) {
-  dot_rows_impl(x, w, ld, n, rows, y, ys, more);
+                             float* y, std::size_t ys, bool more, bool ahead) {
+  dot_rows_impl(x, w, ld, n, rows, y, ys, more, ahead);
 }
 
 SPARSIM_CLONES void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz,

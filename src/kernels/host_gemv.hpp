@@ -36,12 +36,15 @@ inline constexpr int kSparseGroup = 4;
 /// least 16 columns with a row after it reads its last n mod 16 columns as one vector with the
 /// next row's first ones, weighted 0; the others read theirs from a zero-padded copy; the sums are
 /// the same.
+///
+/// `ahead`: rows up to kShortRow long also prefetch the matrix 4 KiB ahead of the row they sum
+/// (pass false when the same rows were just summed against another x: they are in the caches).
 void dot_rows(const float* x, const float* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys, bool more = false);
+              std::size_t ys, bool more = false, bool ahead = true);
 void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys, bool more = false);
+              std::size_t ys, bool more = false, bool ahead = true);
 void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows, float* y,
-              std::size_t ys, bool more = false);
+              std::size_t ys, bool more = false, bool ahead = true);
 
 /// a[0:n] += Σ_k x[idx[k]] · wt[idx[k] · ld + j] (j in [0, n)) over the kept indices k in
 /// [0, nnz), in the fixed order of kernels/sparse_gemv.hpp (groups of four, then singles). `wt`

@@ -66,7 +66,7 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
                            const int rows = out - o0 < kDirectRows ? out - o0 : kDirectRows;
                            for (int t = 0; t < n; ++t)
                              host::dot_rows(&x(t, 0), &w(o0, 0), ld, in, rows, &y(t, o0), 1,
-                                            o0 + rows < out);
+                                            o0 + rows < out, t == 0);
                          });
     return;
   }
