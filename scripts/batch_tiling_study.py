@@ -21,12 +21,16 @@ Needs h5py (the scripts venv made by scripts/setup.sh has it).
 import argparse
 import json
 import os
+import sys
 import platform
 import statistics
 import subprocess
 import tempfile
 
 import h5py
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
 
 
 def load():
@@ -113,9 +117,7 @@ def main():
                              "after_over_before": med["after"] / med["before"]}
     res["load_end"] = load()
     os.rmdir(tmp)
-    with open(a.json, "w") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    write_json(a.json, res, indent=2)
     print(json.dumps(res, indent=2))
 
 

@@ -32,6 +32,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
 from bench_vs_llamacpp import sparsim_build  # noqa: E402
 from machine_info import cpu_info  # noqa: E402
 
@@ -219,9 +220,7 @@ def main():
         "rows": rows,
     }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    write_json(args.out, result)
     if not args.kept_runs:
         print(markdown(rows))
     print(f"\nwritten: {args.out}", file=sys.stderr)

@@ -28,6 +28,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import atomic_write  # noqa: E402
+
 
 def loadavg():
     with open("/proc/loadavg") as f:
@@ -180,9 +183,7 @@ method = ["dense"]
         "mpi_over_xargs": mpi / xargs,
         "xargs_over_ideal": xargs / ideal,
     }
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=1)
-        f.write("\n")
+    atomic_write(args.json, json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in ("median_seconds", "overhead_per_point_seconds",
                                           "mpi_over_ideal", "mpi_over_xargs")}, indent=1))
     if args.page:
@@ -222,8 +223,7 @@ def write_page(page, json_path, r):
     text = open(page).read()
     a, b = "<!-- bench_sweep:begin -->", "<!-- bench_sweep:end -->"
     i, j = text.index(a) + len(a), text.index(b)
-    with open(page, "w") as f:
-        f.write(text[:i] + "\n" + "\n".join(L) + "\n" + text[j:])
+    atomic_write(page, text[:i] + "\n" + "\n".join(L) + "\n" + text[j:])
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
 import llama_cpp as lc  # noqa: E402
 from llamacpp_reference import LlamaCpp  # noqa: E402
 from smollm2_model import find_smollm2  # noqa: E402
@@ -133,8 +134,7 @@ def main():
     }
     print(json.dumps(res, indent=2))
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=2)
+        write_json(a.out, res, indent=2)
     ok = abs(res["perplexity"]["relative_difference"]) <= 0.005 and res["greedy"]["identical"]
     return 0 if ok else 1
 

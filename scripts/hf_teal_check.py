@@ -27,6 +27,9 @@ import time
 import h5py
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
+
 PROJ = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]  # sparsim's order
 
 
@@ -178,9 +181,7 @@ def main():
     out["seconds"] = time.time() - t0
     out["pass"] = ok
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
-            f.write("\n")
+        write_json(a.json, out)
     return 0 if ok else 1
 
 

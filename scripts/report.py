@@ -37,6 +37,9 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import atomic_write  # noqa: E402
+
 try:
     import h5py
     import jinja2
@@ -67,27 +70,6 @@ def attr(obj, name, default=None):
     return s(obj.attrs[name]) if name in obj.attrs and isinstance(obj.attrs[name], (bytes, str)) else (
         obj.attrs[name].item() if name in obj.attrs and hasattr(obj.attrs[name], "item") else
         obj.attrs.get(name, default))
-
-
-def _umask_mode():
-    m = os.umask(0)
-    os.umask(m)
-    return 0o666 & ~m
-
-
-def atomic_write(path, data, mode="w"):
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        os.chmod(tmp, _umask_mode())
-        with os.fdopen(fd, mode) as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_fig(fig, path):

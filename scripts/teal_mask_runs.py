@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
 from hf_teal_check import PROJ, add_teal_run_args, projection_modules  # noqa: E402
 
 
@@ -118,9 +119,7 @@ def main():
            "tokens_measured": int(len(tokens[half:a.windows * a.context])),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "seconds": time.time() - t0, "projections": per_proj}
-    with open(a.json, "w") as f:
-        json.dump(out, f, indent=1)
-        f.write("\n")
+    write_json(a.json, out)
     for p in per_proj:
         print(f"{p['projection']:9s} kept {p['kept']:.3f}  mean run {p['mean_run']:.2f}  "
               f"permuted {p['mean_run_permuted']:.2f}  keep frequency p10/p50/p90 "
