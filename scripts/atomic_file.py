@@ -5,7 +5,8 @@ import os
 import tempfile
 
 
-def _umask_mode():
+def umask_mode():
+    """The mode a new file gets under the current umask (mkstemp makes it 0600)."""
     m = os.umask(0)
     os.umask(m)
     return 0o666 & ~m
@@ -17,7 +18,7 @@ def atomic_write(path, data, mode="w"):
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
     try:
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, umask_mode())
         with os.fdopen(fd, mode) as f:
             f.write(data)
         os.replace(tmp, path)

@@ -38,7 +38,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from atomic_file import atomic_write  # noqa: E402
+from atomic_file import atomic_write, umask_mode  # noqa: E402
 
 try:
     import h5py
@@ -79,7 +79,7 @@ def save_fig(fig, path):
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", metadata={"Software": "sparsim report.py"})
-        os.chmod(tmp, _umask_mode())
+        os.chmod(tmp, umask_mode())
         os.replace(tmp, path)
     finally:
         plt.close(fig)

@@ -17,7 +17,6 @@ frequency (the permutation); the second half is measured in both orders.
   scripts/teal_mask_runs.py --calibration cal.h5 --windows 8 --json docs/results/teal_mask_runs.json
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
