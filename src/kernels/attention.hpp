@@ -127,7 +127,7 @@ inline host::Ahead ahead_share(const host::Ahead& a, int i, int n) {
 /// from a shared counter one ahead, and while it scores an item it prefetches that item's value
 /// rows, while it mixes them the next item's key rows (each loop a share of the block, spread over
 /// its steps: host::Ahead). Only a worker's first item reads its key rows before computing
-/// (host::touch_rows). Which worker takes an item changes nothing in its arithmetic.
+/// (host::touch). Which worker takes an item changes nothing in its arithmetic.
 template <class E, class NPos, class Rows, class Score, class VBand>
 void decode_chunks_host(const E& exec, const std::string& label, int n, int n_head, int n_kv,
                         int v_dim, int max_pos, int n_extra, const NPos& npos, const Rows& rows,
@@ -163,11 +163,7 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
       return rows(r, pb, np - pb < C ? np - pb : C, values);
     };
     int cur = take();
-    if (cur < items) {
-      const host::Ahead k0 = block(cur, false);
-      const int nf = static_cast<int>(k0.bytes / sizeof(float));
-      if (nf > 0) host::touch_rows(static_cast<const float*>(k0.p), nf, 1, nf);
-    }
+    if (cur < items) host::touch(block(cur, false));
     while (cur < items) {
       const int nxt = take();
       const int c = cur % nch, r = cur / nch;

@@ -249,6 +249,9 @@ void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs,
     }
 }
 
+/// Query heads whose value mixes share one pass over the value rows (values_heads<1 … 4>).
+constexpr int kValueHeads = 4;
+
 template <int G>
 void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
                   const int* off, int tail, float* o, std::size_t os, Stream& pf) {
@@ -271,7 +274,8 @@ void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs
 void values_impl(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
                  int d, float* o, std::size_t os, const Ahead& ahead) {
   constexpr int kSlab = 4 * kL;  // channels whose partial sums stay in registers
-  const int slabs = (d + kSlab - 1) / kSlab, gblocks = (group + 3) / 4;
+  const int slabs = (d + kSlab - 1) / kSlab;
+  const int gblocks = (group + kValueHeads - 1) / kValueHeads;
   Stream pf(ahead, d < kL ? 1 : static_cast<std::size_t>(slabs) * gblocks * len);
   if (d < kL) {
     for (int g = 0; g < group; ++g)
@@ -289,8 +293,8 @@ void values_impl(const float* w, std::size_t ws, int group, const float* v, std:
     int off[4];
     for (int b = 0; b < nb; ++b) off[b] = b < nfull ? i0 + b * kL : i0 + n - kL;
     const int tail = nfull == nb ? kL : n % kL;
-    for (int g0 = 0; g0 < group; g0 += 4) {
-      const int gn = group - g0 < 4 ? group - g0 : 4;
+    for (int g0 = 0; g0 < group; g0 += kValueHeads) {
+      const int gn = group - g0 < kValueHeads ? group - g0 : kValueHeads;
       const float* wg = w + g0 * ws;
       float* og = o + g0 * os;
       switch (gn) {
@@ -312,20 +316,22 @@ void values_impl(const float* w, std::size_t ws, int group, const float* v, std:
   pf.finish();
 }
 
-/// The loads of touch_rows, folded into one value that the caller keeps alive. The bits are
-/// combined as integers (no floating-point work, so no slow path for subnormal or NaN values) in
-/// four independent accumulators; every 16-float piece is one load. Rows that follow each other
-/// (stride = width, as every caller has them) are one contiguous block, read as such: a row
-/// width that is not a multiple of 16 then costs nothing extra. Otherwise each row's last
-/// piece is its last 16 floats (overlapping the one before), or single floats for a row
-/// narrower than 16.
-std::uint32_t touch_impl(const float* p, std::size_t stride, int rows, int width) {
+/// The loads of touch(), folded into one value that the caller keeps alive: the n floats at p in
+/// address order, every 16-float piece one load (the last piece the block's last 16 floats,
+/// overlapping the one before; single floats for a block shorter than 16). The bits are combined
+/// as integers (no floating-point work, so no slow path for subnormal or NaN values) in four
+/// independent accumulators.
+std::uint32_t touch_impl(const float* p, std::size_t n) {
   std::uint32_t t = 0;
   const auto word = [](const float* x) {
     std::uint32_t u;
     std::memcpy(&u, x, sizeof u);
     return u;
   };
+  if (n < static_cast<std::size_t>(kL)) {
+    for (std::size_t i = 0; i < n; ++i) t |= word(p + i);
+    return t;
+  }
 #if defined(__GNUC__) && !defined(__CUDACC__)
   using u16 = std::uint32_t __attribute__((vector_size(kL * sizeof(float))));
   const auto ldu = [](const float* x) {
@@ -334,37 +340,20 @@ std::uint32_t touch_impl(const float* p, std::size_t stride, int rows, int width
     return v;
   };
   u16 a0{}, a1{}, a2{}, a3{};
-  const auto span = [&](const float* x, std::size_t n) {  // n >= kL
-    std::size_t i = 0;
-    for (; i + 4 * kL <= n; i += 4 * kL) {
-      a0 |= ldu(x + i);
-      a1 |= ldu(x + i + kL);
-      a2 |= ldu(x + i + 2 * kL);
-      a3 |= ldu(x + i + 3 * kL);
-    }
-    for (; i + kL <= n; i += kL) a0 |= ldu(x + i);
-    if (i < n) a1 |= ldu(x + n - kL);
-  };
-#else
-  const auto span = [&](const float* x, std::size_t n) {
-    for (std::size_t i = 0; i < n; i += kL) t |= word(x + i);
-    t |= word(x + n - 1);
-  };
-#endif
-  const std::size_t w = static_cast<std::size_t>(width);
-  if (rows > 0 && width > 0) {
-    if (stride == w && w * static_cast<std::size_t>(rows) >= static_cast<std::size_t>(kL)) {
-      span(p, w * static_cast<std::size_t>(rows));
-    } else if (width >= kL) {
-      for (int r = 0; r < rows; ++r) span(p + r * stride, w);
-    } else {
-      for (int r = 0; r < rows; ++r)
-        for (int i = 0; i < width; ++i) t |= word(p + r * stride + i);
-    }
+  std::size_t i = 0;
+  for (; i + 4 * kL <= n; i += 4 * kL) {
+    a0 |= ldu(p + i);
+    a1 |= ldu(p + i + kL);
+    a2 |= ldu(p + i + 2 * kL);
+    a3 |= ldu(p + i + 3 * kL);
   }
-#if defined(__GNUC__) && !defined(__CUDACC__)
+  for (; i + kL <= n; i += kL) a0 |= ldu(p + i);
+  if (i < n) a1 |= ldu(p + n - kL);
   const u16 a = (a0 | a1) | (a2 | a3);
   for (int l = 0; l < kL; ++l) t |= a[l];
+#else
+  for (std::size_t i = 0; i < n; i += kL) t |= word(p + i);
+  t |= word(p + n - 1);
 #endif
   return t;
 }
@@ -385,8 +374,9 @@ void prefetch(Ahead ahead) {
   Stream(ahead, 1).finish();
 }
 
-SPARSIM_CLONES void touch_rows(const float* p, std::size_t stride, int rows, int width) {
-  const std::uint32_t bits = touch_impl(p, stride, rows, width);
+SPARSIM_CLONES void touch(Ahead block) {
+  const std::uint32_t bits =
+      touch_impl(static_cast<const float*>(block.p), block.p ? block.bytes / sizeof(float) : 0);
 #if defined(__GNUC__)
   asm volatile("" : : "g"(bits));  // the value is "used": its loads stay
 #else

@@ -11,7 +11,7 @@
 /// These loops read one head's slice of 16 rows at a time, a pattern the hardware prefetchers
 /// follow poorly from memory, so the rows they read come from the first- and second-level caches:
 /// the caller brings a chunk's rows in as one block in address order, either read whole before the
-/// loops (touch_rows) or, while the loops of the previous block compute, as prefetches into the
+/// loops (touch) or, while the loops of the previous block compute, as prefetches into the
 /// second-level cache spread over their steps (Ahead). Prefetches into the first-level cache
 /// (locality 3) competed with the loops' own loads and measured slower than no prefetch at all.
 ///
@@ -50,8 +50,8 @@ void chunk_softmax(float* sc, int len, int group, float* part, int pstride);
 /// Issues the prefetches of `ahead` at once (where no loop runs to spread them over).
 void prefetch(Ahead ahead);
 
-/// Reads rows p + r·stride (r < rows), `width` floats each, in address order and discards what it
-/// read: brings a chunk of cache rows into the caches as one forward stream.
-void touch_rows(const float* p, std::size_t stride, int rows, int width);
+/// Reads the block's floats in address order and discards what it read: brings a block of cache
+/// rows into the caches as one forward stream.
+void touch(Ahead block);
 
 }  // namespace sparsim::host
