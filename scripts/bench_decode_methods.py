@@ -27,6 +27,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
 from bench_vs_llamacpp import add_sparsim_build_arg, sparsim_build_of  # noqa: E402
 from machine_info import cpu_info, require_threads  # noqa: E402
 
@@ -172,12 +173,7 @@ def main():
         "table": table,
         "raw": raw,
     }
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, args.out)
+    write_json(args.out, doc, indent=2)
 
     print("| storage | method | dense tok/s | method tok/s | speedup | realised s | ideal (proj) "
           "| ideal (step) | bytes / dense | mask select | rotation |")

@@ -21,6 +21,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from atomic_file import write_json  # noqa: E402
 from bench_vs_llamacpp import cpu_info, run, sparsim_build  # noqa: E402
 
 
@@ -79,11 +80,7 @@ def main():
            "settings": {"model": a.model, "threads": a.threads, "prompt": a.prompt, "decode": a.decode,
                         "reps": a.reps},
            "cpu": cpu_info(), "builds": {n: sparsim_build(b) for n, b in builds.items()}, "runs": runs}
-    tmp = a.json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, a.json)
+    write_json(a.json, doc)
     for w, r in runs.items():
         print(f"{w}: portable / native prefill {r['ratio_prefill']:.3f}, decode {r['ratio_decode']:.3f}")
 

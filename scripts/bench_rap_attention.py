@@ -24,6 +24,7 @@ import h5py
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from atomic_file import write_json  # noqa: E402
 from machine_info import cpu_info, require_threads  # noqa: E402
 
 
@@ -71,9 +72,7 @@ def main():
     out["backward"] = {"forward_seconds": fw, "backward_seconds": bw, "tokens": n,
                        "forward_ms_per_token": 1e3 * fw / n, "backward_ms_per_token": 1e3 * bw / n,
                        "backward_over_forward": bw / fw}
-    with open(a.json + ".tmp", "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(a.json + ".tmp", a.json)
+    write_json(a.json, out)
     print(f"-> {a.json}")
 
 

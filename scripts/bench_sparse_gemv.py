@@ -219,7 +219,6 @@ def main():
         "sparsim_build": sparsim_build(os.path.abspath(args.bin)),
         "rows": rows,
     }
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     write_json(args.out, result)
     if not args.kept_runs:
         print(markdown(rows))

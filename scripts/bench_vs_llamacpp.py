@@ -33,6 +33,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from atomic_file import write_json  # noqa: E402
 from machine_info import cpu_info, require_threads  # noqa: E402
 from smollm2_model import find_smollm2  # noqa: E402
 
@@ -209,10 +210,7 @@ def main():
             "llama_cpp_settings": {k: reps[0]["llama_cpp"][k] for k in ("flash_attn", "type_k", "n_batch", "n_ubatch")},
             "sparsim_host_kernels": reps[0]["sparsim"]["host_kernels"],
         }
-    tmp = a.json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, res)
     for w, r in res["runs"].items():
         print(f"{w}: prefill {r['ratio_prefill']:.2f}x, decode {r['ratio_decode']:.2f}x llama.cpp "
               f"(load {r['load_min']:.1f}-{r['load_max']:.1f})")

@@ -12,6 +12,9 @@ import sys
 
 import h5py
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
+
 KEYS = ("alpha", "greedy_cap", "greedy_seqs", "greedy_seq_tokens", "greedy_score_fraction", "greedy_step_cap",
         "context", "windows", "command", "sparsim_version")
 
@@ -38,10 +41,7 @@ def main():
                "cpus": os.cpu_count()}
     out["wall_seconds"] = sum(s["wall_seconds"] for s in out["stages"])
     out["cpu_seconds"] = sum(s["cpu_seconds"] for s in out["stages"])
-    tmp = a.json + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(out, f, indent=1)
-    os.replace(tmp, a.json)
+    write_json(a.json, out)
     print(json.dumps(out, indent=1))
     return 0
 
