@@ -14,6 +14,7 @@
 #include <Kokkos_Core.hpp>
 
 #include <atomic>
+#include <memory>
 
 namespace sparsim {
 
@@ -120,8 +121,10 @@ inline host::Ahead ahead_share(const host::Ahead& a, int i, int n) {
 /// len, S, extra, ahead) writes the chunk's scaled scores to S (len × group, column-major;
 /// `extra` is a scratch of n_extra floats), and each query head's max, exponentials and sum
 /// (host::chunk_softmax); then each KV head's value mix (vband(r, kvh, pb, len) is the RowBand of
-/// the chunk's value rows, v_dim wide). A second pass merges each (row, query head)'s chunks in
-/// chunk order. Chunks and call shapes depend on the positions only, never on the thread count.
+/// the chunk's value rows, v_dim wide). The worker that finishes a row's last item merges that
+/// row's chunks, per query head in chunk order (no second parallel pass, whose start and wait
+/// cost as much as the merge itself). Chunks and call shapes depend on the positions only, never
+/// on the thread count, and which worker merges a row changes nothing in its arithmetic.
 ///
 /// The memory transfers run under the arithmetic: each worker (one per thread) takes its items
 /// from a shared counter one ahead, and while it scores an item it prefetches that item's value
@@ -144,8 +147,14 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
   Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
       Kokkos::view_alloc(label + "::chunk", Kokkos::WithoutInitializing), workers,
       n_head * C + n_extra);
-  std::atomic<int> counter{0};  // host memory: this path runs on host execution spaces only
+  // Host memory: this path runs on host execution spaces only. `next` hands out the items;
+  // done[r] counts row r's finished items, and the worker that finishes a row's last one merges
+  // that row (its fetch_add acquires every other worker's partials of the row).
+  std::atomic<int> counter{0};
   std::atomic<int>* next = &counter;
+  std::unique_ptr<std::atomic<int>[]> done_rows(new std::atomic<int>[n > 0 ? n : 1]);
+  for (int r = 0; r < n; ++r) done_rows[r].store(0, std::memory_order_relaxed);
+  std::atomic<int>* done = done_rows.get();
   Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, workers), [=](const int w) {
     float* sc = &scratch(w, 0);
     float* extra = sc + n_head * C;
@@ -183,14 +192,13 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
                           vb.stride, len, v_dim, pt + kvh * group * pstride + 2,
                           static_cast<std::size_t>(pstride), ahead_share(kn, kvh, n_kv));
       }
+      const int rch = (np + C - 1) / C;  // row r's items with positions
+      if (done[r].fetch_add(1, std::memory_order_acq_rel) + 1 == rch)
+        for (int h = 0; h < n_head; ++h)
+          merge_chunks(&parts(r * n_head + h, 0), rch, v_dim, &out(r, h * v_dim));
       cur = nxt;
     }
   });
-  Kokkos::parallel_for(
-      label + "_merge", Kokkos::RangePolicy<E>(exec, 0, n * n_head), [=](const int rh) {
-        const int r = rh / n_head, h = rh % n_head;
-        merge_chunks(&parts(rh, 0), (npos(r) + C - 1) / C, v_dim, &out(r, h * v_dim));
-      });
   exec.fence();
 }
 
@@ -201,8 +209,8 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
 /// together (they are adjacent in q): the chunk's scores (host::attn_scores), the chunk's max,
 /// exponentials and sum per head (host::chunk_softmax); then it mixes the value rows per KV head
 /// (host::attn_values), unnormalised. The scores prefetch the chunk's value rows, the value mix
-/// the next item's key rows (detail::decode_chunks_host). A second pass merges the chunks of each
-/// (sequence, query head) in chunk order. Chunks depend on the position only, so the result does
+/// the next item's key rows (detail::decode_chunks_host). The worker that finishes a sequence's
+/// last item merges its chunks, per query head in chunk order. Chunks depend on the position only, so the result does
 /// not depend on the thread count, and a long cache gives every thread work at batch 1.
 template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,

@@ -33,6 +33,10 @@ inline v16 splat(float x) {
 inline float lane(const v16& v, int l) {
   return v[l];
 }
+/// Per lane x > m ? x : m (detail::max_lanes' comparison).
+inline v16 vmax(v16 x, v16 m) {
+  return x > m ? x : m;
+}
 #define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 /// r[j] (j < 8) = the 16 lanes of a[j] added pairwise at distances 8, 4, 2, 1, for 8 vectors at
 /// once: each level halves the partial sums per vector and doubles the vectors' share of lanes
@@ -83,6 +87,10 @@ inline v16& operator+=(v16& a, v16 b) {
 }
 inline float lane(const v16& v, int l) {
   return v.x[l];
+}
+inline v16 vmax(v16 x, v16 m) {
+  for (int l = 0; l < kL; ++l) m.x[l] = x.x[l] > m.x[l] ? x.x[l] : m.x[l];
+  return m;
 }
 inline v16 tree8(const v16* a) {
   v16 r;
@@ -361,12 +369,35 @@ std::uint32_t touch_impl(const float* p, std::size_t n) {
 }  // namespace
 
 SPARSIM_CLONES void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
+  // detail::max_lanes, the exponentials and detail::sum_lanes with the lanes as one vector: the
+  // same comparisons and additions in the same lanes and order (so the same bits), without the
+  // scalar loop the compiler makes of max_lanes' per-lane arrays.
+  const int nb = len / kL * kL;
   for (int g = 0; g < group; ++g) {
     float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
-    const float mx = detail::max_lanes(w, len);
-    for (int p = 0; p < len; ++p) w[p] = detail::exp_nonpos(w[p] - mx);
+    v16 m = splat(-3.0e38f);
+    for (int i = 0; i < nb; i += kL) m = vmax(ld(w + i), m);
+    float ml[kL];
+    st(ml, m);
+    for (int l = 0; nb + l < len; ++l) ml[l] = w[nb + l] > ml[l] ? w[nb + l] : ml[l];
+    for (int h = kL / 2; h > 0; h /= 2)
+      for (int l = 0; l < h; ++l) ml[l] = ml[l + h] > ml[l] ? ml[l + h] : ml[l];
+    const float mx = ml[0];
+    v16 a = splat(0.0f);
+    for (int i = 0; i < nb; i += kL) {
+      for (int l = 0; l < kL; ++l) w[i + l] = detail::exp_nonpos(w[i + l] - mx);
+      a += ld(w + i);
+    }
+    float al[kL];
+    st(al, a);
+    for (int l = 0; nb + l < len; ++l) {
+      w[nb + l] = detail::exp_nonpos(w[nb + l] - mx);
+      al[l] += w[nb + l];
+    }
+    for (int h = kL / 2; h > 0; h /= 2)
+      for (int l = 0; l < h; ++l) al[l] += al[l + h];
     part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
-    part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = detail::sum_lanes(w, len);
+    part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = al[0];
   }
 }
 
