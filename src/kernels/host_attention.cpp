@@ -33,6 +33,20 @@ inline v16 splat(float x) {
 inline float lane(const v16& v, int l) {
   return v[l];
 }
+/// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
+constexpr bool kHasHalf = true;
+using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
+inline v8 ld8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void st8(float* p, v8 v) {
+  std::memcpy(p, &v, sizeof v);
+}
+inline v8 splat8(float x) {
+  return v8{x, x, x, x, x, x, x, x};
+}
 /// Per lane x > m ? x : m (detail::max_lanes' comparison).
 inline v16 vmax(v16 x, v16 m) {
   return x > m ? x : m;
@@ -87,6 +101,32 @@ inline v16& operator+=(v16& a, v16 b) {
 }
 inline float lane(const v16& v, int l) {
   return v.x[l];
+}
+// No half blocks here (the value mix's tails take a whole overlapping block).
+constexpr bool kHasHalf = false;
+struct v8 {
+  float x[kL / 2];
+};
+inline v8 ld8(const float* p) {
+  v8 v;
+  std::memcpy(v.x, p, sizeof v.x);
+  return v;
+}
+inline void st8(float* p, v8 v) {
+  std::memcpy(p, v.x, sizeof v.x);
+}
+inline v8 splat8(float s) {
+  v8 v;
+  for (float& e : v.x) e = s;
+  return v;
+}
+inline v8 operator*(v8 a, v8 b) {
+  for (int l = 0; l < kL / 2; ++l) a.x[l] *= b.x[l];
+  return a;
+}
+inline v8& operator+=(v8& a, v8 b) {
+  for (int l = 0; l < kL / 2; ++l) a.x[l] += b.x[l];
+  return a;
 }
 inline v16 vmax(v16 x, v16 m) {
   for (int l = 0; l < kL; ++l) m.x[l] = x.x[l] > m.x[l] ? x.x[l] : m.x[l];
@@ -227,26 +267,35 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   pf.finish();
 }
 
-/// The value mix of G query heads over one slab of at most 64 channels in NB blocks; block b
-/// starts at channel off[b] (the last may overlap the one before it; then only its last
-/// `tail` lanes are stored).
-template <int G, int NB>
+/// The value mix of G query heads over one slab of at most 64 channels: NB blocks of 16, block b
+/// at channel off[b] (the last may overlap the one before it; then only its last `tail` lanes are
+/// stored), then, with kHalf, one block of 8 at channel `hoff` of which the last `htail` lanes
+/// are stored (a slab whose last 1 … 8 channels follow its last whole block: half the work of a
+/// block of 16 on a CPU that runs 512-bit vectors as two halves). An output channel's sum is the
+/// same whichever block carries it.
+template <int G, int NB, bool kHalf>
 void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
-                 const int* off, int tail, float* o, std::size_t os, Stream& pf) {
+                 const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
+                 Stream& pf) {
   v16 acc[G][NB];
+  v8 hacc[G];
   for (auto& ag : acc)
     for (auto& a : ag) a = splat(0.0f);
+  for (auto& h : hacc) h = splat8(0.0f);
   for (int p = 0; p < len; ++p) {
     pf.tick();
     const float* vr = v + p * vs;
     v16 x[NB];
     for (int b = 0; b < NB; ++b) x[b] = ld(vr + off[b]);
+    const v8 hx = kHalf ? ld8(vr + hoff) : splat8(0.0f);
     for (int g = 0; g < G; ++g) {
-      const v16 wg = splat(w[g * ws + p]);
+      const float wp = w[g * ws + p];
+      const v16 wg = splat(wp);
       for (int b = 0; b < NB; ++b) acc[g][b] += x[b] * wg;
+      if (kHalf) hacc[g] += hx * splat8(wp);
     }
   }
-  for (int g = 0; g < G; ++g)
+  for (int g = 0; g < G; ++g) {
     for (int b = 0; b < NB; ++b) {
       float* dst = o + g * os + off[b];
       if (b < NB - 1 || tail == kL) {
@@ -255,28 +304,45 @@ void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs,
         for (int l = kL - tail; l < kL; ++l) dst[l] = lane(acc[g][b], l);
       }
     }
+    if (kHalf) {
+      float hb[kL / 2];
+      st8(hb, hacc[g]);
+      for (int l = kL / 2 - htail; l < kL / 2; ++l) o[g * os + hoff + l] = hb[l];
+    }
+  }
 }
 
 /// Query heads whose value mixes share one pass over the value rows (values_heads<1 … 4>).
 constexpr int kValueHeads = 4;
 
-template <int G>
-void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
-                  const int* off, int tail, float* o, std::size_t os, Stream& pf) {
+template <int G, bool kHalf>
+void values_blocks(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
+                   const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
+                   Stream& pf) {
   switch (nb) {
     case 1:
-      values_slab<G, 1>(w, ws, v, vs, len, off, tail, o, os, pf);
+      values_slab<G, 1, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
       break;
     case 2:
-      values_slab<G, 2>(w, ws, v, vs, len, off, tail, o, os, pf);
+      values_slab<G, 2, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
       break;
     case 3:
-      values_slab<G, 3>(w, ws, v, vs, len, off, tail, o, os, pf);
+      values_slab<G, 3, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
       break;
     default:
-      values_slab<G, 4>(w, ws, v, vs, len, off, tail, o, os, pf);
+      values_slab<G, 4, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
       break;
   }
+}
+
+template <int G>
+void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
+                  const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
+                  Stream& pf) {
+  if (htail > 0)
+    values_blocks<G, true>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
+  else
+    values_blocks<G, false>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
 }
 
 void values_impl(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
@@ -297,26 +363,32 @@ void values_impl(const float* w, std::size_t ws, int group, const float* v, std:
   }
   for (int i0 = 0; i0 < d; i0 += kSlab) {
     const int n = d - i0 < kSlab ? d - i0 : kSlab;
-    const int nfull = n / kL, nb = (n + kL - 1) / kL;
+    const int nfull = n / kL, r = n % kL;
+    // The channels past the last whole block: a half block when they fit in one (and the clone
+    // has half-width vectors), else one block of 16 overlapping the one before it (also when the
+    // slab has no whole block: a head's last 1 … 15 channels past a multiple of 64).
+    const int htail = kHasHalf && nfull > 0 && r > 0 && r <= kL / 2 ? r : 0;
+    const int nb = htail > 0 || r == 0 ? nfull : nfull + 1;
     int off[4];
     for (int b = 0; b < nb; ++b) off[b] = b < nfull ? i0 + b * kL : i0 + n - kL;
-    const int tail = nfull == nb ? kL : n % kL;
+    const int tail = nb == nfull ? kL : r;
+    const int hoff = i0 + n - kL / 2;
     for (int g0 = 0; g0 < group; g0 += kValueHeads) {
       const int gn = group - g0 < kValueHeads ? group - g0 : kValueHeads;
       const float* wg = w + g0 * ws;
       float* og = o + g0 * os;
       switch (gn) {
         case 1:
-          values_heads<1>(wg, ws, v, vs, len, nb, off, tail, og, os, pf);
+          values_heads<1>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
           break;
         case 2:
-          values_heads<2>(wg, ws, v, vs, len, nb, off, tail, og, os, pf);
+          values_heads<2>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
           break;
         case 3:
-          values_heads<3>(wg, ws, v, vs, len, nb, off, tail, og, os, pf);
+          values_heads<3>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
           break;
         default:
-          values_heads<4>(wg, ws, v, vs, len, nb, off, tail, og, os, pf);
+          values_heads<4>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
           break;
       }
     }
