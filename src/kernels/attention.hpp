@@ -210,8 +210,9 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
 /// exponentials and sum per head (host::chunk_softmax); then it mixes the value rows per KV head
 /// (host::attn_values), unnormalised. The scores prefetch the chunk's value rows, the value mix
 /// the next item's key rows (detail::decode_chunks_host). The worker that finishes a sequence's
-/// last item merges its chunks, per query head in chunk order. Chunks depend on the position only, so the result does
-/// not depend on the thread count, and a long cache gives every thread work at batch 1.
+/// last item merges its chunks, per query head in chunk order. Chunks depend on the position only,
+/// so the result does not depend on the thread count, and a long cache gives every thread work at
+/// batch 1.
 template <class E>
 void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                            const Mat<E>& out, int n_seq, int p0, int n_head, int n_kv_head,

@@ -52,25 +52,30 @@ inline v16 vmax(v16 x, v16 m) {
   return x > m ? x : m;
 }
 #define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-/// r[j] (j < 8) = the 16 lanes of a[j] added pairwise at distances 8, 4, 2, 1, for 8 vectors at
-/// once: each level halves the partial sums per vector and doubles the vectors' share of lanes
-/// (lanes 8 … 15 of r repeat 0 … 7).
-inline v16 tree8(const v16* a) {
+/// A v16 of two half blocks: lanes 0 … 7 from a, 8 … 15 from b.
+inline v16 cat(const float* a, const float* b) {
+  v8 x, y;
+  std::memcpy(&x, a, sizeof x);
+  std::memcpy(&y, b, sizeof y);
+  return SPARSIM_SH(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+/// r[p] (p < 16) = the 8 partial sums of position p added pairwise at distances 4, 2, 1, where
+/// a[j] holds position 2j's partial sums in lanes 0 … 7 and position 2j + 1's in lanes 8 … 15:
+/// each level halves the partial sums per position and doubles the positions per vector.
+inline v16 tree16(const v16* a) {
   v16 b[4], c[2];
   for (int j = 0; j < 4; ++j)
-    b[j] =
-        SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-        SPARSIM_SH(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
-                   31);
-  for (int j = 0; j < 2; ++j)
-    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+    b[j] = SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
                       27) +
-           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
+           SPARSIM_SH(a[2 * j], a[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
                       30, 31);
-  const v16 d = SPARSIM_SH(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-                SPARSIM_SH(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  return SPARSIM_SH(d, d, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14) +
-         SPARSIM_SH(d, d, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int j = 0; j < 2; ++j)
+    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28,
+                      29) +
+           SPARSIM_SH(b[2 * j], b[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
+                      30, 31);
+  return SPARSIM_SH(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         SPARSIM_SH(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
 #undef SPARSIM_SH
 #else
@@ -132,24 +137,30 @@ inline v16 vmax(v16 x, v16 m) {
   for (int l = 0; l < kL; ++l) m.x[l] = x.x[l] > m.x[l] ? x.x[l] : m.x[l];
   return m;
 }
-inline v16 tree8(const v16* a) {
+inline v16 cat(const float* a, const float* b) {
+  v16 v;
+  std::memcpy(v.x, a, sizeof(float) * kL / 2);
+  std::memcpy(v.x + kL / 2, b, sizeof(float) * kL / 2);
+  return v;
+}
+inline v16 tree16(const v16* a) {
   v16 r;
-  for (int j = 0; j < kL; ++j) {
-    float t[kL];
-    std::memcpy(t, a[j % 8].x, sizeof t);
-    for (int h = kL / 2; h > 0; h /= 2)
+  for (int p = 0; p < kL; ++p) {
+    float t[kL / 2];
+    std::memcpy(t, a[p / 2].x + (p % 2) * (kL / 2), sizeof t);
+    for (int h = kL / 4; h > 0; h /= 2)
       for (int l = 0; l < h; ++l) t[l] += t[l + h];
-    r.x[j] = t[0];
+    r.x[p] = t[0];
   }
   return r;
 }
 #endif
 
-/// Heads narrower than one block: the same lanes (one product each) and tree.
+/// Heads narrower than one half block: the same lanes (one product each) and tree.
 float dot_narrow(const float* q, const float* k, int d) {
-  float t[kL] = {};
+  float t[kL / 2] = {};
   for (int i = 0; i < d; ++i) t[i] = q[i] * k[i];
-  for (int h = kL / 2; h > 0; h /= 2)
+  for (int h = kL / 4; h > 0; h /= 2)
     for (int l = 0; l < h; ++l) t[l] += t[l + h];
   return t[0];
 }
@@ -185,82 +196,91 @@ struct Stream {
   }
 };
 
-/// Positions scored together: G ≤ 3 query heads × 8 positions of partial sums (24 vectors) stay in
-/// AVX-512's 32 registers beside the key block and the queries.
-constexpr int kP = 8;
+/// Positions scored together, as pairs (kPos / 2 vectors of partial sums per query head), and
+/// query heads: G ≤ 3 heads × 8 pairs (24 vectors) stay in AVX-512's 32 registers beside the key
+/// pair and the query.
+constexpr int kPos = 16;
 constexpr int kHeadsTogether = 3;
 
-/// Scores of kP positions (rows k + j·ks; in a short block the missing rows repeat the last one
-/// and their scores are not stored) for G query heads (q + g·qs), each key block loaded once for
-/// all of them.
+/// Scores of kPos positions (rows k + j·ks; in a short block the missing rows repeat the last
+/// one and their scores are not stored) for G query heads (q + g·qs). Half block h (8 channels
+/// at c = 8h; the last, when d is not a multiple of 8, at d − 8 with its first lanes weighted 0
+/// by `hmask`) of positions 2j and 2j + 1 is one vector, loaded once for all G heads.
 template <int G, bool kFull>
-inline void scores8(const float* q, std::size_t qs, const float* k, std::size_t ks, int m, int d,
-                    int nfull, const v16& tmask, float scale, float* out, std::size_t ls) {
-  v16 acc[G][kP];
+inline void scores16(const float* q, std::size_t qs, const float* k, std::size_t ks, int m, int d,
+                     int nhalf, const v16& hmask, float scale, float* out, std::size_t ls) {
+  constexpr int kPairs = kPos / 2;
+  v16 acc[G][kPairs];
   for (auto& ag : acc)
     for (auto& a : ag) a = splat(0.0f);
-  const float* rows[kP];
-  for (int j = 0; j < kP; ++j)
-    rows[j] = k + static_cast<std::size_t>(kFull || j < m ? j : m - 1) * ks;
-  for (int b = 0; b < nfull; ++b) {
-    v16 qb[G];
-    for (int g = 0; g < G; ++g) qb[g] = ld(q + g * qs + b * kL);
-    for (int j = 0; j < kP; ++j) {
-      const v16 x = ld(rows[j] + b * kL);
-      for (int g = 0; g < G; ++g) acc[g][j] += x * qb[g];
+  // A short block's row pointers (clamped); a full block steps one pointer down its rows.
+  const float* rows[kFull ? 1 : kPos];
+  if (!kFull)
+    for (int j = 0; j < kPos; ++j) rows[j] = k + static_cast<std::size_t>(j < m ? j : m - 1) * ks;
+  const int hb = nhalf * (kL / 2) < d ? nhalf + 1 : nhalf;
+  for (int h = 0; h < hb; ++h) {
+    const bool tail = h == nhalf;
+    const int c = tail ? d - kL / 2 : h * (kL / 2);
+    v16 qh[G];
+    for (int g = 0; g < G; ++g) {
+      qh[g] = cat(q + g * qs + c, q + g * qs + c);
+      if (tail) qh[g] = qh[g] * hmask;
     }
-  }
-  if (nfull * kL < d) {
-    v16 qb[G];
-    for (int g = 0; g < G; ++g) qb[g] = ld(q + g * qs + d - kL) * tmask;
-    for (int j = 0; j < kP; ++j) {
-      const v16 x = ld(rows[j] + d - kL);
-      for (int g = 0; g < G; ++g) acc[g][j] += x * qb[g];
+    const float* kr = k + c;
+    for (int j = 0; j < kPairs; ++j) {
+      const v16 x = kFull ? cat(kr, kr + ks) : cat(rows[2 * j] + c, rows[2 * j + 1] + c);
+      kr += 2 * ks;
+      for (int g = 0; g < G; ++g) acc[g][j] += x * qh[g];
     }
   }
   for (int g = 0; g < G; ++g) {
-    const v16 r = tree8(acc[g]) * splat(scale);
-    for (int j = 0; j < (kFull ? kP : m); ++j) out[g * ls + j] = lane(r, j);
+    const v16 r = tree16(acc[g]) * splat(scale);
+    if (kFull) {
+      st(out + g * ls, r);
+    } else {
+      for (int j = 0; j < m; ++j) out[g * ls + j] = lane(r, j);
+    }
   }
 }
 
 template <int G>
 void scores_heads(const float* q, std::size_t qs, const float* k, std::size_t ks, int len, int d,
-                  int nfull, const v16& tmask, float scale, float* s, std::size_t ls, Stream& pf) {
+                  int nhalf, const v16& hmask, float scale, float* s, std::size_t ls, Stream& pf) {
   int p = 0;
-  for (; p + kP <= len; p += kP) {
+  for (; p + kPos <= len; p += kPos) {
     pf.tick();
-    scores8<G, true>(q, qs, k + p * ks, ks, kP, d, nfull, tmask, scale, s + p, ls);
+    scores16<G, true>(q, qs, k + p * ks, ks, kPos, d, nhalf, hmask, scale, s + p, ls);
   }
-  if (p < len) scores8<G, false>(q, qs, k + p * ks, ks, len - p, d, nfull, tmask, scale, s + p, ls);
+  if (p < len)
+    scores16<G, false>(q, qs, k + p * ks, ks, len - p, d, nhalf, hmask, scale, s + p, ls);
 }
 
 void scores_impl(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
                  int d, float scale, float* s, std::size_t ls, const Ahead& ahead) {
   const int hblocks = (group + kHeadsTogether - 1) / kHeadsTogether;
-  Stream pf(ahead, static_cast<std::size_t>(len / kP) * hblocks);
-  if (d < kL) {
+  Stream pf(ahead, static_cast<std::size_t>(len / kPos) * hblocks);
+  if (d < kL / 2) {
     for (int g = 0; g < group; ++g)
       for (int p = 0; p < len; ++p) s[g * ls + p] = dot_narrow(q + g * qs, k + p * ks, d) * scale;
     pf.finish();
     return;
   }
-  const int nfull = d / kL, r = d % kL;
+  const int nhalf = d / (kL / 2), r = d % (kL / 2);
   float mk[kL];
-  for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l >= kL - r ? 1.0f : 0.0f;
-  const v16 tmask = ld(mk);
+  for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l % (kL / 2) >= kL / 2 - r ? 1.0f : 0.0f;
+  const v16 hmask = ld(mk);
   for (int g0 = 0; g0 < group; g0 += kHeadsTogether) {
     const float* qg = q + g0 * qs;
     float* sg = s + g0 * ls;
     switch (group - g0 < kHeadsTogether ? group - g0 : kHeadsTogether) {
       case 1:
-        scores_heads<1>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        scores_heads<1>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
         break;
       case 2:
-        scores_heads<2>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        scores_heads<2>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
         break;
       default:
-        scores_heads<3>(qg, qs, k, ks, len, d, nfull, tmask, scale, sg, ls, pf);
+        scores_heads<3>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
         break;
     }
   }

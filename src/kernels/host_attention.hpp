@@ -3,10 +3,16 @@
 /// detail::decode_chunks_host): one chunk of cached positions of one KV head against that head's
 /// query heads. Compiled once per x86-64 level and chosen at run time (kernels/host_clones.hpp).
 ///
-/// The scores of 8 positions are reduced together (a transposing tree of shuffles and adds,
-/// instead of one horizontal reduction per score), for up to three query heads at once, so that
-/// each key block is loaded once for all of them; the value mix keeps every query head's output
-/// row in registers while it reads the value rows once.
+/// The scores of 16 positions are reduced together, for up to three query heads at once, so that
+/// each key block is loaded once for all of them: a vector holds the partial sums of two
+/// positions (8 lanes each), so a head's products take one vector per 8 channels of two
+/// positions, and the reduction (a transposing tree of shuffles and adds, instead of one
+/// horizontal reduction per score) starts with two positions per vector. The work of a score is
+/// then close to proportional to the head width in steps of 8 channels, where whole blocks of 16
+/// made a pruned head of 18 or 50 channels cost as much as one of 32 or 64, and where the tree
+/// (three levels for 16 positions, four for 8 before) cost more than the products of a narrow
+/// head. The value mix keeps every query head's output row in registers while it reads the value
+/// rows once; a slab's last 1 … 8 channels past its last block of 16 take a block of 8.
 ///
 /// These loops read one head's slice of 16 rows at a time, a pattern the hardware prefetchers
 /// follow poorly from memory, so the rows they read come from the first- and second-level caches:
@@ -16,10 +22,10 @@
 /// (locality 3) competed with the loops' own loads and measured slower than no prefetch at all.
 ///
 /// Arithmetic, fixed by the code (never by the thread count or the chunking):
-/// - a score sums its products in 16 lanes, lane l taking channels i ≡ l (mod 16) in order of i;
-///   when d is not a multiple of 16 the last block is the row's last 16 channels, its first
-///   16 − d mod 16 lanes (already counted) weighted 0; then the lanes are added pairwise at
-///   distances 8, 4, 2, 1 (the tree of detail::dot_lanes) and the sum is multiplied by `scale`;
+/// - a score sums its products in 8 lanes, lane l taking channels i ≡ l (mod 8) in order of i;
+///   when d is not a multiple of 8 the last block is the row's last 8 channels, its first
+///   8 − d mod 8 lanes (already counted) weighted 0; then the lanes are added pairwise at
+///   distances 4, 2, 1 and the sum is multiplied by `scale`;
 /// - an output channel of the value mix adds w_p · v_p over the positions in order.
 /// Whether a multiply and an add are fused depends on the clone (FMA from x86-64-v3 on).
 #include <cstddef>
