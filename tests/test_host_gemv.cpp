@@ -1,7 +1,8 @@
 // The run-time dispatched host decode kernels (kernels/host_gemv.hpp): the dense rows against a
 // double-precision reference for every storage type, row counts around the block of eight and
 // lengths around the 16 lanes and around the short-row limit; blocking rows never changes a row's
-// bits; the ISA reported is one the CPU has.
+// bits, nor does summing several tokens through one pass over the rows; the ISA reported is one
+// the CPU has.
 #include "helpers.hpp"
 #include "kernels/host_gemv.hpp"
 
@@ -44,6 +45,42 @@ void check_dot_rows() {
         }
       }
   }
+}
+
+/// dot_rows_batch: every (token, row) the bits of dot_rows for that token alone, for token counts
+/// around the block of eight, rows short and long, with and without a row after the block.
+template <class T>
+void check_dot_rows_batch() {
+  std::uint64_t seed = 700;
+  for (int n : {1, 15, 16, 17, 216, 577, host::kShortRow + 1})
+    for (int nt : {1, 2, 7, 8, 9, 17})
+      for (const bool more : {false, true}) {
+        const int rows = 9, ld = n + 5;
+        const auto wv = random_vec(std::size_t(ld) * (rows + 1), seed++, 0.3f);
+        const std::size_t xs = n + 3, yt = 2 * rows + 1;
+        const auto x = random_vec(xs * nt, seed++);
+        std::vector<T> w(wv.size());
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = from_f32<T>(wv[i]);
+        std::vector<float> y(yt * nt, -1.0f);
+        host::dot_rows_batch(x.data(), xs, nt, w.data(), ld, n, rows, y.data(), yt, 2, more);
+        const std::string what =
+            "n=" + std::to_string(n) + " tokens=" + std::to_string(nt) + (more ? " more" : "");
+        for (int t = 0; t < nt; ++t) {
+          std::vector<float> one(rows);
+          host::dot_rows(x.data() + t * xs, w.data(), ld, n, rows, one.data(), 1, more);
+          for (int r = 0; r < rows; ++r) {
+            EXPECT_EQ(std::memcmp(&one[r], &y[t * yt + 2 * r], sizeof(float)), 0)
+                << what << " t=" << t << " r=" << r;
+            EXPECT_EQ(y[t * yt + 2 * r + 1], -1.0f) << what << ": wrote outside its slot";
+          }
+        }
+      }
+}
+
+TEST(HostGemv, DotRowsBatchIsDotRowsPerToken) {
+  check_dot_rows_batch<float>();
+  check_dot_rows_batch<bf16_t>();
+  check_dot_rows_batch<f16_t>();
 }
 
 TEST(HostGemv, DotRowsFloat32) {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 namespace sparsim::host {
 namespace {
@@ -20,11 +21,54 @@ inline float wide(Half v) {
   return v.to_float();
 }
 
+#if defined(__GNUC__) && !defined(__CUDACC__)
+/// 16 lanes as one vector value: the products and sums of dot_block and dot_row_tokens are vector
+/// statements, which the compiler fuses (or not, in a clone without FMA) the same way for every NT.
+/// On arrays of lanes its choice between fused and separate multiply-adds in the tail differed
+/// between instantiations, and with it the last bits of a token's sum.
+using lanes_t = float __attribute__((vector_size(kLanes * sizeof(float))));
+#else
+struct lanes_t {
+  float v[kLanes];
+  lanes_t& operator+=(const lanes_t& o) {
+    for (int l = 0; l < kLanes; ++l) v[l] += o.v[l];
+    return *this;
+  }
+  lanes_t operator*(const lanes_t& o) const {
+    lanes_t r;
+    for (int l = 0; l < kLanes; ++l) r.v[l] = v[l] * o.v[l];
+    return r;
+  }
+};
+#endif
+
+inline lanes_t load_lanes(const float* p) {
+  lanes_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+template <class T>
+inline lanes_t load_lanes(const T* p) {
+  float f[kLanes];
+  for (int l = 0; l < kLanes; ++l) f[l] = wide(p[l]);
+  return load_lanes(f);
+}
+
+/// The lanes added pairwise at distances 8, 4, 2, 1 (detail::dot_lanes' tree).
+inline float tree_sum(const lanes_t& a) {
+  float s[kLanes];
+  std::memcpy(s, &a, sizeof s);
+  for (int h = kLanes / 2; h > 0; h /= 2)
+    for (int l = 0; l < h; ++l) s[l] += s[l + h];
+  return s[0];
+}
+
 /// `more`: the matrix has a row after the block's last one (w[R · ld …] may be read).
 template <int R, class T>
 inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys,
                       bool more) {
-  float a[R][kLanes] = {};
+  lanes_t a[R];
+  std::memset(static_cast<void*>(a), 0, sizeof a);
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     // 16-bit rows: ask for the next block's rows, a cache line at a time. Eight short rows
@@ -34,10 +78,8 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
     if constexpr (R > 1 && sizeof(T) == 2)
       if ((i * sizeof(T)) % 64 == 0)
         for (int r = 0; r < R; ++r) __builtin_prefetch(&w[(r + R) * ld + i]);
-    for (int l = 0; l < kLanes; ++l) {
-      const float xv = x[i + l];
-      for (int r = 0; r < R; ++r) a[r][l] += xv * wide(w[r * ld + i + l]);
-    }
+    const lanes_t xv = load_lanes(x + i);
+    for (int r = 0; r < R; ++r) a[r] += xv * load_lanes(w + r * ld + i);
   }
   if (i < n) {
     // The last n − i < 16 columns into the same lanes as whole vectors: a row's tail is read
@@ -47,6 +89,7 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
     // vector statement, so that every row's sum is the same arithmetic.
     float xt[kLanes];
     for (int l = 0; l < kLanes; ++l) xt[l] = i + l < n ? x[i + l] : 0.0f;
+    const lanes_t xv = load_lanes(xt);
     for (int r = 0; r < R; ++r) {
       const T* tail = w + r * ld + i;
       T pad[kLanes];
@@ -54,13 +97,81 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
         for (int l = 0; l < kLanes; ++l) pad[l] = i + l < n ? tail[l] : T{};
         tail = pad;
       }
-      for (int l = 0; l < kLanes; ++l) a[r][l] += xt[l] * wide(tail[l]);
+      a[r] += xv * load_lanes(tail);
     }
   }
-  for (int h = kLanes / 2; h > 0; h /= 2)
-    for (int l = 0; l < h; ++l)
-      for (int r = 0; r < R; ++r) a[r][l] += a[r][l + h];
-  for (int r = 0; r < R; ++r) y[r * ys] = a[r][0];
+  for (int r = 0; r < R; ++r) y[r * ys] = tree_sum(a[r]);
+}
+
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+/// tree_sum of a[0 … 7] at once, into y[t · yt]: the same pairwise additions (distances 8, 4, 2,
+/// 1), each level halving the partial sums per vector and doubling the vectors' share of lanes.
+inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
+  lanes_t b[4], c[2];
+  for (int j = 0; j < 4; ++j)
+    b[j] =
+        SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+        SPARSIM_SH(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
+                   31);
+  for (int j = 0; j < 2; ++j)
+    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
+                      27) +
+           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
+                      30, 31);
+  const lanes_t d =
+      SPARSIM_SH(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+      SPARSIM_SH(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  const lanes_t r = SPARSIM_SH(d, d, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14) +
+                    SPARSIM_SH(d, d, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int t = 0; t < 8; ++t) y[t * yt] = r[t];
+}
+#undef SPARSIM_SH
+#else
+inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
+  for (int t = 0; t < 8; ++t) y[t * yt] = tree_sum(a[t]);
+}
+#endif
+
+/// xtail[t · 16 + l] = x[t · xs + i0 + l] for i0 + l < n, else 0 (i0 = n rounded down to 16):
+/// the tokens' last columns as dot_row_tokens multiplies them with a row's tail.
+inline void x_tails(const float* x, std::size_t xs, int nt, int n, float* xtail) {
+  const int i0 = n / kLanes * kLanes;
+  for (int t = 0; t < nt; ++t)
+    for (int l = 0; l < kLanes; ++l) xtail[t * kLanes + l] = i0 + l < n ? x[t * xs + i0 + l] : 0.0f;
+}
+
+/// One row against NT tokens (x + t·xs, their last columns in xtail: x_tails): y[t · yt] = the
+/// row's sum for token t, in the lanes, tail and tree of dot_block (a row of at least 16 columns
+/// with a row after it reads its last n mod 16 columns with the next row's first ones, weighted 0;
+/// otherwise from a zero-padded copy), each weight read once for all NT tokens, each token its own
+/// chain of multiply-adds. The short rows of dot_rows (NT = 1) and of dot_rows_batch go through it,
+/// so a token's sums are the same whatever tokens are summed beside it.
+template <int NT, class T>
+inline void dot_row_tokens(const float* x, std::size_t xs, const float* xtail, const T* w, int n,
+                           float* y, std::size_t yt, bool more) {
+  lanes_t a[NT];
+  std::memset(static_cast<void*>(a), 0, sizeof a);
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const lanes_t wv = load_lanes(w + i);
+    for (int t = 0; t < NT; ++t) a[t] += load_lanes(x + t * xs + i) * wv;
+  }
+  if (i < n) {
+    const T* tail = w + i;
+    T pad[kLanes];
+    if (n < kLanes || !more) {
+      for (int l = 0; l < kLanes; ++l) pad[l] = i + l < n ? tail[l] : T{};
+      tail = pad;
+    }
+    const lanes_t wv = load_lanes(tail);
+    for (int t = 0; t < NT; ++t) a[t] += load_lanes(xtail + t * kLanes) * wv;
+  }
+  if constexpr (NT == 8) {
+    tree_sum8(a, y, yt);
+  } else {
+    for (int t = 0; t < NT; ++t) y[t * yt] = tree_sum(a[t]);
+  }
 }
 
 template <class T>
@@ -76,18 +187,79 @@ inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int
     // hundred bytes give them little to learn from between pages.
     const char* ahead = reinterpret_cast<const char*>(w) + kAhead;
     ahead -= reinterpret_cast<std::uintptr_t>(ahead) % 64;
+    float xtail[kLanes];
+    x_tails(x, 0, 1, n, xtail);
     for (; r < rows; ++r) {
       if (ahead_too) {
         const char* until = reinterpret_cast<const char*>(w + (r + 1) * ld) + kAhead;
         for (; ahead < until; ahead += 64) __builtin_prefetch(ahead, 0, 1);
       }
-      dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
+      dot_row_tokens<1>(x, 0, xtail, w + r * ld, n, y + r * ys, 0, r + 1 < rows || more);
     }
     return;
   }
   for (; r + kRowBlock <= rows; r += kRowBlock)
     dot_block<kRowBlock>(x, w + r * ld, ld, n, y + r * ys, ys, r + kRowBlock < rows || more);
   for (; r < rows; ++r) dot_block<1>(x, w + r * ld, ld, n, y + r * ys, ys, r + 1 < rows || more);
+}
+
+/// Tokens dot_rows_batch takes through one row together.
+constexpr int kTokenBlock = 8;
+
+template <class T>
+inline void dot_rows_batch_impl(const float* x, std::size_t xs, int nt, const T* w, std::size_t ld,
+                                int n, int rows, float* y, std::size_t yt, std::size_t ys,
+                                bool more) {
+  if (nt == 1 || n > kShortRow) {
+    for (int t = 0; t < nt; ++t)
+      dot_rows_impl(x + t * xs, w, ld, n, rows, y + t * yt, ys, more, t == 0);
+    return;
+  }
+  // Short rows one after another, as dot_rows_impl, each row read once for every kTokenBlock
+  // tokens.
+  for (int t0 = 0; t0 < nt; t0 += kTokenBlock) {
+    const int m = nt - t0 < kTokenBlock ? nt - t0 : kTokenBlock;
+    const float* xb = x + t0 * xs;
+    float xtail[kTokenBlock * kLanes];
+    x_tails(xb, xs, m, n, xtail);
+    const char* ahead = reinterpret_cast<const char*>(w) + kAhead;
+    ahead -= reinterpret_cast<std::uintptr_t>(ahead) % 64;
+    for (int r = 0; r < rows; ++r) {
+      if (t0 == 0) {  // the first pass streams the rows from memory
+        const char* until = reinterpret_cast<const char*>(w + (r + 1) * ld) + kAhead;
+        for (; ahead < until; ahead += 64) __builtin_prefetch(ahead, 0, 1);
+      }
+      const T* wr = w + r * ld;
+      float* yr = y + t0 * yt + r * ys;
+      const bool mr = r + 1 < rows || more;
+      switch (m) {
+        case 1:
+          dot_row_tokens<1>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 2:
+          dot_row_tokens<2>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 3:
+          dot_row_tokens<3>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 4:
+          dot_row_tokens<4>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 5:
+          dot_row_tokens<5>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 6:
+          dot_row_tokens<6>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        case 7:
+          dot_row_tokens<7>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+        default:
+          dot_row_tokens<kTokenBlock>(xb, xs, xtail, wr, n, yr, yt, mr);
+          break;
+      }
+    }
+  }
 }
 
 /// Kept-row groups of the fixed order summed per sweep of the tile: y's partial sums are loaded
@@ -164,6 +336,22 @@ SPARSIM_CLONES void dot_rows(const float* x, const bf16_t* w, std::size_t ld, in
 SPARSIM_CLONES void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows,
                              float* y, std::size_t ys, bool more, bool ahead) {
   dot_rows_impl(x, w, ld, n, rows, y, ys, more, ahead);
+}
+
+SPARSIM_CLONES void dot_rows_batch(const float* x, std::size_t xs, int nt, const float* w,
+                                   std::size_t ld, int n, int rows, float* y, std::size_t yt,
+                                   std::size_t ys, bool more) {
+  dot_rows_batch_impl(x, xs, nt, w, ld, n, rows, y, yt, ys, more);
+}
+SPARSIM_CLONES void dot_rows_batch(const float* x, std::size_t xs, int nt, const bf16_t* w,
+                                   std::size_t ld, int n, int rows, float* y, std::size_t yt,
+                                   std::size_t ys, bool more) {
+  dot_rows_batch_impl(x, xs, nt, w, ld, n, rows, y, yt, ys, more);
+}
+SPARSIM_CLONES void dot_rows_batch(const float* x, std::size_t xs, int nt, const f16_t* w,
+                                   std::size_t ld, int n, int rows, float* y, std::size_t yt,
+                                   std::size_t ys, bool more) {
+  dot_rows_batch_impl(x, xs, nt, w, ld, n, rows, y, yt, ys, more);
 }
 
 SPARSIM_CLONES void sparse_tile(float* a, int n, const float* x, const int* idx, int nnz,

@@ -46,6 +46,18 @@ void dot_rows(const float* x, const bf16_t* w, std::size_t ld, int n, int rows, 
 void dot_rows(const float* x, const f16_t* w, std::size_t ld, int n, int rows, float* y,
               std::size_t ys, bool more = false, bool ahead = true);
 
+/// y[t · yt + r · ys] = Σ_i x[t · xs + i] · w[r · ld + i] for tokens t in [0, nt) and rows r in
+/// [0, rows): every (token, row) the sum dot_rows computes. Rows up to kShortRow long are read
+/// once for all tokens, kTokenBlock tokens at a time, each token its own chain of multiply-adds
+/// (summing the tokens one after another re-read the rows from the caches and left each row's
+/// sum bound by the latency of its one chain); longer rows go through dot_rows token by token.
+void dot_rows_batch(const float* x, std::size_t xs, int nt, const float* w, std::size_t ld, int n,
+                    int rows, float* y, std::size_t yt, std::size_t ys, bool more = false);
+void dot_rows_batch(const float* x, std::size_t xs, int nt, const bf16_t* w, std::size_t ld, int n,
+                    int rows, float* y, std::size_t yt, std::size_t ys, bool more = false);
+void dot_rows_batch(const float* x, std::size_t xs, int nt, const f16_t* w, std::size_t ld, int n,
+                    int rows, float* y, std::size_t yt, std::size_t ys, bool more = false);
+
 /// a[0:n] += Σ_k x[idx[k]] · wt[idx[k] · ld + j] (j in [0, n)) over the kept indices k in
 /// [0, nnz), in the fixed order of kernels/sparse_gemv.hpp (groups of four, then singles). `wt`
 /// points at the tile's first output column of row 0.

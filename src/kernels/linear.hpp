@@ -64,9 +64,8 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
                          [=](const int b) {
                            const int o0 = b * kDirectRows;
                            const int rows = out - o0 < kDirectRows ? out - o0 : kDirectRows;
-                           for (int t = 0; t < n; ++t)
-                             host::dot_rows(&x(t, 0), &w(o0, 0), ld, in, rows, &y(t, o0), 1,
-                                            o0 + rows < out, t == 0);
+                           host::dot_rows_batch(x.data(), x.stride(0), n, &w(o0, 0), ld, in, rows,
+                                                &y(0, o0), y.stride(0), 1, o0 + rows < out);
                          });
     return;
   }
