@@ -80,58 +80,56 @@ inline v16 tree16(const v16* a) {
 #undef SPARSIM_SH
 #else
 // Without vector extensions (e.g. a CUDA build's host pass): the same lanes and the same tree.
-struct v16 {
-  float x[kL];
+template <int N>
+struct vecf {
+  float x[N];
 };
-inline v16 ld(const float* p) {
-  v16 v;
+template <int N>
+inline vecf<N> operator*(vecf<N> a, vecf<N> b) {
+  for (int l = 0; l < N; ++l) a.x[l] *= b.x[l];
+  return a;
+}
+template <int N>
+inline vecf<N>& operator+=(vecf<N>& a, vecf<N> b) {
+  for (int l = 0; l < N; ++l) a.x[l] += b.x[l];
+  return a;
+}
+template <int N>
+inline vecf<N> load_vec(const float* p) {
+  vecf<N> v;
   std::memcpy(v.x, p, sizeof v.x);
   return v;
+}
+template <int N>
+inline vecf<N> splat_vec(float s) {
+  vecf<N> v;
+  for (float& e : v.x) e = s;
+  return v;
+}
+using v16 = vecf<kL>;
+using v8 = vecf<kL / 2>;
+inline v16 ld(const float* p) {
+  return load_vec<kL>(p);
 }
 inline void st(float* p, v16 v) {
   std::memcpy(p, v.x, sizeof v.x);
 }
 inline v16 splat(float s) {
-  v16 v;
-  for (float& e : v.x) e = s;
-  return v;
-}
-inline v16 operator*(v16 a, v16 b) {
-  for (int l = 0; l < kL; ++l) a.x[l] *= b.x[l];
-  return a;
-}
-inline v16& operator+=(v16& a, v16 b) {
-  for (int l = 0; l < kL; ++l) a.x[l] += b.x[l];
-  return a;
+  return splat_vec<kL>(s);
 }
 inline float lane(const v16& v, int l) {
   return v.x[l];
 }
 // No half blocks here (the value mix's tails take a whole overlapping block).
 constexpr bool kHasHalf = false;
-struct v8 {
-  float x[kL / 2];
-};
 inline v8 ld8(const float* p) {
-  v8 v;
-  std::memcpy(v.x, p, sizeof v.x);
-  return v;
+  return load_vec<kL / 2>(p);
 }
 inline void st8(float* p, v8 v) {
   std::memcpy(p, v.x, sizeof v.x);
 }
 inline v8 splat8(float s) {
-  v8 v;
-  for (float& e : v.x) e = s;
-  return v;
-}
-inline v8 operator*(v8 a, v8 b) {
-  for (int l = 0; l < kL / 2; ++l) a.x[l] *= b.x[l];
-  return a;
-}
-inline v8& operator+=(v8& a, v8 b) {
-  for (int l = 0; l < kL / 2; ++l) a.x[l] += b.x[l];
-  return a;
+  return splat_vec<kL / 2>(s);
 }
 inline v16 vmax(v16 x, v16 m) {
   for (int l = 0; l < kL; ++l) m.x[l] = x.x[l] > m.x[l] ? x.x[l] : m.x[l];

@@ -206,6 +206,15 @@ inline void dot_rows_impl(const float* x, const T* w, std::size_t ld, int n, int
 /// Tokens dot_rows_batch takes through one row together.
 constexpr int kTokenBlock = 8;
 
+/// dot_row_tokens<m> for a run-time token count m in [1, NT].
+template <int NT, class T>
+inline void dot_row_tokens_n(int m, const float* x, std::size_t xs, const float* xtail, const T* w,
+                             int n, float* y, std::size_t yt, bool more) {
+  if constexpr (NT > 1)
+    if (m < NT) return dot_row_tokens_n<NT - 1>(m, x, xs, xtail, w, n, y, yt, more);
+  dot_row_tokens<NT>(x, xs, xtail, w, n, y, yt, more);
+}
+
 template <class T>
 inline void dot_rows_batch_impl(const float* x, std::size_t xs, int nt, const T* w, std::size_t ld,
                                 int n, int rows, float* y, std::size_t yt, std::size_t ys,
@@ -231,33 +240,7 @@ inline void dot_rows_batch_impl(const float* x, std::size_t xs, int nt, const T*
       }
       const T* wr = w + r * ld;
       float* yr = y + t0 * yt + r * ys;
-      const bool mr = r + 1 < rows || more;
-      switch (m) {
-        case 1:
-          dot_row_tokens<1>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 2:
-          dot_row_tokens<2>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 3:
-          dot_row_tokens<3>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 4:
-          dot_row_tokens<4>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 5:
-          dot_row_tokens<5>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 6:
-          dot_row_tokens<6>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        case 7:
-          dot_row_tokens<7>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-        default:
-          dot_row_tokens<kTokenBlock>(xb, xs, xtail, wr, n, yr, yt, mr);
-          break;
-      }
+      dot_row_tokens_n<kTokenBlock>(m, xb, xs, xtail, wr, n, yr, yt, r + 1 < rows || more);
     }
   }
 }
