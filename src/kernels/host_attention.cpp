@@ -19,13 +19,24 @@ constexpr int kAheadLocality = 1;
 // GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
 // xmm registers by each clone.
 using v16 = float __attribute__((vector_size(kL * sizeof(float))));
-inline v16 ld(const float* p) {
-  v16 v;
+/// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
+constexpr bool kHasHalf = true;
+using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
+template <class V>
+inline V load_as(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
-inline void st(float* p, v16 v) {
+template <class V>
+inline void store_as(float* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
+}
+inline v16 ld(const float* p) {
+  return load_as<v16>(p);
+}
+inline void st(float* p, v16 v) {
+  store_as(p, v);
 }
 inline v16 splat(float x) {
   return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};  // one broadcast (v16{} + x adds 0)
@@ -33,16 +44,11 @@ inline v16 splat(float x) {
 inline float lane(const v16& v, int l) {
   return v[l];
 }
-/// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
-constexpr bool kHasHalf = true;
-using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
 inline v8 ld8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
+  return load_as<v8>(p);
 }
 inline void st8(float* p, v8 v) {
-  std::memcpy(p, &v, sizeof v);
+  store_as(p, v);
 }
 inline v8 splat8(float x) {
   return v8{x, x, x, x, x, x, x, x};
