@@ -22,29 +22,51 @@ inline float wide(Half v) {
 }
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
-/// 16 lanes as one vector value: the products and sums of dot_block and dot_row_tokens are vector
-/// statements, which the compiler fuses (or not, in a clone without FMA) the same way for every NT.
-/// On arrays of lanes its choice between fused and separate multiply-adds in the tail differed
-/// between instantiations, and with it the last bits of a token's sum.
-using lanes_t = float __attribute__((vector_size(kLanes * sizeof(float))));
+/// 8 lanes: one ymm register with AVX2 and with AVX-512.
+using half_t = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
-struct lanes_t {
-  float v[kLanes];
-  lanes_t& operator+=(const lanes_t& o) {
-    for (int l = 0; l < kLanes; ++l) v[l] += o.v[l];
-    return *this;
-  }
-  lanes_t operator*(const lanes_t& o) const {
-    lanes_t r;
-    for (int l = 0; l < kLanes; ++l) r.v[l] = v[l] * o.v[l];
-    return r;
-  }
+struct half_t {
+  float v[kLanes / 2];
+  float& operator[](int l) { return v[l]; }
+  float operator[](int l) const { return v[l]; }
 };
+inline half_t operator+(half_t a, const half_t& b) {
+  for (int l = 0; l < kLanes / 2; ++l) a.v[l] += b.v[l];
+  return a;
+}
+inline half_t operator*(half_t a, const half_t& b) {
+  for (int l = 0; l < kLanes / 2; ++l) a.v[l] *= b.v[l];
+  return a;
+}
 #endif
 
+/// 16 lanes as two halves of vector statements: the products and sums of dot_block and
+/// dot_row_tokens are vector statements, which the compiler fuses (or not, in a clone without FMA)
+/// the same way for every NT (on arrays of lanes its choice between fused and separate
+/// multiply-adds in the tail differed between instantiations, and with it the last bits of a
+/// token's sum). Two 8-lane halves rather than one 16-lane vector: without AVX-512 a 16-lane
+/// vector variable has no register and lives in memory, which made the AVX2 code ten times slower.
+struct lanes_t {
+  half_t lo, hi;  // lanes 0 … 7, 8 … 15
+  lanes_t& operator+=(const lanes_t& o) {
+    lo = lo + o.lo;
+    hi = hi + o.hi;
+    return *this;
+  }
+  lanes_t operator*(const lanes_t& o) const { return {lo * o.lo, hi * o.hi}; }
+};
+
+inline lanes_t zero_lanes() {
+  lanes_t v;
+  std::memset(&v.lo, 0, sizeof v.lo);
+  v.hi = v.lo;
+  return v;
+}
 inline lanes_t load_lanes(const float* p) {
   lanes_t v;
-  std::memcpy(&v, p, sizeof v);
+  std::memcpy(&v.lo, p, sizeof v.lo);
+  std::memcpy(&v.hi, p + kLanes / 2, sizeof v.hi);
   return v;
 }
 template <class T>
@@ -54,21 +76,55 @@ inline lanes_t load_lanes(const T* p) {
   return load_lanes(f);
 }
 
-/// The lanes added pairwise at distances 8, 4, 2, 1 (detail::dot_lanes' tree).
+/// The lanes added pairwise at distances 8, 4, 2, 1 (detail::dot_lanes' tree): the halves, then
+/// halves of halves.
 inline float tree_sum(const lanes_t& a) {
-  float s[kLanes];
-  std::memcpy(s, &a, sizeof s);
-  for (int h = kLanes / 2; h > 0; h /= 2)
+  const half_t b = a.lo + a.hi;
+#if defined(__GNUC__) && !defined(__CUDACC__)
+  using f4 = float __attribute__((vector_size(4 * sizeof(float))));
+  using f2 = float __attribute__((vector_size(2 * sizeof(float))));
+  const f4 c = SPARSIM_SH(b, b, 0, 1, 2, 3) + SPARSIM_SH(b, b, 4, 5, 6, 7);
+  const f2 d = SPARSIM_SH(c, c, 0, 1) + SPARSIM_SH(c, c, 2, 3);
+  return d[0] + d[1];
+#else
+  float s[kLanes / 2];
+  for (int l = 0; l < kLanes / 2; ++l) s[l] = b[l];
+  for (int h = kLanes / 4; h > 0; h /= 2)
     for (int l = 0; l < h; ++l) s[l] += s[l + h];
   return s[0];
+#endif
 }
+
+/// tree_sum of a[0 … 7] at once, into y[t · yt]: the same pairwise additions (distances 8, 4, 2,
+/// 1), each level after the first halving the partial sums per vector and doubling the tokens
+/// per vector.
+inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
+#if defined(__GNUC__) && !defined(__CUDACC__)
+  half_t b[8], c[4], d[2];
+  for (int t = 0; t < 8; ++t) b[t] = a[t].lo + a[t].hi;
+  for (int j = 0; j < 4; ++j)
+    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  for (int j = 0; j < 2; ++j)
+    d[j] = SPARSIM_SH(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
+           SPARSIM_SH(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
+  const half_t r = SPARSIM_SH(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) +
+                   SPARSIM_SH(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int t = 0; t < 8; ++t) y[t * yt] = r[t];
+#else
+  for (int t = 0; t < 8; ++t) y[t * yt] = tree_sum(a[t]);
+#endif
+}
+#if defined(__GNUC__) && !defined(__CUDACC__)
+#undef SPARSIM_SH
+#endif
 
 /// `more`: the matrix has a row after the block's last one (w[R · ld …] may be read).
 template <int R, class T>
 inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys,
                       bool more) {
   lanes_t a[R];
-  std::memset(static_cast<void*>(a), 0, sizeof a);
+  for (lanes_t& v : a) v = zero_lanes();
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     // 16-bit rows: ask for the next block's rows, a cache line at a time. Eight short rows
@@ -103,36 +159,6 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
   for (int r = 0; r < R; ++r) y[r * ys] = tree_sum(a[r]);
 }
 
-#if defined(__GNUC__) && !defined(__CUDACC__)
-#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-/// tree_sum of a[0 … 7] at once, into y[t · yt]: the same pairwise additions (distances 8, 4, 2,
-/// 1), each level halving the partial sums per vector and doubling the vectors' share of lanes.
-inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
-  lanes_t b[4], c[2];
-  for (int j = 0; j < 4; ++j)
-    b[j] =
-        SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-        SPARSIM_SH(a[2 * j], a[2 * j + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30,
-                   31);
-  for (int j = 0; j < 2; ++j)
-    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
-                      27) +
-           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29,
-                      30, 31);
-  const lanes_t d =
-      SPARSIM_SH(c[0], c[1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
-      SPARSIM_SH(c[0], c[1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
-  const lanes_t r = SPARSIM_SH(d, d, 0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14) +
-                    SPARSIM_SH(d, d, 1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
-  for (int t = 0; t < 8; ++t) y[t * yt] = r[t];
-}
-#undef SPARSIM_SH
-#else
-inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
-  for (int t = 0; t < 8; ++t) y[t * yt] = tree_sum(a[t]);
-}
-#endif
-
 /// xtail[t · 16 + l] = x[t · xs + i0 + l] for i0 + l < n, else 0 (i0 = n rounded down to 16):
 /// the tokens' last columns as dot_row_tokens multiplies them with a row's tail.
 inline void x_tails(const float* x, std::size_t xs, int nt, int n, float* xtail) {
@@ -151,7 +177,7 @@ template <int NT, class T>
 inline void dot_row_tokens(const float* x, std::size_t xs, const float* xtail, const T* w, int n,
                            float* y, std::size_t yt, bool more) {
   lanes_t a[NT];
-  std::memset(static_cast<void*>(a), 0, sizeof a);
+  for (lanes_t& v : a) v = zero_lanes();
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const lanes_t wv = load_lanes(w + i);
