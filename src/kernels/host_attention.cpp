@@ -16,12 +16,30 @@ constexpr std::ptrdiff_t kLine = 64;  // bytes of a cache line (the prefetch gra
 /// with it against 175-210 µs with locality 3 (prefetcht0) or none.
 constexpr int kAheadLocality = 1;
 #if defined(__GNUC__) && !defined(__CUDACC__)
-// GCC/Clang vector extensions: 16 floats, lowered to one zmm (AVX-512), two ymm (AVX2) or four
-// xmm registers by each clone.
-using v16 = float __attribute__((vector_size(kL * sizeof(float))));
+#define SPARSIM_VECTOR_LANES 1
+// GCC/Clang vector extensions. The loops below are written once for a 16-lane type V and compiled
+// for two: Wide, one 16-float vector (one zmm register with AVX-512), and Pair, two 8-float halves
+// (two ymm registers). Without AVX-512 a 16-float vector variable has no register to live in and
+// the compiler keeps it in memory, which made the AVX2 clone about ten times slower than the
+// AVX-512 one; with AVX-512 two halves would leave half of each register unused. Both give the
+// same bits (the same operations in the same lanes).
+using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
+// Wide values cross no call boundary that another translation unit sees (everything here is
+// inlined into the exported kernels), so GCC's note on their calling convention without AVX-512
+// does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+using Wide = float __attribute__((vector_size(kL * sizeof(float))));
+struct Pair {
+  v8 lo, hi;  // lanes 0 … 7, 8 … 15
+  Pair& operator+=(const Pair& o) {
+    lo += o.lo;
+    hi += o.hi;
+    return *this;
+  }
+  Pair operator*(const Pair& o) const { return {lo * o.lo, hi * o.hi}; }
+};
 /// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
 constexpr bool kHasHalf = true;
-using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
 template <class V>
 inline V load_as(const float* p) {
   V v;
@@ -32,18 +50,6 @@ template <class V>
 inline void store_as(float* p, const V& v) {
   std::memcpy(p, &v, sizeof v);
 }
-inline v16 ld(const float* p) {
-  return load_as<v16>(p);
-}
-inline void st(float* p, v16 v) {
-  store_as(p, v);
-}
-inline v16 splat(float x) {
-  return v16{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};  // one broadcast (v16{} + x adds 0)
-}
-inline float lane(const v16& v, int l) {
-  return v[l];
-}
 inline v8 ld8(const float* p) {
   return load_as<v8>(p);
 }
@@ -53,23 +59,73 @@ inline void st8(float* p, v8 v) {
 inline v8 splat8(float x) {
   return v8{x, x, x, x, x, x, x, x};
 }
+template <class V>
+V ld(const float* p);
+template <>
+inline Wide ld<Wide>(const float* p) {
+  return load_as<Wide>(p);
+}
+template <>
+inline Pair ld<Pair>(const float* p) {
+  return {ld8(p), ld8(p + kL / 2)};
+}
+inline void st(float* p, const Wide& v) {
+  store_as(p, v);
+}
+inline void st(float* p, const Pair& v) {
+  st8(p, v.lo);
+  st8(p + kL / 2, v.hi);
+}
+template <class V>
+V splat(float x);
+template <>
+inline Wide splat<Wide>(float x) {
+  return Wide{x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};  // one broadcast (Wide{} + x adds 0)
+}
+template <>
+inline Pair splat<Pair>(float x) {
+  return {splat8(x), splat8(x)};
+}
 /// Per lane x > m ? x : m (detail::max_lanes' comparison).
-inline v16 vmax(v16 x, v16 m) {
+inline Wide vmax(const Wide& x, const Wide& m) {
   return x > m ? x : m;
 }
-#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
-/// A v16 of two half blocks: lanes 0 … 7 from a, 8 … 15 from b.
-inline v16 cat(const float* a, const float* b) {
-  v8 x, y;
-  std::memcpy(&x, a, sizeof x);
-  std::memcpy(&y, b, sizeof y);
-  return SPARSIM_SH(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+inline Pair vmax(const Pair& x, const Pair& m) {
+  return {x.lo > m.lo ? x.lo : m.lo, x.hi > m.hi ? x.hi : m.hi};
 }
-/// r[p] (p < 16) = the 8 partial sums of position p added pairwise at distances 4, 2, 1, where
-/// a[j] holds position 2j's partial sums in lanes 0 … 7 and position 2j + 1's in lanes 8 … 15:
-/// each level halves the partial sums per position and doubles the positions per vector.
-inline v16 tree16(const v16* a) {
-  v16 b[4], c[2];
+#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+/// 16 lanes of two half blocks: lanes 0 … 7 from a, 8 … 15 from b.
+template <class V>
+V cat(const float* a, const float* b);
+template <>
+inline Wide cat<Wide>(const float* a, const float* b) {
+  return SPARSIM_SH(ld8(a), ld8(b), 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+}
+template <>
+inline Pair cat<Pair>(const float* a, const float* b) {
+  return {ld8(a), ld8(b)};
+}
+
+/// How the loops use the registers: positions whose scores one tree reduces (a vector of partial
+/// sums holds two of them), query heads scored together (each key block loaded once for all),
+/// query heads whose value mixes share one pass over the value rows, and blocks of 16 channels per
+/// value slab. Wide fills AVX-512's 32 registers of 16 floats; Pair AVX2's 16 of 8.
+template <class V>
+struct Tiling;
+template <>
+struct Tiling<Wide> {
+  static constexpr int kPos = 16, kHeads = 3, kValueHeads = 4, kSlabBlocks = 4;
+};
+template <>
+struct Tiling<Pair> {
+  static constexpr int kPos = 8, kHeads = 3, kValueHeads = 2, kSlabBlocks = 2;
+};
+
+/// r[p] (p < 16) = scale · (the 8 partial sums of position p added pairwise at distances 4, 2, 1),
+/// where a[j] holds position 2j's partial sums in lanes 0 … 7 and position 2j + 1's in lanes
+/// 8 … 15: each level halves the partial sums per position and doubles the positions per vector.
+inline void tree(const Wide* a, float scale, float* r) {
+  Wide b[4], c[2];
   for (int j = 0; j < 4; ++j)
     b[j] = SPARSIM_SH(a[2 * j], a[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26,
                       27) +
@@ -80,11 +136,32 @@ inline v16 tree16(const v16* a) {
                       29) +
            SPARSIM_SH(b[2 * j], b[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27,
                       30, 31);
-  return SPARSIM_SH(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
-         SPARSIM_SH(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  st(r, (SPARSIM_SH(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         SPARSIM_SH(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)) *
+            splat<Wide>(scale));
+}
+/// The same tree for 8 positions (a[0 … 3]), on halves.
+inline void tree(const Pair* a, float scale, float* r) {
+  // One level on the halves x (positions 2j, lanes 0 … 7) and y (2j + 1): 4 partial sums each.
+  const auto level1 = [](v8 x, v8 y) {
+    return SPARSIM_SH(x, y, 0, 1, 2, 3, 8, 9, 10, 11) +
+           SPARSIM_SH(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
+  };
+  const auto level2 = [](v8 x, v8 y) {
+    return SPARSIM_SH(x, y, 0, 1, 4, 5, 8, 9, 12, 13) +
+           SPARSIM_SH(x, y, 2, 3, 6, 7, 10, 11, 14, 15);
+  };
+  Pair b[2], c;
+  for (int j = 0; j < 2; ++j)
+    b[j] = {level1(a[2 * j].lo, a[2 * j].hi), level1(a[2 * j + 1].lo, a[2 * j + 1].hi)};
+  c = {level2(b[0].lo, b[0].hi), level2(b[1].lo, b[1].hi)};
+  st8(r, (SPARSIM_SH(c.lo, c.hi, 0, 2, 4, 6, 8, 10, 12, 14) +
+          SPARSIM_SH(c.lo, c.hi, 1, 3, 5, 7, 9, 11, 13, 15)) *
+             splat8(scale));
 }
 #undef SPARSIM_SH
 #else
+#define SPARSIM_VECTOR_LANES 0
 // Without vector extensions (e.g. a CUDA build's host pass): the same lanes and the same tree.
 template <int N>
 struct vecf {
@@ -112,19 +189,18 @@ inline vecf<N> splat_vec(float s) {
   for (float& e : v.x) e = s;
   return v;
 }
-using v16 = vecf<kL>;
+using Wide = vecf<kL>;
 using v8 = vecf<kL / 2>;
-inline v16 ld(const float* p) {
+template <class V>
+inline V ld(const float* p) {
   return load_vec<kL>(p);
 }
-inline void st(float* p, v16 v) {
+inline void st(float* p, const Wide& v) {
   std::memcpy(p, v.x, sizeof v.x);
 }
-inline v16 splat(float s) {
+template <class V>
+inline V splat(float s) {
   return splat_vec<kL>(s);
-}
-inline float lane(const v16& v, int l) {
-  return v.x[l];
 }
 // No half blocks here (the value mix's tails take a whole overlapping block).
 constexpr bool kHasHalf = false;
@@ -137,26 +213,29 @@ inline void st8(float* p, v8 v) {
 inline v8 splat8(float s) {
   return splat_vec<kL / 2>(s);
 }
-inline v16 vmax(v16 x, v16 m) {
+inline Wide vmax(Wide x, Wide m) {
   for (int l = 0; l < kL; ++l) m.x[l] = x.x[l] > m.x[l] ? x.x[l] : m.x[l];
   return m;
 }
-inline v16 cat(const float* a, const float* b) {
-  v16 v;
+template <class V>
+inline V cat(const float* a, const float* b) {
+  V v;
   std::memcpy(v.x, a, sizeof(float) * kL / 2);
   std::memcpy(v.x + kL / 2, b, sizeof(float) * kL / 2);
   return v;
 }
-inline v16 tree16(const v16* a) {
-  v16 r;
+template <class V>
+struct Tiling {
+  static constexpr int kPos = 16, kHeads = 3, kValueHeads = 4, kSlabBlocks = 4;
+};
+inline void tree(const Wide* a, float scale, float* r) {
   for (int p = 0; p < kL; ++p) {
     float t[kL / 2];
     std::memcpy(t, a[p / 2].x + (p % 2) * (kL / 2), sizeof t);
     for (int h = kL / 4; h > 0; h /= 2)
       for (int l = 0; l < h; ++l) t[l] += t[l + h];
-    r.x[p] = t[0];
+    r[p] = t[0] * scale;
   }
-  return r;
 }
 #endif
 
@@ -200,23 +279,18 @@ struct Stream {
   }
 };
 
-/// Positions scored together, as pairs (kPos / 2 vectors of partial sums per query head), and
-/// query heads: G ≤ 3 heads × 8 pairs (24 vectors) stay in AVX-512's 32 registers beside the key
-/// pair and the query.
-constexpr int kPos = 16;
-constexpr int kHeadsTogether = 3;
-
 /// Scores of kPos positions (rows k + j·ks; in a short block the missing rows repeat the last
 /// one and their scores are not stored) for G query heads (q + g·qs). Half block h (8 channels
 /// at c = 8h; the last, when d is not a multiple of 8, at d − 8 with its first lanes weighted 0
 /// by `hmask`) of positions 2j and 2j + 1 is one vector, loaded once for all G heads.
-template <int G, bool kFull>
-inline void scores16(const float* q, std::size_t qs, const float* k, std::size_t ks, int m, int d,
-                     int nhalf, const v16& hmask, float scale, float* out, std::size_t ls) {
-  constexpr int kPairs = kPos / 2;
-  v16 acc[G][kPairs];
+template <class V, int G, bool kFull>
+inline void scores_block(const float* q, std::size_t qs, const float* k, std::size_t ks, int m,
+                         int d, int nhalf, const V& hmask, float scale, float* out,
+                         std::size_t ls) {
+  constexpr int kPos = Tiling<V>::kPos, kPairs = kPos / 2;
+  V acc[G][kPairs];
   for (auto& ag : acc)
-    for (auto& a : ag) a = splat(0.0f);
+    for (auto& a : ag) a = splat<V>(0.0f);
   // A short block's row pointers (clamped); a full block steps one pointer down its rows.
   const float* rows[kFull ? 1 : kPos];
   if (!kFull)
@@ -225,44 +299,62 @@ inline void scores16(const float* q, std::size_t qs, const float* k, std::size_t
   for (int h = 0; h < hb; ++h) {
     const bool tail = h == nhalf;
     const int c = tail ? d - kL / 2 : h * (kL / 2);
-    v16 qh[G];
+    V qh[G];
     for (int g = 0; g < G; ++g) {
-      qh[g] = cat(q + g * qs + c, q + g * qs + c);
+      qh[g] = cat<V>(q + g * qs + c, q + g * qs + c);
       if (tail) qh[g] = qh[g] * hmask;
     }
     const float* kr = k + c;
     for (int j = 0; j < kPairs; ++j) {
-      const v16 x = kFull ? cat(kr, kr + ks) : cat(rows[2 * j] + c, rows[2 * j + 1] + c);
+      const V x = kFull ? cat<V>(kr, kr + ks) : cat<V>(rows[2 * j] + c, rows[2 * j + 1] + c);
       kr += 2 * ks;
       for (int g = 0; g < G; ++g) acc[g][j] += x * qh[g];
     }
   }
   for (int g = 0; g < G; ++g) {
-    const v16 r = tree16(acc[g]) * splat(scale);
     if (kFull) {
-      st(out + g * ls, r);
+      tree(acc[g], scale, out + g * ls);
     } else {
-      for (int j = 0; j < m; ++j) out[g * ls + j] = lane(r, j);
+      float r[kPos];
+      tree(acc[g], scale, r);
+      for (int j = 0; j < m; ++j) out[g * ls + j] = r[j];
     }
   }
 }
 
-template <int G>
+template <class V, int G>
 void scores_heads(const float* q, std::size_t qs, const float* k, std::size_t ks, int len, int d,
-                  int nhalf, const v16& hmask, float scale, float* s, std::size_t ls, Stream& pf) {
+                  int nhalf, const V& hmask, float scale, float* s, std::size_t ls, Stream& pf) {
+  constexpr int kPos = Tiling<V>::kPos;
   int p = 0;
   for (; p + kPos <= len; p += kPos) {
     pf.tick();
-    scores16<G, true>(q, qs, k + p * ks, ks, kPos, d, nhalf, hmask, scale, s + p, ls);
+    scores_block<V, G, true>(q, qs, k + p * ks, ks, kPos, d, nhalf, hmask, scale, s + p, ls);
   }
   if (p < len)
-    scores16<G, false>(q, qs, k + p * ks, ks, len - p, d, nhalf, hmask, scale, s + p, ls);
+    scores_block<V, G, false>(q, qs, k + p * ks, ks, len - p, d, nhalf, hmask, scale, s + p, ls);
 }
 
+/// The scores of `gn` (1 … Tiling<V>::kHeads) query heads together.
+template <class V, int G = 1>
+void scores_group(int gn, const float* q, std::size_t qs, const float* k, std::size_t ks, int len,
+                  int d, int nhalf, const V& hmask, float scale, float* s, std::size_t ls,
+                  Stream& pf) {
+  if constexpr (G < Tiling<V>::kHeads) {
+    if (gn > G) {
+      scores_group<V, G + 1>(gn, q, qs, k, ks, len, d, nhalf, hmask, scale, s, ls, pf);
+      return;
+    }
+  }
+  scores_heads<V, G>(q, qs, k, ks, len, d, nhalf, hmask, scale, s, ls, pf);
+}
+
+template <class V>
 void scores_impl(const float* q, std::size_t qs, int group, const float* k, std::size_t ks, int len,
                  int d, float scale, float* s, std::size_t ls, const Ahead& ahead) {
-  const int hblocks = (group + kHeadsTogether - 1) / kHeadsTogether;
-  Stream pf(ahead, static_cast<std::size_t>(len / kPos) * hblocks);
+  constexpr int kHeads = Tiling<V>::kHeads;
+  const int hblocks = (group + kHeads - 1) / kHeads;
+  Stream pf(ahead, static_cast<std::size_t>(len / Tiling<V>::kPos) * hblocks);
   if (d < kL / 2) {
     for (int g = 0; g < group; ++g)
       for (int p = 0; p < len; ++p) s[g * ls + p] = dot_narrow(q + g * qs, k + p * ks, d) * scale;
@@ -272,49 +364,38 @@ void scores_impl(const float* q, std::size_t qs, int group, const float* k, std:
   const int nhalf = d / (kL / 2), r = d % (kL / 2);
   float mk[kL];
   for (int l = 0; l < kL; ++l) mk[l] = r == 0 || l % (kL / 2) >= kL / 2 - r ? 1.0f : 0.0f;
-  const v16 hmask = ld(mk);
-  for (int g0 = 0; g0 < group; g0 += kHeadsTogether) {
-    const float* qg = q + g0 * qs;
-    float* sg = s + g0 * ls;
-    switch (group - g0 < kHeadsTogether ? group - g0 : kHeadsTogether) {
-      case 1:
-        scores_heads<1>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
-        break;
-      case 2:
-        scores_heads<2>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
-        break;
-      default:
-        scores_heads<3>(qg, qs, k, ks, len, d, nhalf, hmask, scale, sg, ls, pf);
-        break;
-    }
+  const V hmask = ld<V>(mk);
+  for (int g0 = 0; g0 < group; g0 += kHeads) {
+    const int gn = group - g0 < kHeads ? group - g0 : kHeads;
+    scores_group<V>(gn, q + g0 * qs, qs, k, ks, len, d, nhalf, hmask, scale, s + g0 * ls, ls, pf);
   }
   pf.finish();
 }
 
-/// The value mix of G query heads over one slab of at most 64 channels: NB blocks of 16, block b
-/// at channel off[b] (the last may overlap the one before it; then only its last `tail` lanes are
-/// stored), then, with kHalf, one block of 8 at channel `hoff` of which the last `htail` lanes
-/// are stored (a slab whose last 1 … 8 channels follow its last whole block: half the work of a
-/// block of 16 on a CPU that runs 512-bit vectors as two halves). An output channel's sum is the
-/// same whichever block carries it.
-template <int G, int NB, bool kHalf>
+/// The value mix of G query heads over one slab of at most 16 · kSlabBlocks channels: NB blocks
+/// of 16, block b at channel off[b] (the last may overlap the one before it; then only its last
+/// `tail` lanes are stored), then, with kHalf, one block of 8 at channel `hoff` of which the last
+/// `htail` lanes are stored (a slab whose last 1 … 8 channels follow its last whole block: half
+/// the work of a block of 16 on a CPU that runs 512-bit vectors as two halves). An output
+/// channel's sum is the same whichever block carries it.
+template <class V, int G, int NB, bool kHalf>
 void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
                  const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
                  Stream& pf) {
-  v16 acc[G][NB];
+  V acc[G][NB];
   v8 hacc[G];
   for (auto& ag : acc)
-    for (auto& a : ag) a = splat(0.0f);
+    for (auto& a : ag) a = splat<V>(0.0f);
   for (auto& h : hacc) h = splat8(0.0f);
   for (int p = 0; p < len; ++p) {
     pf.tick();
     const float* vr = v + p * vs;
-    v16 x[NB];
-    for (int b = 0; b < NB; ++b) x[b] = ld(vr + off[b]);
+    V x[NB];
+    for (int b = 0; b < NB; ++b) x[b] = ld<V>(vr + off[b]);
     const v8 hx = kHalf ? ld8(vr + hoff) : splat8(0.0f);
     for (int g = 0; g < G; ++g) {
       const float wp = w[g * ws + p];
-      const v16 wg = splat(wp);
+      const V wg = splat<V>(wp);
       for (int b = 0; b < NB; ++b) acc[g][b] += x[b] * wg;
       if (kHalf) hacc[g] += hx * splat8(wp);
     }
@@ -325,7 +406,9 @@ void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs,
       if (b < NB - 1 || tail == kL) {
         st(dst, acc[g][b]);
       } else {
-        for (int l = kL - tail; l < kL; ++l) dst[l] = lane(acc[g][b], l);
+        float r[kL];
+        st(r, acc[g][b]);
+        for (int l = kL - tail; l < kL; ++l) dst[l] = r[l];
       }
     }
     if (kHalf) {
@@ -336,44 +419,44 @@ void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs,
   }
 }
 
-/// Query heads whose value mixes share one pass over the value rows (values_heads<1 … 4>).
-constexpr int kValueHeads = 4;
-
-template <int G, bool kHalf>
+/// values_slab for nb (1 … kSlabBlocks) blocks.
+template <class V, int G, bool kHalf, int NB = 1>
 void values_blocks(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
                    const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
                    Stream& pf) {
-  switch (nb) {
-    case 1:
-      values_slab<G, 1, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
-      break;
-    case 2:
-      values_slab<G, 2, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
-      break;
-    case 3:
-      values_slab<G, 3, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
-      break;
-    default:
-      values_slab<G, 4, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
-      break;
+  if constexpr (NB < Tiling<V>::kSlabBlocks) {
+    if (nb > NB) {
+      values_blocks<V, G, kHalf, NB + 1>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
+      return;
+    }
   }
+  values_slab<V, G, NB, kHalf>(w, ws, v, vs, len, off, tail, hoff, htail, o, os, pf);
 }
 
-template <int G>
-void values_heads(const float* w, std::size_t ws, const float* v, std::size_t vs, int len, int nb,
-                  const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
+/// The value mixes of gn (1 … kValueHeads) query heads in one pass over the value rows.
+template <class V, int G = 1>
+void values_heads(int gn, const float* w, std::size_t ws, const float* v, std::size_t vs, int len,
+                  int nb, const int* off, int tail, int hoff, int htail, float* o, std::size_t os,
                   Stream& pf) {
+  if constexpr (G < Tiling<V>::kValueHeads) {
+    if (gn > G) {
+      values_heads<V, G + 1>(gn, w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
+      return;
+    }
+  }
   if (htail > 0)
-    values_blocks<G, true>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
+    values_blocks<V, G, true>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
   else
-    values_blocks<G, false>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
+    values_blocks<V, G, false>(w, ws, v, vs, len, nb, off, tail, hoff, htail, o, os, pf);
 }
 
+template <class V>
 void values_impl(const float* w, std::size_t ws, int group, const float* v, std::size_t vs, int len,
                  int d, float* o, std::size_t os, const Ahead& ahead) {
-  constexpr int kSlab = 4 * kL;  // channels whose partial sums stay in registers
+  constexpr int kBlocks = Tiling<V>::kSlabBlocks, kHeads = Tiling<V>::kValueHeads;
+  constexpr int kSlab = kBlocks * kL;  // channels whose partial sums stay in registers
   const int slabs = (d + kSlab - 1) / kSlab;
-  const int gblocks = (group + kValueHeads - 1) / kValueHeads;
+  const int gblocks = (group + kHeads - 1) / kHeads;
   Stream pf(ahead, d < kL ? 1 : static_cast<std::size_t>(slabs) * gblocks * len);
   if (d < kL) {
     for (int g = 0; g < group; ++g)
@@ -390,99 +473,85 @@ void values_impl(const float* w, std::size_t ws, int group, const float* v, std:
     const int nfull = n / kL, r = n % kL;
     // The channels past the last whole block: a half block when they fit in one (and the clone
     // has half-width vectors), else one block of 16 overlapping the one before it (also when the
-    // slab has no whole block: a head's last 1 … 15 channels past a multiple of 64).
+    // slab has no whole block: a head's last 1 … 15 channels past a multiple of the slab).
     const int htail = kHasHalf && nfull > 0 && r > 0 && r <= kL / 2 ? r : 0;
     const int nb = htail > 0 || r == 0 ? nfull : nfull + 1;
-    int off[4];
+    int off[kBlocks];
     for (int b = 0; b < nb; ++b) off[b] = b < nfull ? i0 + b * kL : i0 + n - kL;
     const int tail = nb == nfull ? kL : r;
     const int hoff = i0 + n - kL / 2;
-    for (int g0 = 0; g0 < group; g0 += kValueHeads) {
-      const int gn = group - g0 < kValueHeads ? group - g0 : kValueHeads;
-      const float* wg = w + g0 * ws;
-      float* og = o + g0 * os;
-      switch (gn) {
-        case 1:
-          values_heads<1>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
-          break;
-        case 2:
-          values_heads<2>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
-          break;
-        case 3:
-          values_heads<3>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
-          break;
-        default:
-          values_heads<4>(wg, ws, v, vs, len, nb, off, tail, hoff, htail, og, os, pf);
-          break;
-      }
+    for (int g0 = 0; g0 < group; g0 += kHeads) {
+      const int gn = group - g0 < kHeads ? group - g0 : kHeads;
+      values_heads<V>(gn, w + g0 * ws, ws, v, vs, len, nb, off, tail, hoff, htail, o + g0 * os, os,
+                      pf);
     }
   }
   pf.finish();
 }
 
 /// The loads of touch(), folded into one value that the caller keeps alive: the n floats at p in
-/// address order, every 16-float piece one load (the last piece the block's last 16 floats,
-/// overlapping the one before; single floats for a block shorter than 16). The bits are combined
+/// address order, every 8-float piece one load (the last piece the block's last 8 floats,
+/// overlapping the one before; single floats for a block shorter than 8). The bits are combined
 /// as integers (no floating-point work, so no slow path for subnormal or NaN values) in four
-/// independent accumulators.
+/// independent accumulators. Pieces of 8 (one ymm register) for the same reason as Pair.
 std::uint32_t touch_impl(const float* p, std::size_t n) {
+  constexpr std::size_t kH = kL / 2;
   std::uint32_t t = 0;
   const auto word = [](const float* x) {
     std::uint32_t u;
     std::memcpy(&u, x, sizeof u);
     return u;
   };
-  if (n < static_cast<std::size_t>(kL)) {
+  if (n < kH) {
     for (std::size_t i = 0; i < n; ++i) t |= word(p + i);
     return t;
   }
-#if defined(__GNUC__) && !defined(__CUDACC__)
-  using u16 = std::uint32_t __attribute__((vector_size(kL * sizeof(float))));
+#if SPARSIM_VECTOR_LANES
+  using u8 = std::uint32_t __attribute__((vector_size(kH * sizeof(float))));
   const auto ldu = [](const float* x) {
-    u16 v;
+    u8 v;
     std::memcpy(&v, x, sizeof v);
     return v;
   };
-  u16 a0{}, a1{}, a2{}, a3{};
+  u8 a0{}, a1{}, a2{}, a3{};
   std::size_t i = 0;
-  for (; i + 4 * kL <= n; i += 4 * kL) {
+  for (; i + 4 * kH <= n; i += 4 * kH) {
     a0 |= ldu(p + i);
-    a1 |= ldu(p + i + kL);
-    a2 |= ldu(p + i + 2 * kL);
-    a3 |= ldu(p + i + 3 * kL);
+    a1 |= ldu(p + i + kH);
+    a2 |= ldu(p + i + 2 * kH);
+    a3 |= ldu(p + i + 3 * kH);
   }
-  for (; i + kL <= n; i += kL) a0 |= ldu(p + i);
-  if (i < n) a1 |= ldu(p + n - kL);
-  const u16 a = (a0 | a1) | (a2 | a3);
-  for (int l = 0; l < kL; ++l) t |= a[l];
+  for (; i + kH <= n; i += kH) a0 |= ldu(p + i);
+  if (i < n) a1 |= ldu(p + n - kH);
+  const u8 a = (a0 | a1) | (a2 | a3);
+  for (std::size_t l = 0; l < kH; ++l) t |= a[l];
 #else
-  for (std::size_t i = 0; i < n; i += kL) t |= word(p + i);
+  for (std::size_t i = 0; i < n; i += kH) t |= word(p + i);
   t |= word(p + n - 1);
 #endif
   return t;
 }
 
-}  // namespace
-
-SPARSIM_CLONES void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
-  // detail::max_lanes, the exponentials and detail::sum_lanes with the lanes as one vector: the
-  // same comparisons and additions in the same lanes and order (so the same bits), without the
-  // scalar loop the compiler makes of max_lanes' per-lane arrays.
+/// detail::max_lanes, the exponentials and detail::sum_lanes with the lanes as one vector: the
+/// same comparisons and additions in the same lanes and order (so the same bits), without the
+/// scalar loop the compiler makes of max_lanes' per-lane arrays.
+template <class V>
+void chunk_softmax_impl(float* sc, int len, int group, float* part, int pstride) {
   const int nb = len / kL * kL;
   for (int g = 0; g < group; ++g) {
     float* w = sc + static_cast<std::ptrdiff_t>(g) * len;
-    v16 m = splat(-3.0e38f);
-    for (int i = 0; i < nb; i += kL) m = vmax(ld(w + i), m);
+    V m = splat<V>(-3.0e38f);
+    for (int i = 0; i < nb; i += kL) m = vmax(ld<V>(w + i), m);
     float ml[kL];
     st(ml, m);
     for (int l = 0; nb + l < len; ++l) ml[l] = w[nb + l] > ml[l] ? w[nb + l] : ml[l];
     for (int h = kL / 2; h > 0; h /= 2)
       for (int l = 0; l < h; ++l) ml[l] = ml[l + h] > ml[l] ? ml[l + h] : ml[l];
     const float mx = ml[0];
-    v16 a = splat(0.0f);
+    V a = splat<V>(0.0f);
     for (int i = 0; i < nb; i += kL) {
       for (int l = 0; l < kL; ++l) w[i + l] = detail::exp_nonpos(w[i + l] - mx);
-      a += ld(w + i);
+      a += ld<V>(w + i);
     }
     float al[kL];
     st(al, a);
@@ -495,6 +564,31 @@ SPARSIM_CLONES void chunk_softmax(float* sc, int len, int group, float* part, in
     part[static_cast<std::ptrdiff_t>(g) * pstride] = mx;
     part[static_cast<std::ptrdiff_t>(g) * pstride + 1] = al[0];
   }
+}
+
+/// f(Wide{}) in a clone that runs AVX-512 (x86-64-v4), else f(Pair{}); the caller is a
+/// SPARSIM_CLONES function, so each clone has both inlined and runs the one its CPU level has.
+/// Without clones the build's flags decide (an x86-64-v3 build on an AVX-512 CPU runs Pair).
+template <class F>
+inline void with_lanes(F&& f) {
+#if !SPARSIM_VECTOR_LANES
+  f(Wide{});
+#elif SPARSIM_HAS_CLONES
+  if (__builtin_cpu_supports("x86-64-v4"))
+    f(Wide{});
+  else
+    f(Pair{});
+#elif defined(__AVX512F__)
+  f(Wide{});
+#else
+  f(Pair{});
+#endif
+}
+
+}  // namespace
+
+SPARSIM_CLONES void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
+  with_lanes([&](auto v) { chunk_softmax_impl<decltype(v)>(sc, len, group, part, pstride); });
 }
 
 void prefetch(Ahead ahead) {
@@ -515,13 +609,14 @@ SPARSIM_CLONES void touch(Ahead block) {
 SPARSIM_CLONES void attn_scores(const float* q, std::size_t qs, int group, const float* k,
                                 std::size_t ks, int len, int d, float scale, float* s,
                                 std::size_t ls, Ahead ahead) {
-  scores_impl(q, qs, group, k, ks, len, d, scale, s, ls, ahead);
+  with_lanes(
+      [&](auto v) { scores_impl<decltype(v)>(q, qs, group, k, ks, len, d, scale, s, ls, ahead); });
 }
 
 SPARSIM_CLONES void attn_values(const float* w, std::size_t ws, int group, const float* v,
                                 std::size_t vs, int len, int d, float* o, std::size_t os,
                                 Ahead ahead) {
-  values_impl(w, ws, group, v, vs, len, d, o, os, ahead);
+  with_lanes([&](auto x) { values_impl<decltype(x)>(w, ws, group, v, vs, len, d, o, os, ahead); });
 }
 
 }  // namespace sparsim::host

@@ -3,7 +3,8 @@
 /// detail::decode_chunks_host): one chunk of cached positions of one KV head against that head's
 /// query heads. Compiled once per x86-64 level and chosen at run time (kernels/host_clones.hpp).
 ///
-/// The scores of 16 positions are reduced together, for up to three query heads at once, so that
+/// The scores of 16 positions (8 without AVX-512) are reduced together, for up to three query
+/// heads at once, so that
 /// each key block is loaded once for all of them: a vector holds the partial sums of two
 /// positions (8 lanes each), so a head's products take one vector per 8 channels of two
 /// positions, and the reduction (a transposing tree of shuffles and adds, instead of one
@@ -12,7 +13,10 @@
 /// made a pruned head of 18 or 50 channels cost as much as one of 32 or 64, and where the tree
 /// (three levels for 16 positions, four for 8 before) cost more than the products of a narrow
 /// head. The value mix keeps every query head's output row in registers while it reads the value
-/// rows once; a slab's last 1 … 8 channels past its last block of 16 take a block of 8.
+/// rows once (four heads and 64 channels at a time with AVX-512, two heads and 32 channels
+/// without); a slab's last 1 … 8 channels past its last block of 16 take a block of 8. With
+/// AVX-512 the 16 lanes are one register; without, two halves of 8 (a 16-float vector variable has
+/// no register there and lived in memory, ten times slower). The arithmetic is the same.
 ///
 /// These loops read one head's slice of 16 rows at a time, a pattern the hardware prefetchers
 /// follow poorly from memory, so the rows they read come from the first- and second-level caches:
