@@ -38,6 +38,15 @@ struct Pair {
   }
   Pair operator*(const Pair& o) const { return {lo * o.lo, hi * o.hi}; }
 };
+/// a += x · y lane by lane, one multiply-add expression per register, so a compiler that fuses
+/// only within an expression (Clang's default) fuses both types alike.
+inline void madd(Wide& a, const Wide& x, const Wide& y) {
+  a += x * y;
+}
+inline void madd(Pair& a, const Pair& x, const Pair& y) {
+  a.lo += x.lo * y.lo;
+  a.hi += x.hi * y.hi;
+}
 /// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
 constexpr bool kHasHalf = true;
 template <class V>
@@ -178,6 +187,10 @@ inline vecf<N>& operator+=(vecf<N>& a, vecf<N> b) {
   return a;
 }
 template <int N>
+inline void madd(vecf<N>& a, const vecf<N>& x, const vecf<N>& y) {
+  for (int l = 0; l < N; ++l) a.x[l] += x.x[l] * y.x[l];
+}
+template <int N>
 inline vecf<N> load_vec(const float* p) {
   vecf<N> v;
   std::memcpy(v.x, p, sizeof v.x);
@@ -308,7 +321,7 @@ inline void scores_block(const float* q, std::size_t qs, const float* k, std::si
     for (int j = 0; j < kPairs; ++j) {
       const V x = kFull ? cat<V>(kr, kr + ks) : cat<V>(rows[2 * j] + c, rows[2 * j + 1] + c);
       kr += 2 * ks;
-      for (int g = 0; g < G; ++g) acc[g][j] += x * qh[g];
+      for (int g = 0; g < G; ++g) madd(acc[g][j], x, qh[g]);
     }
   }
   for (int g = 0; g < G; ++g) {
@@ -396,7 +409,7 @@ void values_slab(const float* w, std::size_t ws, const float* v, std::size_t vs,
     for (int g = 0; g < G; ++g) {
       const float wp = w[g * ws + p];
       const V wg = splat<V>(wp);
-      for (int b = 0; b < NB; ++b) acc[g][b] += x[b] * wg;
+      for (int b = 0; b < NB; ++b) madd(acc[g][b], x[b], wg);
       if (kHalf) hacc[g] += hx * splat8(wp);
     }
   }
@@ -566,22 +579,31 @@ void chunk_softmax_impl(float* sc, int len, int group, float* part, int pstride)
   }
 }
 
-/// f(Wide{}) in a clone that runs AVX-512 (x86-64-v4), else f(Pair{}); the caller is a
-/// SPARSIM_CLONES function, so each clone has both inlined and runs the one its CPU level has.
-/// Without clones the build's flags decide (an x86-64-v3 build on an AVX-512 CPU runs Pair).
+/// Whether this code runs the 16-lane vectors: in a clone, whether the CPU runs AVX-512
+/// (x86-64-v4, the level of the clone chosen); without clones, the build's flags (an x86-64-v3
+/// build on an AVX-512 CPU runs Pair).
+inline bool wide_lanes() {
+#if SPARSIM_HAS_CLONES
+  return __builtin_cpu_supports("x86-64-v4");
+#elif defined(__AVX512F__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+/// f(Wide{}) or f(Pair{}) as wide_lanes() says; the caller is a SPARSIM_CLONES function, so each
+/// clone has both inlined and runs the one its CPU level has (without clones the test is a
+/// constant and the other branch is dropped).
 template <class F>
 inline void with_lanes(F&& f) {
-#if !SPARSIM_VECTOR_LANES
-  f(Wide{});
-#elif SPARSIM_HAS_CLONES
-  if (__builtin_cpu_supports("x86-64-v4"))
+#if SPARSIM_VECTOR_LANES
+  if (wide_lanes())
     f(Wide{});
   else
     f(Pair{});
-#elif defined(__AVX512F__)
-  f(Wide{});
 #else
-  f(Pair{});
+  f(Wide{});
 #endif
 }
 

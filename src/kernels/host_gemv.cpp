@@ -49,13 +49,14 @@ inline half_t operator*(half_t a, const half_t& b) {
 /// vector variable has no register and lives in memory, which made the AVX2 code ten times slower.
 struct lanes_t {
   half_t lo, hi;  // lanes 0 … 7, 8 … 15
-  lanes_t& operator+=(const lanes_t& o) {
-    lo = lo + o.lo;
-    hi = hi + o.hi;
-    return *this;
-  }
-  lanes_t operator*(const lanes_t& o) const { return {lo * o.lo, hi * o.hi}; }
 };
+
+/// a += x · w lane by lane: each half one multiply-add expression, so a compiler that fuses only
+/// within an expression (Clang's default) fuses it as GCC does.
+inline void madd(lanes_t& a, const lanes_t& x, const lanes_t& w) {
+  a.lo = a.lo + x.lo * w.lo;
+  a.hi = a.hi + x.hi * w.hi;
+}
 
 inline lanes_t zero_lanes() {
   lanes_t v;
@@ -135,7 +136,7 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
       if ((i * sizeof(T)) % 64 == 0)
         for (int r = 0; r < R; ++r) __builtin_prefetch(&w[(r + R) * ld + i]);
     const lanes_t xv = load_lanes(x + i);
-    for (int r = 0; r < R; ++r) a[r] += xv * load_lanes(w + r * ld + i);
+    for (int r = 0; r < R; ++r) madd(a[r], xv, load_lanes(w + r * ld + i));
   }
   if (i < n) {
     // The last n − i < 16 columns into the same lanes as whole vectors: a row's tail is read
@@ -153,7 +154,7 @@ inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* 
         for (int l = 0; l < kLanes; ++l) pad[l] = i + l < n ? tail[l] : T{};
         tail = pad;
       }
-      a[r] += xv * load_lanes(tail);
+      madd(a[r], xv, load_lanes(tail));
     }
   }
   for (int r = 0; r < R; ++r) y[r * ys] = tree_sum(a[r]);
@@ -181,7 +182,7 @@ inline void dot_row_tokens(const float* x, std::size_t xs, const float* xtail, c
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const lanes_t wv = load_lanes(w + i);
-    for (int t = 0; t < NT; ++t) a[t] += load_lanes(x + t * xs + i) * wv;
+    for (int t = 0; t < NT; ++t) madd(a[t], load_lanes(x + t * xs + i), wv);
   }
   if (i < n) {
     const T* tail = w + i;
@@ -191,7 +192,7 @@ inline void dot_row_tokens(const float* x, std::size_t xs, const float* xtail, c
       tail = pad;
     }
     const lanes_t wv = load_lanes(tail);
-    for (int t = 0; t < NT; ++t) a[t] += load_lanes(xtail + t * kLanes) * wv;
+    for (int t = 0; t < NT; ++t) madd(a[t], load_lanes(xtail + t * kLanes), wv);
   }
   if constexpr (NT == 8) {
     tree_sum8(a, y, yt);
