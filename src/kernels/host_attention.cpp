@@ -2,6 +2,7 @@
 
 #include "kernels/attention.hpp"
 #include "kernels/host_clones.hpp"
+#include "kernels/host_lanes.hpp"
 
 #include <cstdint>
 #include <cstring>
@@ -23,7 +24,7 @@ constexpr int kAheadLocality = 1;
 // the compiler keeps it in memory, which made the AVX2 clone about ten times slower than the
 // AVX-512 one; with AVX-512 two halves would leave half of each register unused. Both give the
 // same bits (the same operations in the same lanes).
-using v8 = float __attribute__((vector_size(kL / 2 * sizeof(float))));
+using v8 = lanes::f8;
 // Wide values cross no call boundary that another translation unit sees (everything here is
 // inlined into the exported kernels), so GCC's note on their calling convention without AVX-512
 // does not apply.
@@ -151,22 +152,11 @@ inline void tree(const Wide* a, float scale, float* r) {
 }
 /// The same tree for 8 positions (a[0 … 3]), on halves.
 inline void tree(const Pair* a, float scale, float* r) {
-  // One level on the halves x (positions 2j, lanes 0 … 7) and y (2j + 1): 4 partial sums each.
-  const auto level1 = [](v8 x, v8 y) {
-    return SPARSIM_SH(x, y, 0, 1, 2, 3, 8, 9, 10, 11) +
-           SPARSIM_SH(x, y, 4, 5, 6, 7, 12, 13, 14, 15);
-  };
-  const auto level2 = [](v8 x, v8 y) {
-    return SPARSIM_SH(x, y, 0, 1, 4, 5, 8, 9, 12, 13) +
-           SPARSIM_SH(x, y, 2, 3, 6, 7, 10, 11, 14, 15);
-  };
-  Pair b[2], c;
+  Pair b[2];
   for (int j = 0; j < 2; ++j)
-    b[j] = {level1(a[2 * j].lo, a[2 * j].hi), level1(a[2 * j + 1].lo, a[2 * j + 1].hi)};
-  c = {level2(b[0].lo, b[0].hi), level2(b[1].lo, b[1].hi)};
-  st8(r, (SPARSIM_SH(c.lo, c.hi, 0, 2, 4, 6, 8, 10, 12, 14) +
-          SPARSIM_SH(c.lo, c.hi, 1, 3, 5, 7, 9, 11, 13, 15)) *
-             splat8(scale));
+    b[j] = {lanes::fold4(a[2 * j].lo, a[2 * j].hi), lanes::fold4(a[2 * j + 1].lo, a[2 * j + 1].hi)};
+  const Pair c = {lanes::fold2(b[0].lo, b[0].hi), lanes::fold2(b[1].lo, b[1].hi)};
+  st8(r, lanes::fold1(c.lo, c.hi) * splat8(scale));
 }
 #undef SPARSIM_SH
 #else
@@ -592,25 +582,33 @@ inline bool wide_lanes() {
 #endif
 }
 
-/// f(Wide{}) or f(Pair{}) as wide_lanes() says; the caller is a SPARSIM_CLONES function, so each
-/// clone has both inlined and runs the one its CPU level has (without clones the test is a
-/// constant and the other branch is dropped).
+/// A lane type as an empty value (a 16-float vector passed by value would be an ABI question).
+template <class V>
+struct LaneType {
+  using type = V;
+};
+
+/// f(LaneType<Wide>) or f(LaneType<Pair>) as wide_lanes() says; the caller is a SPARSIM_CLONES
+/// function, so each clone has both inlined and runs the one its CPU level has (without clones the
+/// test is a constant and the other branch is dropped).
 template <class F>
 inline void with_lanes(F&& f) {
 #if SPARSIM_VECTOR_LANES
   if (wide_lanes())
-    f(Wide{});
+    f(LaneType<Wide>{});
   else
-    f(Pair{});
+    f(LaneType<Pair>{});
 #else
-  f(Wide{});
+  f(LaneType<Wide>{});
 #endif
 }
 
 }  // namespace
 
 SPARSIM_CLONES void chunk_softmax(float* sc, int len, int group, float* part, int pstride) {
-  with_lanes([&](auto v) { chunk_softmax_impl<decltype(v)>(sc, len, group, part, pstride); });
+  with_lanes([&](auto t) {
+    chunk_softmax_impl<typename decltype(t)::type>(sc, len, group, part, pstride);
+  });
 }
 
 void prefetch(Ahead ahead) {
@@ -631,14 +629,17 @@ SPARSIM_CLONES void touch(Ahead block) {
 SPARSIM_CLONES void attn_scores(const float* q, std::size_t qs, int group, const float* k,
                                 std::size_t ks, int len, int d, float scale, float* s,
                                 std::size_t ls, Ahead ahead) {
-  with_lanes(
-      [&](auto v) { scores_impl<decltype(v)>(q, qs, group, k, ks, len, d, scale, s, ls, ahead); });
+  with_lanes([&](auto t) {
+    scores_impl<typename decltype(t)::type>(q, qs, group, k, ks, len, d, scale, s, ls, ahead);
+  });
 }
 
 SPARSIM_CLONES void attn_values(const float* w, std::size_t ws, int group, const float* v,
                                 std::size_t vs, int len, int d, float* o, std::size_t os,
                                 Ahead ahead) {
-  with_lanes([&](auto x) { values_impl<decltype(x)>(w, ws, group, v, vs, len, d, o, os, ahead); });
+  with_lanes([&](auto t) {
+    values_impl<typename decltype(t)::type>(w, ws, group, v, vs, len, d, o, os, ahead);
+  });
 }
 
 }  // namespace sparsim::host

@@ -1,6 +1,7 @@
 #include "kernels/host_gemv.hpp"
 
 #include "kernels/host_clones.hpp"
+#include "kernels/host_lanes.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -23,8 +24,7 @@ inline float wide(Half v) {
 
 #if defined(__GNUC__) && !defined(__CUDACC__)
 /// 8 lanes: one ymm register with AVX2 and with AVX-512.
-using half_t = float __attribute__((vector_size(kLanes / 2 * sizeof(float))));
-#define SPARSIM_SH(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+using half_t = lanes::f8;
 #else
 struct half_t {
   float v[kLanes / 2];
@@ -58,12 +58,6 @@ inline void madd(lanes_t& a, const lanes_t& x, const lanes_t& w) {
   a.hi = a.hi + x.hi * w.hi;
 }
 
-inline lanes_t zero_lanes() {
-  lanes_t v;
-  std::memset(&v.lo, 0, sizeof v.lo);
-  v.hi = v.lo;
-  return v;
-}
 inline lanes_t load_lanes(const float* p) {
   lanes_t v;
   std::memcpy(&v.lo, p, sizeof v.lo);
@@ -84,8 +78,9 @@ inline float tree_sum(const lanes_t& a) {
 #if defined(__GNUC__) && !defined(__CUDACC__)
   using f4 = float __attribute__((vector_size(4 * sizeof(float))));
   using f2 = float __attribute__((vector_size(2 * sizeof(float))));
-  const f4 c = SPARSIM_SH(b, b, 0, 1, 2, 3) + SPARSIM_SH(b, b, 4, 5, 6, 7);
-  const f2 d = SPARSIM_SH(c, c, 0, 1) + SPARSIM_SH(c, c, 2, 3);
+  const f4 c =
+      __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
+  const f2 d = __builtin_shufflevector(c, c, 0, 1) + __builtin_shufflevector(c, c, 2, 3);
   return d[0] + d[1];
 #else
   float s[kLanes / 2];
@@ -103,29 +98,20 @@ inline void tree_sum8(const lanes_t* a, float* y, std::size_t yt) {
 #if defined(__GNUC__) && !defined(__CUDACC__)
   half_t b[8], c[4], d[2];
   for (int t = 0; t < 8; ++t) b[t] = a[t].lo + a[t].hi;
-  for (int j = 0; j < 4; ++j)
-    c[j] = SPARSIM_SH(b[2 * j], b[2 * j + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
-           SPARSIM_SH(b[2 * j], b[2 * j + 1], 4, 5, 6, 7, 12, 13, 14, 15);
-  for (int j = 0; j < 2; ++j)
-    d[j] = SPARSIM_SH(c[2 * j], c[2 * j + 1], 0, 1, 4, 5, 8, 9, 12, 13) +
-           SPARSIM_SH(c[2 * j], c[2 * j + 1], 2, 3, 6, 7, 10, 11, 14, 15);
-  const half_t r = SPARSIM_SH(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14) +
-                   SPARSIM_SH(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15);
+  for (int j = 0; j < 4; ++j) c[j] = lanes::fold4(b[2 * j], b[2 * j + 1]);
+  for (int j = 0; j < 2; ++j) d[j] = lanes::fold2(c[2 * j], c[2 * j + 1]);
+  const half_t r = lanes::fold1(d[0], d[1]);
   for (int t = 0; t < 8; ++t) y[t * yt] = r[t];
 #else
   for (int t = 0; t < 8; ++t) y[t * yt] = tree_sum(a[t]);
 #endif
 }
-#if defined(__GNUC__) && !defined(__CUDACC__)
-#undef SPARSIM_SH
-#endif
 
 /// `more`: the matrix has a row after the block's last one (w[R · ld …] may be read).
 template <int R, class T>
 inline void dot_block(const float* x, const T* w, std::size_t ld, int n, float* y, std::size_t ys,
                       bool more) {
-  lanes_t a[R];
-  for (lanes_t& v : a) v = zero_lanes();
+  lanes_t a[R]{};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     // 16-bit rows: ask for the next block's rows, a cache line at a time. Eight short rows
@@ -177,8 +163,7 @@ inline void x_tails(const float* x, std::size_t xs, int nt, int n, float* xtail)
 template <int NT, class T>
 inline void dot_row_tokens(const float* x, std::size_t xs, const float* xtail, const T* w, int n,
                            float* y, std::size_t yt, bool more) {
-  lanes_t a[NT];
-  for (lanes_t& v : a) v = zero_lanes();
+  lanes_t a[NT]{};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     const lanes_t wv = load_lanes(w + i);
