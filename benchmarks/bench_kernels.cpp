@@ -3,7 +3,9 @@
 // Run: build/bin/sparsim_bench_kernels
 #include "core/blas_core.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/gather.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
 
 #include <benchmark/benchmark.h>
@@ -334,6 +336,50 @@ void BM_DecodeAttention(benchmark::State& st) {
 }
 BENCHMARK(BM_DecodeAttention)
     ->ArgsProduct({{64, 58, 56, 50, 48, 42, 36, 24}, {16, 2048}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+/// A decode step's rotations and cache append for one SmolLM2-shaped layer: 9 query heads and
+/// 3 KV heads at `n` tokens (one per sequence), as the engine runs them (queries and keys
+/// rotated in one launch, then keys and values written into the cache); range(1) = 1: a pruned
+/// layer of 24 kept
+/// pairs (48 channels) per head through the rotation-unit kernel. These are the launches whose
+/// cost does not shrink with a pruned layer's width.
+void BM_DecodeRopeStore(benchmark::State& st) {
+  const int n = static_cast<int>(st.range(0));
+  const bool pruned = st.range(1) == 1;
+  constexpr int hd = 64, nh = 9, nkv = 3, ctx = 4096;
+  const int w = pruned ? 48 : hd;
+  Mat<E> q("q", n, nh * w), k("k", n, nkv * w), v("v", n, nkv * w);
+  Mat<E> cs("cos", ctx, hd / 2), sn("sin", ctx, hd / 2);
+  Kokkos::deep_copy(q, 0.5f);
+  Kokkos::deep_copy(k, 0.25f);
+  Kokkos::deep_copy(cs, 0.8f);
+  Kokkos::deep_copy(sn, 0.6f);
+  Cache<E> kc("kc", n, ctx, nkv * w), vc("vc", n, ctx, nkv * w);
+  IVec<E> pos("pos", n);
+  Kokkos::deep_copy(pos, ctx / 2);
+  RopeUnits u;
+  u.units = w / 2;
+  for (int h = 0; h < nkv; ++h)
+    for (int j = 0; j < w / 2; ++j) {  // kept pairs 0, 1, 3, 4, 6, … of the full head's 32
+      u.i0.push_back(j);
+      u.i1.push_back(j + w / 2);
+      u.freq.push_back(j + j / 2);
+    }
+  const RopeMap<E> map = make_rope_map<E>(u);
+  for (auto _ : st) {
+    if (pruned)
+      rope_units(E(), q, k, pos, CMat<E>(cs), CMat<E>(sn), map, w);
+    else
+      rope(E(), q, k, pos, CMat<E>(cs), CMat<E>(sn), hd, false);
+    kv_store(E(), CMat<E>(k), CMat<E>(v), kc, vc, n, 1, ctx / 2);
+    E().fence();
+  }
+  st.SetLabel(std::string(pruned ? "pruned w=48" : "dense") + " n=" + std::to_string(n));
+}
+BENCHMARK(BM_DecodeRopeStore)
+    ->ArgsProduct({{1, 8}, {0, 1}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

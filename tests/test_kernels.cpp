@@ -245,6 +245,81 @@ TYPED_TEST(Kernels, RopeBothLayouts) {
   }
 }
 
+// A pruned layer's rotation units in either pair order (RAP keeps whole pairs in channel order)
+// run through loops without the index lists; they must rotate as the listed units do, each pair
+// at its own frequency (the compiler may fuse the vectorised loop's multiply-adds otherwise than
+// the listed one's, so the two agree to rounding, not bit for bit), and one launch for queries
+// and keys must give the bits of one launch each.
+TYPED_TEST(Kernels, RopeUnitsInPairOrderAreTheListedRotations) {
+  using E = TypeParam;
+  const int n = 5, U = 6, w = 2 * U, nkv = 2, group = 3, hd = 32, half = hd / 2, ctx = 64;
+  std::vector<float> c(ctx * half), s(ctx * half);
+  for (int p = 0; p < ctx; ++p)
+    for (int j = 0; j < half; ++j) {
+      const double a = p * std::pow(10000.0, -2.0 * j / hd);
+      c[p * half + j] = float(std::cos(a));
+      s[p * half + j] = float(std::sin(a));
+    }
+  auto cd = to_device<E>(c, ctx, half), sd = to_device<E>(s, ctx, half);
+  IVec<E> pos("pos", n);
+  auto hp = Kokkos::create_mirror_view(pos);
+  for (int t = 0; t < n; ++t) hp(t) = 5 + 11 * t;
+  Kokkos::deep_copy(pos, hp);
+  for (const bool adjacent : {true, false}) {
+    RopeUnits u;
+    u.units = U;
+    for (int h = 0; h < nkv; ++h)
+      for (int k = 0; k < U; ++k) {
+        u.i0.push_back(adjacent ? 2 * k : k);
+        u.i1.push_back(adjacent ? 2 * k + 1 : k + U);
+        u.freq.push_back((2 * k + 3 * h) % half);  // kept pairs of the full head, per KV head
+      }
+    const RopeMap<E> fast = make_rope_map<E>(u);
+    EXPECT_EQ(fast.order, adjacent ? RopeMap<E>::kAdjacentPairs : RopeMap<E>::kHalvesPairs);
+    RopeMap<E> listed = fast;
+    listed.order = RopeMap<E>::kListed;
+    const auto q = random_vec(n * nkv * group * w, 21), k = random_vec(n * nkv * w, 22);
+    auto run = [&](const RopeMap<E>& m, bool together) {
+      auto qd = to_device<E>(q, n, nkv * group * w), kd = to_device<E>(k, n, nkv * w);
+      const Mat<E> none;
+      if (together) {
+        rope_units(E(), qd, kd, pos, CMat<E>(cd), CMat<E>(sd), m, w);
+      } else {
+        rope_units(E(), qd, none, pos, CMat<E>(cd), CMat<E>(sd), m, w);
+        rope_units(E(), none, kd, pos, CMat<E>(cd), CMat<E>(sd), m, w);
+      }
+      return std::make_pair(to_host(qd), to_host(kd));
+    };
+    const auto a = run(fast, true), b = run(listed, true), d = run(fast, false);
+    EXPECT_EQ(a, d) << "one launch against two, adjacent " << adjacent;
+    auto ref = [&](const std::vector<float>& v, int heads) {
+      std::vector<double> r(v.begin(), v.end());
+      for (int t = 0; t < n; ++t)
+        for (int h = 0; h < heads; ++h) {
+          const int kvh = heads == nkv ? h : h / group, b0 = (t * heads + h) * w;
+          for (int j = 0; j < U; ++j) {
+            const double ang = hp(t) * std::pow(10000.0, -2.0 * u.freq[kvh * U + j] / hd);
+            const int i0 = b0 + u.i0[kvh * U + j], i1 = b0 + u.i1[kvh * U + j];
+            r[i0] = v[i0] * std::cos(ang) - v[i1] * std::sin(ang);
+            r[i1] = v[i0] * std::sin(ang) + v[i1] * std::cos(ang);
+          }
+        }
+      return r;
+    };
+    expect_close(a.first, ref(q, nkv * group), 1e-5, 1e-5, "rope units q");
+    expect_close(a.second, ref(k, nkv), 1e-5, 1e-5, "rope units k");
+    expect_close(b.first, ref(q, nkv * group), 1e-5, 1e-5, "listed rope units q");
+    expect_close(b.second, ref(k, nkv), 1e-5, 1e-5, "listed rope units k");
+  }
+  // a unit with a cut partner keeps the listed loops
+  RopeUnits o;
+  o.units = 2;
+  o.i0 = {0, 2};
+  o.i1 = {1, -1};
+  o.freq = {0, 4};
+  EXPECT_EQ(make_rope_map<E>(o).order, RopeMap<E>::kListed);
+}
+
 TYPED_TEST(Kernels, SwigluEmbedResidual) {
   using E = TypeParam;
   const int n = 4, d = 33;

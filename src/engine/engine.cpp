@@ -428,8 +428,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     proj(xn, Proj::Q, l, q, ph);
     proj(xn, Proj::K, l, k, ph);
     proj(xn, Proj::V, l, v, ph);
-    rope(l, k, pos, false);
-    rope(l, q, pos, true);
+    rope_qk(l, q, k, pos);
     mark(flops::Op::RoPE);
     cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
   } else {
@@ -539,30 +538,31 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   observe(l, Site::Down, gate);
   proj(gate, Proj::Down, l, tmp, ph);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);
-  block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data());
+  block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data(), false,
+               gated);
 }
 
 template <class E>
 void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                             const int* skip, bool fused) {
+                             const int* skip, bool fused, bool gated) {
   if (!ledger_) return;
   const Config& c = w_->cfg;
   const AttnShape& sh = cache_.shape(l);
   const double nd = static_cast<double>(n) * c.d_model;
-  // launches: the kernels each entry stands for. Op by op: two norms, the K and Q rotations,
-  // the KV append and the attention kernel (scores, softmax and value mix in one), SwiGLU, two
-  // residual updates (rotated model: each an add and a copy back). Fused decode: norms, RoPE,
-  // SwiGLU and the residual updates run inside the projections' kernels; attention is the
-  // split-K kernel and its combine.
+  // launches: the kernels each entry stands for. Op by op: two norms, the K and Q rotations
+  // (one launch; two where a token gate rotates the keys before it decides), the KV append and the
+  // attention kernel (scores, softmax and value mix in one), SwiGLU, two residual updates (rotated
+  // model: each an add and a copy back). Fused decode: norms, RoPE, SwiGLU and the residual updates
+  // run inside the projections' kernels; attention is the split-K kernel and its combine.
   const bool rot = w_->rotated();
   ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd,
                fused ? 0 : 2);
   const double qw = sh.q_width(), kw = sh.k_width();
   const double rf = 6.0 * n * (qw + kw) / 2, rr = 6.0 * (n_keep * qw + n * kw) / 2;
   ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw),
-               fused        ? 0
-               : n_keep > 0 ? 2
-                            : 1);
+               fused                 ? 0
+               : gated && n_keep > 0 ? 2
+                                     : 1);
   attention_ledger(l, ph, n_seq, T, p0, skip);
   const double sw = 6.0 * n * c.d_ff;
   ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff,
@@ -585,6 +585,17 @@ void Engine<E>::rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q) {
   const Mat<E> none;
   rope_units(exec_, is_q ? x : none, is_q ? none : x, pos, CMat<E>(cos_), CMat<E>(sin_), *map,
              c.qk_head_dim(l));
+}
+
+template <class E>
+void Engine<E>::rope_qk(int l, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos) {
+  const Config& c = w_->cfg;
+  if (const RopeMap<E>* map = pruned_rope(l)) {
+    rope_units(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), *map, c.qk_head_dim(l));
+    return;
+  }
+  sparsim::rope(exec_, q, k, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
+                c.rope_layout == RopeLayout::Adjacent);
 }
 
 template <class E>

@@ -151,6 +151,8 @@ class Engine {
   /// RoPE of layer l on the query (is_q) or key rows x at positions pos: a pruned layer by its
   /// rotation units (each kept pair at its own frequency), a dense one pair by pair.
   void rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q);
+  /// Queries and keys of layer l in one launch (the same rotations as rope() on each).
+  void rope_qk(int l, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos);
   void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip);
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
@@ -165,7 +167,7 @@ class Engine {
   }
   void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
   void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                    const int* skip, bool fused = false);
+                    const int* skip, bool fused = false, bool gated = false);
   void finish_call();
   void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
   bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);

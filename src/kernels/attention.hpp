@@ -27,6 +27,17 @@ template <class E>
 void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>& kc,
               const Cache<E>& vc, int n_seq, int T, int p0) {
   const int kd = static_cast<int>(k.extent(1)), vd = static_cast<int>(v.extent(1));
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    // a row per work item: a decode step is one small launch
+    Kokkos::parallel_for("sparsim::kernels::kv_store", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
+                         [=](const int r) {
+                           const int s = r / T, t = r % T;
+                           for (int j = 0; j < kd; ++j) kc(s, p0 + t, j) = k(r, j);
+                           for (int j = 0; j < vd; ++j) vc(s, p0 + t, j) = v(r, j);
+                         });
+    return;
+  }
   Kokkos::parallel_for(
       "sparsim::kernels::kv_store",
       Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, kd > vd ? kd : vd}),

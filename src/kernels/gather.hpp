@@ -1,6 +1,7 @@
 #pragma once
 /// Row gather and scatter for the token gate: the kept rows of a call run Q projection,
 /// attention and O projection on their own, and their outputs go back to their places.
+#include "kernels/pointwise.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -41,7 +42,7 @@ void copy_rows_to(const E& exec, const CMat<E>& src, const IVec<E>& to, const Ma
 }
 
 /// Rotates the heads of x[t][n_heads·hd] in place by the angle of position pos[t] (the same
-/// arithmetic as rope() in kernels/pointwise.hpp, for one matrix).
+/// arithmetic as rope() in kernels/pointwise.hpp, for one matrix; on the host the same code).
 template <class E>
 void rope_rows(const E& exec, const Mat<E>& x, const IVec<E>& pos, const CMat<E>& cos_t,
                const CMat<E>& sin_t, int head_dim, bool adjacent) {
@@ -49,6 +50,14 @@ void rope_rows(const E& exec, const Mat<E>& x, const IVec<E>& pos, const CMat<E>
   if (n == 0) return;
   const int half = head_dim / 2;
   const int nh = static_cast<int>(x.extent(1)) / head_dim;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    Kokkos::parallel_for(
+        "sparsim::kernels::rope_rows", Kokkos::RangePolicy<E>(exec, 0, n), [=](const int t) {
+          detail::rope_row_host(x, t, nh, head_dim, adjacent, cos_t, sin_t, pos(t));
+        });
+    return;
+  }
   Kokkos::parallel_for(
       "sparsim::kernels::rope_rows",
       Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, nh, half}),

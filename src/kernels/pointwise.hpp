@@ -9,6 +9,8 @@
 
 #include <Kokkos_Core.hpp>
 
+#include <utility>
+
 namespace sparsim {
 
 /// out[t][:] = E[tokens[t]][:] (widened to fp32).
@@ -61,8 +63,32 @@ void rmsnorm(const E& exec, const CMat<E>& x, const CVec<E>& g, float eps, const
       });
 }
 
+namespace detail {
+/// The host body of rope() and rope_rows(): the nh heads of row t of x rotated by the angles of
+/// position p, pair j of a head being (2j, 2j + 1) (adjacent) or (j, j + hd/2). One expression per
+/// output, the same as the device bodies'.
+template <class X, class Tab>
+inline void rope_row_host(const X& x, int t, int nh, int head_dim, bool adjacent, const Tab& cos_t,
+                          const Tab& sin_t, int p) {
+  const int half = head_dim / 2;
+  for (int h = 0; h < nh; ++h) {
+    const int base = h * head_dim;
+    for (int j = 0; j < half; ++j) {
+      const float c = cos_t(p, j), s = sin_t(p, j);
+      const int i0 = adjacent ? base + 2 * j : base + j;
+      const int i1 = adjacent ? base + 2 * j + 1 : base + j + half;
+      const float a = x(t, i0), b = x(t, i1);
+      x(t, i0) = a * c - b * s;
+      x(t, i1) = a * s + b * c;
+    }
+  }
+}
+}  // namespace detail
+
 /// Rotates the heads of q[t][n_head·hd] and k[t][n_kv·hd] in place by the angle of position
 /// pos[t]: cos/sin come from a table [position][hd/2] built in double precision on the host.
+/// On the host one work item per row (a decode step's few rotations cost less than the set-up of
+/// a three-dimensional range); on a device one thread per rotation.
 template <class E>
 void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, const CMat<E>& cos_t,
           const CMat<E>& sin_t, int head_dim, bool adjacent) {
@@ -70,6 +96,16 @@ void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, c
   const int half = head_dim / 2;
   const int qh = static_cast<int>(q.extent(1)) / head_dim;
   const int kh = static_cast<int>(k.extent(1)) / head_dim;
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    Kokkos::parallel_for("sparsim::kernels::rope", Kokkos::RangePolicy<E>(exec, 0, n),
+                         [=](const int t) {
+                           const int p = pos(t);
+                           detail::rope_row_host(q, t, qh, head_dim, adjacent, cos_t, sin_t, p);
+                           detail::rope_row_host(k, t, kh, head_dim, adjacent, cos_t, sin_t, p);
+                         });
+    return;
+  }
   Kokkos::parallel_for(
       "sparsim::kernels::rope",
       Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, half}),
@@ -97,6 +133,11 @@ template <class E>
 struct RopeMap {
   IVec<E> i0, i1, freq;
   int units = 0;
+  /// Where every head's units are its channels' pairs in order, the host loops go through them
+  /// without the index lists: kAdjacentPairs, unit u = channels (2u, 2u + 1); kHalvesPairs,
+  /// unit u = (u, u + units); else kListed. The rotations are the same.
+  enum Order { kListed, kAdjacentPairs, kHalvesPairs };
+  Order order = kListed;
 };
 
 template <class E>
@@ -110,6 +151,18 @@ RopeMap<E> make_rope_map(const RopeUnits& u) {
     Kokkos::deep_copy(d, h);
     return d;
   };
+  const auto all_units = [&](auto pair) {
+    if (u.units == 0 || u.i0.size() % static_cast<std::size_t>(u.units) != 0) return false;
+    for (std::size_t i = 0; i < u.i0.size(); ++i) {
+      const int k = static_cast<int>(i % static_cast<std::size_t>(u.units));
+      if (std::make_pair(u.i0[i], u.i1[i]) != pair(k)) return false;
+    }
+    return true;
+  };
+  if (all_units([](int k) { return std::make_pair(2 * k, 2 * k + 1); }))
+    m.order = RopeMap<E>::kAdjacentPairs;
+  else if (all_units([&](int k) { return std::make_pair(k, k + u.units); }))
+    m.order = RopeMap<E>::kHalvesPairs;
   m.i0 = put(u.i0, "sparsim::rope::i0");
   m.i1 = put(u.i1, "sparsim::rope::i1");
   m.freq = put(u.freq, "sparsim::rope::freq");
@@ -180,32 +233,43 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
                                         m.freq, qh, group, U,     width, inverse};
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    // A (row, KV head) per work item: the units' cos/sin are read once and serve the KV head
-    // and its group of query heads; no integer division per rotation (a 2,048-token prefill of
-    // a pruned SmolLM2 spent 83 ms here with a flat range and three divisions per rotation).
+    // A row per work item, its KV heads in turn: each KV head's units' cos/sin are read once
+    // and serve the KV head and its group of query heads; no integer division per rotation (a
+    // 2,048-token prefill of a pruned SmolLM2 spent 83 ms here with a flat range and three
+    // divisions per rotation), and a decode step is one small launch.
     const int n_kv_rot = kh > 0 ? kh : n_kv;
+    const auto order = m.order;
     require(U <= kMaxRopeUnits, "rope_units: {} rotation units per head, at most {}", U,
             kMaxRopeUnits);
-    Kokkos::parallel_for("sparsim::kernels::rope_units",
-                         Kokkos::RangePolicy<E>(exec, 0, n * n_kv_rot), [=](const int i) {
-                           const int t = i / n_kv_rot, g = i % n_kv_rot;
+    Kokkos::parallel_for("sparsim::kernels::rope_units", Kokkos::RangePolicy<E>(exec, 0, n),
+                         [=](const int t) {
                            T c[kMaxRopeUnits], sn[kMaxRopeUnits];
                            const int p = rotate.pos(t);
-                           for (int u = 0; u < U; ++u) {
-                             const int f = rotate.fr(g * U + u);
-                             c[u] = rotate.cos_t(p, f);
-                             sn[u] = inverse ? -rotate.sin_t(p, f) : rotate.sin_t(p, f);
-                           }
-                           auto head = [&](const auto& x, const int base) {
+                           for (int g = 0; g < n_kv_rot; ++g) {
                              for (int u = 0; u < U; ++u) {
-                               const int a0 = rotate.i0(g * U + u);
-                               if (a0 < 0) continue;
-                               rotate.turn(x, t, base, a0, rotate.i1(g * U + u), c[u], sn[u]);
+                               const int f = rotate.fr(g * U + u);
+                               c[u] = rotate.cos_t(p, f);
+                               sn[u] = inverse ? -rotate.sin_t(p, f) : rotate.sin_t(p, f);
                              }
-                           };
-                           for (int h = g * group; h < (g + 1) * group && h < qh; ++h)
-                             head(q, h * width);
-                           if (g < kh) head(k, g * width);
+                             auto head = [&](const auto& x, const int base) {
+                               if (order == RopeMap<E>::kAdjacentPairs) {
+                                 for (int u = 0; u < U; ++u)
+                                   rotate.turn(x, t, base, 2 * u, 2 * u + 1, c[u], sn[u]);
+                               } else if (order == RopeMap<E>::kHalvesPairs) {
+                                 for (int u = 0; u < U; ++u)
+                                   rotate.turn(x, t, base, u, u + U, c[u], sn[u]);
+                               } else {
+                                 for (int u = 0; u < U; ++u) {
+                                   const int a0 = rotate.i0(g * U + u);
+                                   if (a0 < 0) continue;
+                                   rotate.turn(x, t, base, a0, rotate.i1(g * U + u), c[u], sn[u]);
+                                 }
+                               }
+                             };
+                             for (int h = g * group; h < (g + 1) * group && h < qh; ++h)
+                               head(q, h * width);
+                             if (g < kh) head(k, g * width);
+                           }
                          });
     return;
   }
