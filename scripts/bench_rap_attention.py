@@ -11,10 +11,16 @@ size; batch sizes listed in --decode-only-batches time the decode steps only (ov
 positions, without the prefill, which would dominate the run on a small machine). The backward
 / forward ratio comes from the Fisher calibration file (both passes of the same sequences).
 The machine's load (os.getloadavg) is recorded before and after every run.
+
+With --repeat R every batch size is run R times, each a fresh `sparsim bench` process, the
+batch sizes taking turns (1, 8, 1, 8, …) so that a slow spell of the machine falls on both;
+each run is kept (its `repeat` index) and `summary` holds, per batch size, every run's ratios
+and their median over the runs.
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +32,21 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from atomic_file import write_json  # noqa: E402
 from machine_info import cpu_info, require_threads  # noqa: E402
+
+
+def summarise(runs):
+    """Per batch size: every run's attention ratios and their median over the runs."""
+    keys = ("attention_decode_ratio", "attention_prefill_ratio", "forward_decode_ratio")
+    out = {}
+    for b in sorted({r["batch"] for r in runs}):
+        rs = [r for r in runs if r["batch"] == b]
+        e = {"runs": len(rs)}
+        for k in keys:
+            v = [r[k] for r in rs if r.get(k) is not None]
+            if v:
+                e[k] = {"per_run": v, "median": statistics.median(v), "min": min(v), "max": max(v)}
+        out[str(b)] = e
+    return out
 
 
 def main():
@@ -40,11 +61,16 @@ def main():
     ap.add_argument("--decode-only-batches", default="8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="independent sparsim bench processes per batch size (default 1)")
     ap.add_argument("--json", required=True)
     a = ap.parse_args()
     out = {"runs": [], "settings": vars(a), "cpu": cpu_info()}
     decode_only = {int(b) for b in a.decode_only_batches.split(",") if b}
-    for b in (int(x) for x in a.batches.split(",")):
+    if a.repeat < 1:
+        raise SystemExit(f"--repeat must be at least 1, got {a.repeat}")
+    batches = [int(x) for x in a.batches.split(",")]
+    for rep, b in ((rep, b) for rep in range(a.repeat) for b in batches):
         js = a.json + f".b{b}.tmp"
         cmd = [a.sparsim, "bench", "--model", a.pruned, "--baseline", a.dense, "--batch", str(b),
                "--prompt", str(a.prompt), "--decode", str(a.decode), "--reps", str(a.reps),
@@ -64,7 +90,9 @@ def main():
         require_threads(j, a.threads)
         j["load_before"], j["load_after"] = list(load0), list(os.getloadavg())
         j["wall_seconds"] = time.time() - t0
+        j["repeat"] = rep
         out["runs"].append(j)
+    out["summary"] = summarise(out["runs"])
     with h5py.File(a.fisher, "r") as f:
         g = f["fisher"]
         fw, bw = float(g.attrs["forward_seconds"]), float(g.attrs["backward_seconds"])

@@ -359,33 +359,56 @@ def write_page(a, s):
             L.append(f"CPU: {c['model']}, {c['logical_cpus']} logical CPUs, "
                      f"{', '.join(c['features'])}; {b['settings']['threads']} threads.\n")
         by_order = any("attention_decode_ratio_by_load_order" in r for r in b["runs"])
-        L.append("| batch | context | reps | prefill: attention RAP / dense | decode step: attention RAP / dense | "
+        repeated = any(r.get("repeat", 0) > 0 for r in b["runs"])
+        if repeated:
+            L.append("Every batch size was measured in several independent `sparsim bench` "
+                     "processes (the batch sizes taking turns); one row per process, then the "
+                     "median over the processes.\n")
+        L.append("| batch | " + ("run | " if repeated else "")
+                 + "context | reps | prefill: attention RAP / dense | decode step: attention RAP / dense | "
                  + ("decode, RAP loaded first / dense loaded first | " if by_order else "")
                  + "whole decode step | load (1 min) before → after |")
-        L.append("|---|---|---|---|---|" + ("---|" if by_order else "") + "---|---|")
-        for r in b["runs"]:
+        L.append("|---|---|---|---|---|" + ("---|" if repeated else "") + ("---|" if by_order else "")
+                 + "---|---|")
+        for r in sorted(b["runs"], key=lambda r: (r["batch"], r.get("repeat", 0))):
             pre = ("not run (decode only)" if r.get("decode_only") else
                    f"{r['attention_prefill_ratio']:.3f}")
             bo = r.get("attention_decode_ratio_by_load_order")
             order = (f"{bo['model_first']:.3f} / {bo['baseline_first']:.3f} | " if bo else
                      "| " if by_order else "")
-            L.append(f"| {r['batch']} | {r['prompt_tokens']} | {r['reps']} | {pre} | "
+            run = f"{r.get('repeat', 0) + 1} | " if repeated else ""
+            L.append(f"| {r['batch']} | {run}{r['prompt_tokens']} | {r['reps']} | {pre} | "
                      f"{r['attention_decode_ratio']:.3f} | {order}{r['forward_decode_ratio']:.3f} | "
                      f"{r['load_before'][0]:.1f} → {r['load_after'][0]:.1f} |")
-        ops = [r for r in b["runs"] if "attention_decode_op_seconds" in r]
+        if repeated:
+            for bs, e in b["summary"].items():
+                parts = []
+                for k, what in (("attention_prefill_ratio", "prefill"),
+                                ("attention_decode_ratio", "decode step")):
+                    if k in e:
+                        v = e[k]
+                        parts.append(f"{what} **{v['median']:.3f}** ({v['min']:.3f} … "
+                                     f"{v['max']:.3f})")
+                L.append(f"\nBatch {bs}, median over {e['runs']} processes (lowest … highest): "
+                         + "; ".join(parts) + ".")
+        ops = {}
+        for r in b["runs"]:
+            if "attention_decode_op_seconds" in r:
+                ops.setdefault(r["batch"], []).append(r["attention_decode_op_seconds"])
         if ops:
             L.append("")
-            L.append("Decode step by op (median over repetitions of each op's median ms per step; "
-                     "RAP / dense):\n")
-            names = list(ops[0]["attention_decode_op_seconds"]["model"])
-            L.append("| op | " + " | ".join(f"batch {r['batch']}: RAP ms | dense ms | ratio"
-                                          for r in ops) + " |")
+            L.append("Decode step by op (median over repetitions of each op's ms per step"
+                     + (", then the median over the processes" if repeated else "")
+                     + "; RAP / dense):\n")
+            names = list(next(iter(ops.values()))[0]["model"])
+            L.append("| op | " + " | ".join(f"batch {bs}: RAP ms | dense ms | ratio"
+                                          for bs in ops) + " |")
             L.append("|---|" + "---|---|---|" * len(ops))
             for n in names:
                 cells = []
-                for r in ops:
-                    o = r["attention_decode_op_seconds"]
-                    m, d = (statistics.median(o[k][n]) for k in ("model", "baseline"))
+                for os_ in ops.values():
+                    m, d = (statistics.median(statistics.median(o[k][n]) for o in os_)
+                            for k in ("model", "baseline"))
                     cells.append(f"{1e3 * m:.3f} | {1e3 * d:.3f} | {m / d:.3f}")
                 L.append(f"| {n} | " + " | ".join(cells) + " |")
         bw = b["backward"]
