@@ -206,6 +206,30 @@ TYPED_TEST(Kernels, RmsNorm) {
   expect_close(to_host(out), ref, 1e-5, 1e-6, "rmsnorm");
 }
 
+/// RoPE tables cos/sin [position][hd/2] for θ = 10000, rounded from double, as the engine's.
+template <class E>
+std::pair<Mat<E>, Mat<E>> rope_tables(int ctx, int hd) {
+  const int half = hd / 2;
+  std::vector<float> c(ctx * half), s(ctx * half);
+  for (int p = 0; p < ctx; ++p)
+    for (int j = 0; j < half; ++j) {
+      const double a = p * std::pow(10000.0, -2.0 * j / hd);
+      c[p * half + j] = float(std::cos(a));
+      s[p * half + j] = float(std::sin(a));
+    }
+  return {to_device<E>(c, ctx, half), to_device<E>(s, ctx, half)};
+}
+
+/// Positions first, first + step, … of n rows.
+template <class E>
+IVec<E> positions(int n, int first, int step) {
+  IVec<E> pos("pos", n);
+  auto hp = Kokkos::create_mirror_view(pos);
+  for (int t = 0; t < n; ++t) hp(t) = first + step * t;
+  Kokkos::deep_copy(pos, hp);
+  return pos;
+}
+
 TYPED_TEST(Kernels, RopeBothLayouts) {
   using E = TypeParam;
   const int n = 6, hd = 16, qh = 4, kh = 2, half = hd / 2, ctx = 64;
@@ -213,18 +237,9 @@ TYPED_TEST(Kernels, RopeBothLayouts) {
   for (bool adjacent : {true, false}) {
     const auto q = random_vec(n * qh * hd, 5), k = random_vec(n * kh * hd, 6);
     auto qd = to_device<E>(q, n, qh * hd), kd = to_device<E>(k, n, kh * hd);
-    std::vector<float> c(ctx * half), s(ctx * half);
-    for (int p = 0; p < ctx; ++p)
-      for (int j = 0; j < half; ++j) {
-        const double a = p * std::pow(base, -2.0 * j / hd);
-        c[p * half + j] = float(std::cos(a));
-        s[p * half + j] = float(std::sin(a));
-      }
-    auto cd = to_device<E>(c, ctx, half), sd = to_device<E>(s, ctx, half);
-    IVec<E> pos("pos", n);
-    auto hp = Kokkos::create_mirror_view(pos);
-    for (int t = 0; t < n; ++t) hp(t) = 3 + 7 * t;
-    Kokkos::deep_copy(pos, hp);
+    const auto tables = rope_tables<E>(ctx, hd);
+    const Mat<E> cd = tables.first, sd = tables.second;
+    const IVec<E> pos = positions<E>(n, 3, 7);
     rope(E(), qd, kd, pos, CMat<E>(cd), CMat<E>(sd), hd, adjacent);
     auto ref_rot = [&](const std::vector<float>& v, int heads) {
       std::vector<double> r(v.begin(), v.end());
@@ -253,18 +268,9 @@ TYPED_TEST(Kernels, RopeBothLayouts) {
 TYPED_TEST(Kernels, RopeUnitsInPairOrderAreTheListedRotations) {
   using E = TypeParam;
   const int n = 5, U = 6, w = 2 * U, nkv = 2, group = 3, hd = 32, half = hd / 2, ctx = 64;
-  std::vector<float> c(ctx * half), s(ctx * half);
-  for (int p = 0; p < ctx; ++p)
-    for (int j = 0; j < half; ++j) {
-      const double a = p * std::pow(10000.0, -2.0 * j / hd);
-      c[p * half + j] = float(std::cos(a));
-      s[p * half + j] = float(std::sin(a));
-    }
-  auto cd = to_device<E>(c, ctx, half), sd = to_device<E>(s, ctx, half);
-  IVec<E> pos("pos", n);
-  auto hp = Kokkos::create_mirror_view(pos);
-  for (int t = 0; t < n; ++t) hp(t) = 5 + 11 * t;
-  Kokkos::deep_copy(pos, hp);
+  const auto tables = rope_tables<E>(ctx, hd);
+  const Mat<E> cd = tables.first, sd = tables.second;
+  const IVec<E> pos = positions<E>(n, 5, 11);
   for (const bool adjacent : {true, false}) {
     RopeUnits u;
     u.units = U;
@@ -298,7 +304,7 @@ TYPED_TEST(Kernels, RopeUnitsInPairOrderAreTheListedRotations) {
         for (int h = 0; h < heads; ++h) {
           const int kvh = heads == nkv ? h : h / group, b0 = (t * heads + h) * w;
           for (int j = 0; j < U; ++j) {
-            const double ang = hp(t) * std::pow(10000.0, -2.0 * u.freq[kvh * U + j] / hd);
+            const double ang = (5 + 11 * t) * std::pow(10000.0, -2.0 * u.freq[kvh * U + j] / hd);
             const int i0 = b0 + u.i0[kvh * U + j], i1 = b0 + u.i1[kvh * U + j];
             r[i0] = v[i0] * std::cos(ang) - v[i1] * std::sin(ang);
             r[i1] = v[i0] * std::sin(ang) + v[i1] * std::cos(ang);

@@ -41,36 +41,14 @@ void copy_rows_to(const E& exec, const CMat<E>& src, const IVec<E>& to, const Ma
       });
 }
 
-/// Rotates the heads of x[t][n_heads·hd] in place by the angle of position pos[t] (the same
-/// arithmetic as rope() in kernels/pointwise.hpp, for one matrix; on the host the same code).
+/// Rotates the heads of x[t][n_heads·hd] in place by the angle of position pos[t]: rope() of
+/// kernels/pointwise.hpp with no keys, so that rotating queries and keys apart (a token gate
+/// rotates the keys before it decides) gives the bits of rotating them together.
 template <class E>
 void rope_rows(const E& exec, const Mat<E>& x, const IVec<E>& pos, const CMat<E>& cos_t,
                const CMat<E>& sin_t, int head_dim, bool adjacent) {
-  const int n = static_cast<int>(x.extent(0));
-  if (n == 0) return;
-  const int half = head_dim / 2;
-  const int nh = static_cast<int>(x.extent(1)) / head_dim;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                           typename E::memory_space>::accessible) {
-    Kokkos::parallel_for(
-        "sparsim::kernels::rope_rows", Kokkos::RangePolicy<E>(exec, 0, n), [=](const int t) {
-          detail::rope_row_host(x, t, nh, head_dim, adjacent, cos_t, sin_t, pos(t));
-        });
-    return;
-  }
-  Kokkos::parallel_for(
-      "sparsim::kernels::rope_rows",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, nh, half}),
-      KOKKOS_LAMBDA(const int t, const int h, const int j) {
-        const int p = pos(t);
-        const float c = cos_t(p, j), s = sin_t(p, j);
-        const int base = h * head_dim;
-        const int i0 = adjacent ? base + 2 * j : base + j;
-        const int i1 = adjacent ? base + 2 * j + 1 : base + j + half;
-        const float a = x(t, i0), b = x(t, i1);
-        x(t, i0) = a * c - b * s;
-        x(t, i1) = a * s + b * c;
-      });
+  if (x.extent(0) == 0) return;
+  rope(exec, x, Mat<E>(), pos, cos_t, sin_t, head_dim, adjacent);
 }
 
 }  // namespace sparsim
