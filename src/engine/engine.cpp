@@ -575,16 +575,11 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
 
 template <class E>
 void Engine<E>::rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q) {
-  const Config& c = w_->cfg;
-  const RopeMap<E>* map = pruned_rope(l);
-  if (!map) {
-    rope_rows(exec_, x, pos, CMat<E>(cos_), CMat<E>(sin_), c.head_dim,
-              c.rope_layout == RopeLayout::Adjacent);
-    return;
-  }
   const Mat<E> none;
-  rope_units(exec_, is_q ? x : none, is_q ? none : x, pos, CMat<E>(cos_), CMat<E>(sin_), *map,
-             c.qk_head_dim(l));
+  if (is_q)
+    rope_qk(l, x, none, pos);
+  else
+    rope_qk(l, none, x, pos);
 }
 
 template <class E>

@@ -28,30 +28,7 @@ void KVCache<E>::store(const E& exec, int l, const CMat<E>& k, const CMat<E>& v,
           "KV cache: layer {} holds compacted keys up to position {}; cannot write position {}", l,
           kl.k_base - 1, p0);
   require(p0 + T <= max_ctx_ && n_seq <= max_seqs_, "KV cache: rows beyond the cache");
-  const int kw = static_cast<int>(k.extent(1)), vw = static_cast<int>(v.extent(1));
-  const int w = std::max(kw, vw), base = kl.k_base;
-  auto kc = kl.k;
-  auto vc = kl.v;
-  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                           typename E::memory_space>::accessible) {
-    // a row per work item: a decode step is one small launch (a two-dimensional range's set-up
-    // cost more than the copy)
-    Kokkos::parallel_for("sparsim::engine::kv_store", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
-                         [=](const int r) {
-                           const int s = r / T, t = r % T;
-                           for (int j = 0; j < kw; ++j) kc(s, p0 + t - base, j) = k(r, j);
-                           for (int j = 0; j < vw; ++j) vc(s, p0 + t, j) = v(r, j);
-                         });
-    return;
-  }
-  Kokkos::parallel_for(
-      "sparsim::engine::kv_store",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, w}),
-      KOKKOS_LAMBDA(const int r, const int j) {
-        const int s = r / T, t = r % T;
-        if (j < kw) kc(s, p0 + t - base, j) = k(r, j);
-        if (j < vw) vc(s, p0 + t, j) = v(r, j);
-      });
+  kv_store(exec, k, v, kl.k, kl.v, n_seq, T, p0, kl.k_base);
 }
 
 template <class E>

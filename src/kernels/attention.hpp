@@ -22,18 +22,20 @@ template <class E>
 using Cache = Kokkos::View<float***, Layout, DeviceOf<E>>;  // [seq][pos][kv_dim]
 
 /// Writes the new keys/values of rows (s, t) into cache position p0 + t of sequence s. Keys and
-/// values may have different widths (a pruned layer).
+/// values may have different widths (a pruned layer). A key cache whose first `k_base` positions
+/// were compacted away holds position p at row p − k_base (KVLayer::k).
 template <class E>
 void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>& kc,
-              const Cache<E>& vc, int n_seq, int T, int p0) {
+              const Cache<E>& vc, int n_seq, int T, int p0, int k_base = 0) {
   const int kd = static_cast<int>(k.extent(1)), vd = static_cast<int>(v.extent(1));
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    // a row per work item: a decode step is one small launch
+    // a row per work item: a decode step is one small launch (a two-dimensional range's set-up
+    // cost more than the copy)
     Kokkos::parallel_for("sparsim::kernels::kv_store", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
                          [=](const int r) {
                            const int s = r / T, t = r % T;
-                           for (int j = 0; j < kd; ++j) kc(s, p0 + t, j) = k(r, j);
+                           for (int j = 0; j < kd; ++j) kc(s, p0 + t - k_base, j) = k(r, j);
                            for (int j = 0; j < vd; ++j) vc(s, p0 + t, j) = v(r, j);
                          });
     return;
@@ -43,7 +45,7 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
       Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, kd > vd ? kd : vd}),
       KOKKOS_LAMBDA(const int r, const int j) {
         const int s = r / T, t = r % T;
-        if (j < kd) kc(s, p0 + t, j) = k(r, j);
+        if (j < kd) kc(s, p0 + t - k_base, j) = k(r, j);
         if (j < vd) vc(s, p0 + t, j) = v(r, j);
       });
 }

@@ -1,7 +1,6 @@
 #pragma once
 /// Row gather and scatter for the token gate: the kept rows of a call run Q projection,
 /// attention and O projection on their own, and their outputs go back to their places.
-#include "kernels/pointwise.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -39,16 +38,6 @@ void copy_rows_to(const E& exec, const CMat<E>& src, const IVec<E>& to, const Ma
       KOKKOS_LAMBDA(const int i, const int j) {
         if (to(i) >= 0) dst(to(i), j) = src(i, j);
       });
-}
-
-/// Rotates the heads of x[t][n_heads·hd] in place by the angle of position pos[t]: rope() of
-/// kernels/pointwise.hpp with no keys, so that rotating queries and keys apart (a token gate
-/// rotates the keys before it decides) gives the bits of rotating them together.
-template <class E>
-void rope_rows(const E& exec, const Mat<E>& x, const IVec<E>& pos, const CMat<E>& cos_t,
-               const CMat<E>& sin_t, int head_dim, bool adjacent) {
-  if (x.extent(0) == 0) return;
-  rope(exec, x, Mat<E>(), pos, cos_t, sin_t, head_dim, adjacent);
 }
 
 }  // namespace sparsim

@@ -64,7 +64,7 @@ void rmsnorm(const E& exec, const CMat<E>& x, const CVec<E>& g, float eps, const
 }
 
 namespace detail {
-/// The host body of rope() and rope_rows(): the nh heads of row t of x rotated by the angles of
+/// The host body of rope(): the nh heads of row t of x rotated by the angles of
 /// position p, pair j of a head being (2j, 2j + 1) (adjacent) or (j, j + hd/2). One expression per
 /// output, the same as the device bodies'.
 template <class X, class Tab>
@@ -87,15 +87,17 @@ inline void rope_row_host(const X& x, int t, int nh, int head_dim, bool adjacent
 
 /// Rotates the heads of q[t][n_head·hd] and k[t][n_kv·hd] in place by the angle of position
 /// pos[t]: cos/sin come from a table [position][hd/2] built in double precision on the host.
+/// Either of q and k may be empty (rotate the other alone: the same code as both together).
 /// On the host one work item per row (a decode step's few rotations cost less than the set-up of
 /// a three-dimensional range); on a device one thread per rotation.
 template <class E>
 void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, const CMat<E>& cos_t,
           const CMat<E>& sin_t, int head_dim, bool adjacent) {
-  const int n = static_cast<int>(q.extent(0));
   const int half = head_dim / 2;
-  const int qh = static_cast<int>(q.extent(1)) / head_dim;
-  const int kh = static_cast<int>(k.extent(1)) / head_dim;
+  const int qh = q.extent(0) > 0 ? static_cast<int>(q.extent(1)) / head_dim : 0;
+  const int kh = k.extent(0) > 0 ? static_cast<int>(k.extent(1)) / head_dim : 0;
+  const int n = static_cast<int>(qh > 0 ? q.extent(0) : k.extent(0));
+  if (n == 0) return;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     Kokkos::parallel_for("sparsim::kernels::rope", Kokkos::RangePolicy<E>(exec, 0, n),
