@@ -30,24 +30,14 @@ using v8 = lanes::f8;
 // does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 using Wide = float __attribute__((vector_size(kL * sizeof(float))));
-struct Pair {
-  v8 lo, hi;  // lanes 0 … 7, 8 … 15
-  Pair& operator+=(const Pair& o) {
-    lo += o.lo;
-    hi += o.hi;
-    return *this;
-  }
-  Pair operator*(const Pair& o) const { return {lo * o.lo, hi * o.hi}; }
-};
-/// a += x · y lane by lane, one multiply-add expression per register, so a compiler that fuses
-/// only within an expression (Clang's default) fuses both types alike.
+using Pair = lanes::Halves<v8>;
+/// a += x · y lane by lane, one multiply-add expression per register (as lanes::madd does for
+/// Pair), so a compiler that fuses only within an expression (Clang's default) fuses both types
+/// alike.
 inline void madd(Wide& a, const Wide& x, const Wide& y) {
   a += x * y;
 }
-inline void madd(Pair& a, const Pair& x, const Pair& y) {
-  a.lo += x.lo * y.lo;
-  a.hi += x.hi * y.hi;
-}
+using lanes::madd;
 /// Half blocks (8 floats: one ymm with AVX-512 or AVX2) for the value mix's short tails.
 constexpr bool kHasHalf = true;
 template <class V>
@@ -77,14 +67,13 @@ inline Wide ld<Wide>(const float* p) {
 }
 template <>
 inline Pair ld<Pair>(const float* p) {
-  return {ld8(p), ld8(p + kL / 2)};
+  return lanes::load_halves<v8>(p);
 }
 inline void st(float* p, const Wide& v) {
   store_as(p, v);
 }
 inline void st(float* p, const Pair& v) {
-  st8(p, v.lo);
-  st8(p + kL / 2, v.hi);
+  lanes::store_halves(p, v);
 }
 template <class V>
 V splat(float x);

@@ -41,28 +41,16 @@ inline half_t operator*(half_t a, const half_t& b) {
 }
 #endif
 
-/// 16 lanes as two halves of vector statements: the products and sums of dot_block and
+/// 16 lanes as two 8-lane halves (lanes::Halves): the products and sums of dot_block and
 /// dot_row_tokens are vector statements, which the compiler fuses (or not, in a clone without FMA)
 /// the same way for every NT (on arrays of lanes its choice between fused and separate
 /// multiply-adds in the tail differed between instantiations, and with it the last bits of a
-/// token's sum). Two 8-lane halves rather than one 16-lane vector: without AVX-512 a 16-lane
-/// vector variable has no register and lives in memory, which made the AVX2 code ten times slower.
-struct lanes_t {
-  half_t lo, hi;  // lanes 0 … 7, 8 … 15
-};
-
-/// a += x · w lane by lane: each half one multiply-add expression, so a compiler that fuses only
-/// within an expression (Clang's default) fuses it as GCC does.
-inline void madd(lanes_t& a, const lanes_t& x, const lanes_t& w) {
-  a.lo = a.lo + x.lo * w.lo;
-  a.hi = a.hi + x.hi * w.hi;
-}
+/// token's sum).
+using lanes_t = lanes::Halves<half_t>;
+using lanes::madd;
 
 inline lanes_t load_lanes(const float* p) {
-  lanes_t v;
-  std::memcpy(&v.lo, p, sizeof v.lo);
-  std::memcpy(&v.hi, p + kLanes / 2, sizeof v.hi);
-  return v;
+  return lanes::load_halves<half_t>(p);
 }
 template <class T>
 inline lanes_t load_lanes(const T* p) {

@@ -1,9 +1,57 @@
 #pragma once
-/// 8-float vectors (one ymm register with AVX2 or AVX-512) of the host kernels' lanes and the
-/// levels of their transposing reduction trees (kernels/host_gemv.cpp, kernels/host_attention.cpp).
-/// A tree reduces the partial sums of 8 items (tokens, positions), 8 sums each; each level adds
-/// pairs of sums and packs the results of two vectors into one, so that after three levels one
-/// vector holds the 8 items' totals. GCC/Clang vector extensions only.
+/// The host kernels' lanes (kernels/host_gemv.cpp, kernels/host_attention.cpp): 16 lanes as two
+/// halves (Halves), 8-float vectors (one ymm register with AVX2 or AVX-512) and the levels of
+/// their transposing reduction trees. A tree reduces the partial sums of 8 items (tokens,
+/// positions), 8 sums each; each level adds pairs of sums and packs the results of two vectors
+/// into one, so that after three levels one vector holds the 8 items' totals. The vectors and
+/// trees need GCC/Clang vector extensions; Halves takes any 8-lane type with + and *.
+#include <cstring>
+
+namespace sparsim::host::lanes {
+
+/// 16 lanes as two 8-lane halves: lanes 0 … 7 in lo, 8 … 15 in hi. Without AVX-512 a 16-float
+/// vector variable has no register to live in and the compiler keeps it in memory (which made the
+/// AVX2 code about ten times slower); with two halves each lives in one ymm register. Every
+/// operation is one vector expression per half, so a compiler fuses (or not, in a clone without
+/// FMA) each multiply-add the same way wherever it is used, also one that fuses only within an
+/// expression (Clang's default).
+template <class H>
+struct Halves {
+  H lo, hi;
+  Halves& operator+=(const Halves& o) {
+    lo = lo + o.lo;
+    hi = hi + o.hi;
+    return *this;
+  }
+  Halves operator*(const Halves& o) const { return {lo * o.lo, hi * o.hi}; }
+};
+
+/// a += x · y lane by lane.
+template <class H>
+inline void madd(Halves<H>& a, const Halves<H>& x, const Halves<H>& y) {
+  a.lo = a.lo + x.lo * y.lo;
+  a.hi = a.hi + x.hi * y.hi;
+}
+
+/// The 16 floats at p (unaligned).
+template <class H>
+inline Halves<H> load_halves(const float* p) {
+  static_assert(sizeof(H) == 8 * sizeof(float), "a half holds 8 floats");
+  Halves<H> v;
+  std::memcpy(&v.lo, p, sizeof v.lo);
+  std::memcpy(&v.hi, p + 8, sizeof v.hi);
+  return v;
+}
+
+/// Stores the 16 lanes at p (unaligned).
+template <class H>
+inline void store_halves(float* p, const Halves<H>& v) {
+  std::memcpy(p, &v.lo, sizeof v.lo);
+  std::memcpy(p + 8, &v.hi, sizeof v.hi);
+}
+
+}  // namespace sparsim::host::lanes
+
 #if defined(__GNUC__) && !defined(__CUDACC__)
 namespace sparsim::host::lanes {
 
