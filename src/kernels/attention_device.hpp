@@ -4,12 +4,15 @@
 ///
 /// Decode (one new token per sequence): the cached positions are cut into splits of kChunk
 /// positions; one team takes one (sequence, KV head, split) and serves every query head of the
-/// KV head's group, so each key and value is read once per group. A team writes a partial
-/// result (its split's max score m, Σ exp(score − m) l and the unnormalised Σ exp(score − m)·v);
-/// the last team of a (sequence, KV head) to finish — told by an integer counter — combines the
-/// splits in split order and resets the counter. The launch shape depends on the cache size,
-/// not on the position, which is read from device memory: a decode step can be replayed as a
-/// graph. Every output has one fixed summation order.
+/// KV head's group, so each key and value is read once per group: its threads score whole
+/// positions (no reduction across lanes per position), then the value mix runs one thread per
+/// (head, channel). A team writes a partial result (its split's max score m,
+/// Σ exp(score − m) l and the unnormalised Σ exp(score − m)·v); the last team of a (sequence,
+/// KV head) to finish — told by an integer counter — combines the splits in split order and
+/// resets the counter. The launch shape depends on the cache size, not on the position, which
+/// is read from device memory: a decode step can be replayed as a graph. Compacted prompt keys
+/// (ThinK, GRACE) and dropped positions are read in place. Every output has one fixed
+/// summation order.
 ///
 /// Prefill (many tokens): one team takes one (sequence, query head, block of kBlock queries) and
 /// walks the key blocks up to the causal limit, keeping Q, the current K and V blocks, the
@@ -20,6 +23,7 @@
 /// them against the reference kernel; the engine uses them on devices.
 #include "core/compat.hpp"
 #include "kernels/gemv_device.hpp"
+#include "kernels/kv_layout.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -87,101 +91,162 @@ inline int prefill_block(int head_dim) {
 
 }  // namespace attn
 
-/// Decode attention: out[s][h·v_dim + i] for one new token per sequence (rows s = 0 … n_seq−1),
-/// at position pos(s) (keys 0 … pos(s) of the cache). ws must have been ensure()d for the
+/// Decode attention over one layer's cache: out[s][h·vd + i] for one new token per sequence
+/// (rows s = 0 … n_seq−1) at position pos(s), keys 0 … pos(s). The cache may hold compacted
+/// prompt keys (positions below kv.k_base scored on the head's kept channels, as
+/// cached_attention does) and dropped positions (no weight). Rows whose skip[s] is set (a token
+/// gate's decision, in device memory; null: none) get no output.
+///
+/// One team takes one (sequence, KV head, split of kChunk positions) and serves every query head
+/// of the group: each thread scores whole positions (one key row read once for all the group's
+/// heads, the queries in team scratch), the team takes the softmax of each head over its split,
+/// and the value mix runs with one thread per (head, channel). The last team of a (sequence,
+/// KV head) to finish combines the splits in split order. ws must have been ensure()d for the
 /// cache's size.
 template <class E>
-void attention_decode_split(const E& exec, const CMat<E>& q,
-                            const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
-                            const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
-                            const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
-                            int hd, attn::DecodeWorkspace<E>& ws, int v_dim = 0,
-                            float scale = 0.0f) {
-  // hd: the query / key head width; v_dim (0: hd) the value and output head width; scale
-  // (0: 1/sqrt(hd)) the softmax scale — a pruned layer keeps its model's 1/sqrt(head_dim).
-  const int vh = v_dim > 0 ? v_dim : hd;
+void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& kv,
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq,
+                            const AttnShape& sh, attn::DecodeWorkspace<E>& ws,
+                            const int* skip = nullptr) {
   using Policy = Kokkos::TeamPolicy<E>;
   using Member = typename Policy::member_type;
   using Scratch = Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   constexpr int C = attn::kChunk;
+  const int n_head = sh.n_head, n_kv = sh.n_kv_head, hd = sh.qk_dim, vh = sh.v_dim;
   const int group = n_head / n_kv;
   const int ns = ws.n_split;
-  const int max_ctx = static_cast<int>(kc.extent(1));
-  const int kvd = n_kv * hd, qd = n_head * hd, vvd = n_kv * vh, od = n_head * vh;
-  const float sc_mul = scale > 0.0f ? scale : 1.0f / kx::sqrt(static_cast<float>(hd));
+  const int base = kv.k_base;
+  const int kvd = n_kv * hd, qd = n_head * hd, od = n_head * vh;
+  const std::size_t kst0 = kv.k.stride(0), vst0 = kv.v.stride(0);
+  const std::size_t vvd = kv.v.stride(1);
+  const float sc_mul = sh.scale;
   const float* qp = q.data();
-  const float* kp = kc.data();
-  const float* vp = vc.data();
+  const float* kp = kv.k.data();
+  const float* vp = kv.v.data();
+  const float* cp = kv.kc.data();
+  const std::size_t cst0 = base > 0 ? kv.kc.stride(0) : 0;
+  const int* kidx = base > 0 ? kv.kidx.data() : nullptr;
+  const int* koff = base > 0 ? kv.koff.data() : nullptr;
+  const std::size_t kidx_st = base > 0 ? kv.kidx.stride(0) : 0;
+  const std::size_t koff_st = base > 0 ? kv.koff.stride(0) : 0;
+  const int* dropped = kv.has_drops() ? kv.dropped.data() : nullptr;
+  const std::size_t drop_st = kv.has_drops() ? kv.dropped.stride(0) : 0;
   const int* pp = pos.data();
   float* op = out.data();
   float* po = ws.o.data();
   float* pml = ws.ml.data();
   int* cnt = ws.count.data();
-  Policy pol(exec, n_seq * n_kv * ns, attn::TeamShape<E>::threads, attn::TeamShape<E>::vector);
-  const int words = group * C + 1;
+  const int threads = attn::TeamShape<E>::host ? 1 : 128;
+  const bool wide = hd % 4 == 0 && kvd % 4 == 0 && reinterpret_cast<std::uintptr_t>(kp) % 16 == 0;
+  // scratch: the group's queries, the group's scores, one flag word
+  const int words = group * hd + group * C + 1;
+  Policy pol(exec, n_seq * n_kv * ns, threads, 1);
   pol = pol.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(words)));
   Kokkos::parallel_for(
       "sparsim::kernels::attention_decode", pol, KOKKOS_LAMBDA(const Member& team) {
         const int b = team.league_rank();
         const int sp = b % ns, sk = b / ns;
         const int kvh = sk % n_kv, s = sk / n_kv;
+        const bool skipped = skip && skip[s];
         const int npos = pp[s] + 1;
         const int p0 = sp * C;
-        const int len = npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C;
-        Scratch sh(team.team_scratch(0), words);
-        float* sc = sh.data();
+        const int len = skipped ? 0 : (npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C);
+        Scratch sh_(team.team_scratch(0), words);
+        float* qs = sh_.data();
+        float* sc = qs + group * hd;
         if (len > 0) {
-          const std::size_t kv_base =
-              static_cast<std::size_t>(s) * max_ctx * kvd + static_cast<std::size_t>(kvh) * hd;
-          const std::size_t v_base =
-              static_cast<std::size_t>(s) * max_ctx * vvd + static_cast<std::size_t>(kvh) * vh;
+          // the group's queries into scratch
+          const float* qrow = qp + static_cast<std::size_t>(s) * qd + kvh * group * hd;
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group * hd),
+                               [&](const int i) { qs[i] = qrow[i]; });
+          team.team_barrier();
+          const int c0 = base > 0 ? koff[s * koff_st + kvh] : 0;
+          const int nc = base > 0 ? koff[s * koff_st + kvh + 1] - c0 : 0;
           Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len), [&](const int i) {
-            const float* kr = kp + kv_base + static_cast<std::size_t>(p0 + i) * kvd;
-            for (int g = 0; g < group; ++g) {
-              const float* qr = qp + static_cast<std::size_t>(s) * qd + (kvh * group + g) * hd;
-              float d = 0.0f;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, hd),
-                  [&](const int e, float& a) { a += qr[e] * kr[e]; }, d);
-              Kokkos::single(Kokkos::PerThread(team), [&]() { sc[g * C + i] = d * sc_mul; });
+            const int p = p0 + i;
+            if (dropped && dropped[s * drop_st + p]) {
+              for (int g = 0; g < group; ++g) sc[g * C + i] = -3.0e38f;
+              return;
+            }
+            if (p < base) {  // compacted: the head's kept channels only
+              const float* kr = cp + s * cst0 + static_cast<std::size_t>(c0) * base +
+                                static_cast<std::size_t>(p) * nc;
+              const int* ki = kidx + s * kidx_st + c0;
+              for (int g = 0; g < group; ++g) {
+                const float* qg = qs + g * hd;
+                float d = 0.0f;
+                for (int j = 0; j < nc; ++j) d += qg[ki[j]] * kr[j];
+                sc[g * C + i] = d * sc_mul;
+              }
+              return;
+            }
+            const float* kr = kp + s * kst0 + static_cast<std::size_t>(p - base) * kvd + kvh * hd;
+            // every key channel read once, for all the group's heads (at most 8 at a time)
+            for (int g0 = 0; g0 < group; g0 += 8) {
+              const int ng = group - g0 < 8 ? group - g0 : 8;
+              float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+              int e = 0;
+              if (wide)  // 16-byte loads of the key row
+                for (; e + 4 <= hd; e += 4) {
+                  float k4[4];
+                  gemv::load_x<4>(kr + e, k4);
+                  for (int g = 0; g < 8; ++g)
+                    if (g < ng) {
+                      const float* qg = qs + (g0 + g) * hd + e;
+                      d[g] += (qg[0] * k4[0] + qg[1] * k4[1]) + (qg[2] * k4[2] + qg[3] * k4[3]);
+                    }
+                }
+              for (; e < hd; ++e) {
+                const float kv_e = kr[e];
+                for (int g = 0; g < 8; ++g)
+                  if (g < ng) d[g] += qs[(g0 + g) * hd + e] * kv_e;
+              }
+              for (int g = 0; g < ng; ++g) sc[(g0 + g) * C + i] = d[g] * sc_mul;
             }
           });
           team.team_barrier();
+          // softmax parts of each head over the split: max, exp, sum
           for (int g = 0; g < group; ++g) {
             float* sg = sc + g * C;
             float m = -3.0e38f;
             Kokkos::parallel_reduce(
-                Kokkos::TeamVectorRange(team, len),
+                Kokkos::TeamThreadRange(team, len),
                 [&](const int i, float& mx) { mx = sg[i] > mx ? sg[i] : mx; },
                 Kokkos::Max<float>(m));
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, len),
+            team.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len),
                                  [&](const int i) { sg[i] = kx::exp(sg[i] - m); });
             team.team_barrier();
             float l = 0.0f;
             Kokkos::parallel_reduce(
-                Kokkos::TeamVectorRange(team, len), [&](const int i, float& a) { a += sg[i]; }, l);
-            const int h = kvh * group + g;
-            const std::size_t part = (static_cast<std::size_t>(s) * n_head + h) * ns + sp;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
-              // four independent sums keep four value loads in flight
-              float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-              const float* vr = vp + v_base + static_cast<std::size_t>(p0) * vvd + e;
-              const std::size_t st = static_cast<std::size_t>(vvd);
-              int i = 0;
-              for (; i + 4 <= len; i += 4) {
-                a0 += sg[i] * vr[i * st];
-                a1 += sg[i + 1] * vr[(i + 1) * st];
-                a2 += sg[i + 2] * vr[(i + 2) * st];
-                a3 += sg[i + 3] * vr[(i + 3) * st];
-              }
-              for (; i < len; ++i) a0 += sg[i] * vr[i * st];
-              po[part * vh + e] = (a0 + a1) + (a2 + a3);
-            });
+                Kokkos::TeamThreadRange(team, len), [&](const int i, float& a) { a += sg[i]; },
+                l);
+            const std::size_t part =
+                (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
             Kokkos::single(Kokkos::PerTeam(team), [&]() {
               pml[part * 2] = m;
               pml[part * 2 + 1] = l;
             });
           }
+          // value mix: one thread per (head, channel), the split's positions in order
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group * vh), [&](const int x) {
+            const int g = x / vh, e = x % vh;
+            const float* sg = sc + g * C;
+            const float* vr = vp + s * vst0 + static_cast<std::size_t>(p0) * vvd + kvh * vh + e;
+            // four independent sums keep four value loads in flight
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            int i = 0;
+            for (; i + 4 <= len; i += 4) {
+              a0 += sg[i] * vr[i * vvd];
+              a1 += sg[i + 1] * vr[(i + 1) * vvd];
+              a2 += sg[i + 2] * vr[(i + 2) * vvd];
+              a3 += sg[i + 3] * vr[(i + 3) * vvd];
+            }
+            for (; i < len; ++i) a0 += sg[i] * vr[i * vvd];
+            const std::size_t part =
+                (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
+            po[part * vh + e] = (a0 + a1) + (a2 + a3);
+          });
         }
         // the last team of this (sequence, KV head) combines the splits: every thread makes
         // its partial writes visible before the team counts itself done
@@ -195,13 +260,14 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
         team.team_barrier();
         if (*last) {
           Kokkos::memory_fence();
-          const int active = (npos + C - 1) / C;
-          for (int g = 0; g < group; ++g) {
-            const int h = kvh * group + g;
-            const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
-            const float* vml = pml + part0 * 2;
-            const float* vo = po + part0 * vh;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
+          if (!skipped) {
+            const int active = (npos + C - 1) / C;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group * vh), [&](const int x) {
+              const int g = x / vh, e = x % vh;
+              const int h = kvh * group + g;
+              const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
+              const float* vml = pml + part0 * 2;
+              const float* vo = po + part0 * vh;
               float mx = -3.0e38f;
               for (int k = 0; k < active; ++k) {
                 const float m = attn::load_shared(vml + 2 * k);
@@ -219,6 +285,28 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
           Kokkos::single(Kokkos::PerTeam(team), [&]() { cnt[sk] = 0; });
         }
       });
+}
+
+/// The same over a dense cache (keys kc, values vc of one layer): hd the query / key head
+/// width, v_dim (0: hd) the value and output head width, scale (0: 1/sqrt(hd)) the softmax
+/// scale — a pruned layer keeps its model's 1/sqrt(head_dim).
+template <class E>
+void attention_decode_split(const E& exec, const CMat<E>& q,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
+                            int hd, attn::DecodeWorkspace<E>& ws, int v_dim = 0,
+                            float scale = 0.0f) {
+  KVLayer<E> kv;
+  kv.k = kc;
+  kv.v = vc;
+  AttnShape sh;
+  sh.n_head = n_head;
+  sh.n_kv_head = n_kv;
+  sh.qk_dim = hd;
+  sh.v_dim = v_dim > 0 ? v_dim : hd;
+  sh.scale = scale > 0.0f ? scale : 1.0f / kx::sqrt(static_cast<float>(hd));
+  attention_decode_split(exec, q, kv, pos, out, n_seq, sh, ws);
 }
 
 /// Prefill attention: rows r = s·T + t at positions p0 + t, keys 0 … p0 + t of the cache.

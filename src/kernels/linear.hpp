@@ -7,8 +7,9 @@
 /// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
 /// widened to fp32 in a scratch buffer so the GEMM path can be used; or, with the opt-in bf16
-/// compute (LinearScratch::bf16_compute, host only), the rows are rounded to bf16 and multiplied
-/// by oneDNN's bf16 matmul in the same fixed tiles.
+/// compute (LinearScratch::bf16_compute), the rows are rounded to bf16 and multiplied by oneDNN's
+/// bf16 matmul in the same fixed tiles on the host, or by cuBLAS on the tensor cores of a GPU.
+#include "core/device_blas.hpp"
 #include "gemm_bf16/bf16_gemm.hpp"
 #include "kernels/gemv_device.hpp"
 #include "kernels/host_gemv.hpp"
@@ -157,7 +158,7 @@ struct LinearScratch {
   Mat<E> wide;
   Kokkos::View<std::uint16_t*, DeviceOf<E>> rows16;
   /// Multi-row products with bf16 weights in bf16 arithmetic (rows rounded to bf16, fp32
-  /// accumulation) on the host; only set where host::bf16_gemm_available().
+  /// accumulation): oneDNN on the host (where host::bf16_gemm_available()), cuBLAS on CUDA.
   bool bf16_compute = false;
   Mat<E> get(int rows, int cols) {
     if (wide.extent(0) * wide.extent(1) < static_cast<std::size_t>(rows) * cols)
@@ -204,6 +205,34 @@ void bf16_linear(const E& exec, const CMat<E>& x,
                      });
 }
 
+#if defined(KOKKOS_ENABLE_CUDA)
+/// y = x · Wᵀ on a GPU's tensor cores: x rounded to bf16 (round to nearest even) in the scratch,
+/// bf16 W, fp32 accumulation (cuBLAS), one call per sequence of `seg` rows so that no row's
+/// bits depend on how many sequences share the call.
+inline void cuda_bf16_linear(const Kokkos::Cuda& exec, const CMat<Kokkos::Cuda>& x,
+                             const Kokkos::View<bf16_t**, Layout, DeviceOf<Kokkos::Cuda>>& w,
+                             const Mat<Kokkos::Cuda>& y, int seg,
+                             LinearScratch<Kokkos::Cuda>& scratch) {
+  const int n = static_cast<int>(x.extent(0));
+  const int in = static_cast<int>(w.extent(1));
+  const int out = static_cast<int>(w.extent(0));
+  std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
+  const float* xp = x.data();
+  const std::size_t ldx = x.stride(0);
+  Kokkos::parallel_for(
+      "sparsim::kernels::round_rows_bf16",
+      Kokkos::RangePolicy<Kokkos::Cuda>(exec, 0, static_cast<std::size_t>(n) * in),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        xb[i] = bf16_t::from_float(xp[(i / in) * ldx + i % in]).bits;
+      });
+  const auto* wb = reinterpret_cast<const std::uint16_t*>(w.data());
+  const int ldw = static_cast<int>(w.stride(0)), ldy = static_cast<int>(y.stride(0));
+  for (int t0 = 0; t0 < n; t0 += seg)
+    device_blas::gemm_bf16_rows(exec, seg, out, in, xb + static_cast<std::size_t>(t0) * in, in,
+                                wb, ldw, y.data() + static_cast<std::size_t>(t0) * ldy, ldy);
+}
+#endif
+
 }  // namespace detail
 
 /// y[n][out] = x[n][in] · W[out][in]ᵀ. Extents must agree (checked on the host).
@@ -242,11 +271,17 @@ void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     detail::blas_linear<E>(exec, x, w.f32, y, seg);
     return;
   }
-  if constexpr (host) {
-    if (scratch.bf16_compute && w.dtype == DType::BF16 && seg >= kWidenRows) {
+  if (scratch.bf16_compute && w.dtype == DType::BF16 && seg >= kWidenRows) {
+    if constexpr (host) {
       detail::bf16_linear<E>(exec, x, w.bf16, y, seg, scratch);
       return;
     }
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same_v<E, Kokkos::Cuda>) {
+      detail::cuda_bf16_linear(exec, x, w.bf16, y, seg, scratch);
+      return;
+    }
+#endif
   }
   if (seg >= kWidenRows) {
     Mat<E> wide = scratch.get(w.rows, w.cols);
