@@ -39,7 +39,16 @@ trap 'rm -rf "$W" "$SHM"' EXIT
 SUM="$OUT/summary.txt"; ENV="$OUT/env.log"; TESTS="$OUT/tests.log"; AGR="$OUT/agree.log"
 BENCH="$OUT/bench.log"; KER="$OUT/kernels.log"
 for f in "$SUM" "$ENV" "$TESTS" "$AGR" "$BENCH" "$KER"; do : >"$f"; done
-BIN="$G/bin"
+# binaries: compressed by bundle.sh, unpacked into the work folder
+BIN="$W/bin"
+mkdir -p "$BIN"
+for f in "$G"/bin/*; do
+  case "$f" in
+    *.xz) if command -v xz >/dev/null 2>&1; then xz -dc "$f" >"$BIN/$(basename "${f%.xz}")"
+          else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$BIN/$(basename "${f%.xz}")"; fi ;;
+    *) cp "$f" "$BIN/" ;;
+  esac
+done
 chmod +x "$BIN"/* 2>/dev/null
 export OMP_PROC_BIND=false
 
@@ -148,6 +157,101 @@ awk 'BEGIN { srand(7); for (i = 0; i < 20000; i++) { l = 1 + int(rand() * 7); w 
   for (k = 0; k < l; k++) w = w sprintf("%c", 97 + int(rand() * 26));
   printf "%s%s", w, (i % 11 == 10 ? ".\n" : " ") } }' >"$C"
 
+# ------------------------------------------------------------------ bench, SmolLM2 shape
+B=("${S[@]}" bench --backend cuda)
+if want smollm2; then
+  step "bench smollm2 bf16 fused graph" 45 "$BENCH" "${B[@]}" --model "$M" --storage bf16 \
+    --prompt 512 --decode 128 --reps 3 --graph --json "$W/bench_smollm2_bf16_graph.json"
+  step "bench smollm2 bf16 fused" 45 "$BENCH" "${B[@]}" --model "$M" --storage bf16 --prompt 512 \
+    --decode 64 --reps 2 --out "$W/run_smollm2_bf16.h5" --json "$W/bench_smollm2_bf16_fused.json"
+  step "bench smollm2 f32 fused graph" 45 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
+    --prompt 512 --decode 128 --reps 3 --graph --json "$W/bench_smollm2_f32_graph.json"
+  step "bench smollm2 f32 batch 8" 45 "$BENCH" "${B[@]}" --model "$M" --storage f32 --prompt 512 \
+    --decode 64 --reps 2 --batch 8 --json "$W/bench_smollm2_f32_batch8.json"
+  step "bench smollm2 f32 profile prefill 2048" 45 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
+    --prompt 2048 --decode 8 --reps 2 --profile --out "$W/run_smollm2_f32_p2048.h5" \
+    --json "$W/bench_smollm2_f32_profile2048.json"
+fi
+# ------------------------------------------------------------------ Nsight Compute (diagnosis)
+if want ncu; then
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    # every kernel of a few decode steps after a 64-token prompt (the launches before skipped)
+    step "ncu: kernels of decode steps (SmolLM2 bf16, fused)" 90 "$W/ncu.log" "${SP[@]}" \
+      "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 600 \
+      --launch-count 340 "$BIN/sparsim" bench --model "$M" --backend cuda --storage bf16 \
+      --prompt 64 --decode 6 --reps 1
+    python3 - "$W/ncu.log" >"$OUT/ncu_kernels.txt" 2>&1 <<'EOF'
+import csv, sys, collections
+rows = []
+lines = [l for l in open(sys.argv[1], errors="replace") if l.startswith('"')]
+for r in csv.DictReader(lines):
+    if r.get("Metric Name") == "gpu__time_duration.sum":
+        v = float(r["Metric Value"].replace(",", ""))
+        unit = r.get("Metric Unit", "")
+        v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+        rows.append((r["Kernel Name"][:90], v))
+tot = collections.defaultdict(lambda: [0, 0.0])
+for k, v in rows:
+    tot[k][0] += 1
+    tot[k][1] += v
+print(f"{len(rows)} kernels, {sum(v for _, v in rows):.1f} us in all")
+for k, (n, v) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+    print(f"{v:10.1f} us {n:5d} x {v / n:8.2f} us  {k}")
+EOF
+    head -30 "$OUT/ncu_kernels.txt" | sed 's/^/    /' >>"$SUM"
+  fi
+fi
+
+# ------------------------------------------------------------------ probe
+if want predict; then
+  PROF="$W/probe_gpu.json"
+  step "probe (cuda)" 45 "$BENCH" "${S[@]}" probe --backend cuda --reps 5 --name h200-probe \
+    --out "$PROF"
+  [ -s "$PROF" ] && cp "$PROF" "$OUT/probe_gpu.json"
+fi
+# ------------------------------------------------------------------ Llama-2-7B shape, bf16
+M7="$SHM/llama2-7b-bf16.gguf"
+if want 7b; then
+  step "synth llama2-7b bf16" 120 "$BENCH" "${S[@]}" synth --preset llama2-7b --type bf16 --seed 1 \
+    --out "$M7"
+  if [ -s "$M7" ]; then
+    step "bench llama2-7b bf16 fused graph" 60 "$BENCH" "${B[@]}" --model "$M7" --storage bf16 \
+      --prompt 512 --decode 64 --reps 2 --graph --out "$W/run_llama7b_bf16.h5" \
+      --json "$W/bench_llama7b_bf16_graph.json"
+    step "bench llama2-7b bf16 prefill 2048 --bf16-compute" 60 "$BENCH" "${B[@]}" --model "$M7" \
+      --storage bf16 --bf16-compute --prompt 2048 --decode 4 --reps 2 \
+      --out "$W/run_llama7b_bf16c_p2048.h5" --json "$W/bench_llama7b_bf16_prefill2048.json"
+  fi
+fi
+# ------------------------------------------------------------------ predictions
+if want predict && [ -s "$W/probe_gpu.json" ]; then
+  for run in "$W"/run_*.h5; do
+    [ -s "$run" ] || continue
+    b=$(basename "$run" .h5)
+    prec=fp32
+    case "$b" in *bf16c*) prec=bf16 ;; esac  # prefill products in bf16 (--bf16-compute)
+    step "predict ${b#run_}" 30 "$BENCH" "${S[@]}" predict "$run" --hardware "$W/probe_gpu.json" \
+      --precision "$prec" --json --out "$W/predict_${b#run_}.json"
+  done
+fi
+
+# ------------------------------------------------------------------ methods, SmolLM2 shape
+if want methods; then
+  CAL="$W/cal_smollm2.h5"
+  step "calibrate smollm2 (cuda)" 60 "$BENCH" "${S[@]}" calibrate --model "$M" --corpus "$C" \
+    --out "$CAL" --context 256 --max-windows 2 --greedy-seqs 1 --greedy-tokens 32 --alpha 0.05 \
+    --backend cuda --progress never
+  [ -s "$CAL" ] && step "bench smollm2 bf16 --method teal 0.5" 45 "$BENCH" "${B[@]}" --model "$M" \
+    --storage bf16 --method teal --sparsity 0.5 --calibration "$CAL" --prompt 512 --decode 64 \
+    --reps 3 --json "$W/bench_smollm2_bf16_teal.json"
+  step "bench smollm2 f32 token-filter r 0.5 batch 8" 60 "$BENCH" "${B[@]}" --model "$M" \
+    --storage f32 --method token-filter --tf-ratio 0.5 --batch 8 --prompt 16 --decode 512 \
+    --reps 3 --json "$W/bench_smollm2_f32_tf05_b8.json"
+  step "bench smollm2 f32 grace 0.5 at 8K" 60 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
+    --method grace --kv-prune 0.5 --prompt 8000 --decode 16 --reps 3 \
+    --json "$W/bench_smollm2_f32_grace05_8k.json"
+fi
 # ------------------------------------------------------------------ CUDA vs OpenMP
 if want agree; then
   TOK=$(awk 'BEGIN { for (i = 0; i < 96; i++) printf "%s%d", (i ? "," : ""), (i * 7919 + 13) % 49152 }')
@@ -204,110 +308,10 @@ EOF
   sed 's/^/    /' "$W/agree.json" >>"$SUM" 2>/dev/null
 fi
 
-# ------------------------------------------------------------------ bench, SmolLM2 shape
-B=("${S[@]}" bench --backend cuda)
-if want smollm2; then
-  step "bench smollm2 bf16 fused graph" 60 "$BENCH" "${B[@]}" --model "$M" --storage bf16 \
-    --prompt 512 --decode 128 --reps 3 --graph --json "$W/bench_smollm2_bf16_graph.json"
-  step "bench smollm2 bf16 fused" 60 "$BENCH" "${B[@]}" --model "$M" --storage bf16 --prompt 512 \
-    --decode 128 --reps 3 --out "$W/run_smollm2_bf16.h5" --json "$W/bench_smollm2_bf16_fused.json"
-  step "bench smollm2 f32 fused graph" 60 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
-    --prompt 512 --decode 128 --reps 3 --graph --json "$W/bench_smollm2_f32_graph.json"
-  step "bench smollm2 f32 ops" 60 "$BENCH" "${B[@]}" --model "$M" --storage f32 --prompt 512 \
-    --decode 64 --reps 2 --decode-path ops --json "$W/bench_smollm2_f32_ops.json"
-  step "bench smollm2 f32 batch 8" 60 "$BENCH" "${B[@]}" --model "$M" --storage f32 --prompt 512 \
-    --decode 64 --reps 2 --batch 8 --json "$W/bench_smollm2_f32_batch8.json"
-  step "bench smollm2 f32 profile prefill 2048" 60 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
-    --prompt 2048 --decode 8 --reps 2 --profile --out "$W/run_smollm2_f32_p2048.h5" \
-    --json "$W/bench_smollm2_f32_profile2048.json"
-  step "bench openmp f32 ($THREADS threads, reference)" 60 "$BENCH" "${S[@]}" bench --model "$M" \
-    --backend openmp --threads "$THREADS" --prompt 512 --decode 32 --reps 1 \
-    --json "$W/bench_smollm2_f32_openmp.json"
-fi
-
-# ------------------------------------------------------------------ Nsight Compute (diagnosis)
-if want ncu; then
-  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$NCU" ]; then
-    # every kernel of a few decode steps after a 64-token prompt (the launches before skipped)
-    step "ncu: kernels of decode steps (SmolLM2 bf16, fused)" 90 "$W/ncu.log" "${SP[@]}" \
-      "$NCU" --clock-control none --metrics gpu__time_duration.sum --csv --launch-skip 600 \
-      --launch-count 340 "$BIN/sparsim" bench --model "$M" --backend cuda --storage bf16 \
-      --prompt 64 --decode 6 --reps 1
-    python3 - "$W/ncu.log" >"$OUT/ncu_kernels.txt" 2>&1 <<'EOF'
-import csv, sys, collections
-rows = []
-lines = [l for l in open(sys.argv[1], errors="replace") if l.startswith('"')]
-for r in csv.DictReader(lines):
-    if r.get("Metric Name") == "gpu__time_duration.sum":
-        v = float(r["Metric Value"].replace(",", ""))
-        unit = r.get("Metric Unit", "")
-        v *= {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
-        rows.append((r["Kernel Name"][:90], v))
-tot = collections.defaultdict(lambda: [0, 0.0])
-for k, v in rows:
-    tot[k][0] += 1
-    tot[k][1] += v
-print(f"{len(rows)} kernels, {sum(v for _, v in rows):.1f} us in all")
-for k, (n, v) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
-    print(f"{v:10.1f} us {n:5d} x {v / n:8.2f} us  {k}")
-EOF
-    head -30 "$OUT/ncu_kernels.txt" | sed 's/^/    /' >>"$SUM"
-  fi
-fi
-
-# ------------------------------------------------------------------ probe and predict
-if want predict; then
-  PROF="$W/probe_gpu.json"
-  step "probe (cuda)" 60 "$BENCH" "${S[@]}" probe --backend cuda --reps 5 --name h200-probe \
-    --out "$PROF"
-  [ -s "$PROF" ] && cp "$PROF" "$OUT/probe_gpu.json"
-fi
-
-# ------------------------------------------------------------------ methods, SmolLM2 shape
-if want methods; then
-  CAL="$W/cal_smollm2.h5"
-  step "calibrate smollm2 (cuda)" 90 "$BENCH" "${S[@]}" calibrate --model "$M" --corpus "$C" \
-    --out "$CAL" --context 256 --max-windows 2 --greedy-seqs 1 --greedy-tokens 32 --alpha 0.05 \
-    --backend cuda --progress never
-  if [ -s "$CAL" ]; then
-    for m in teal wina topk-guided; do
-      step "bench smollm2 bf16 --method $m 0.5" 60 "$BENCH" "${B[@]}" --model "$M" --storage bf16 \
-        --method "$m" --sparsity 0.5 --calibration "$CAL" --prompt 512 --decode 64 --reps 3 \
-        --json "$W/bench_smollm2_bf16_$m.json"
-    done
-  fi
-  step "bench smollm2 f32 token-filter r 0.5 batch 8" 90 "$BENCH" "${B[@]}" --model "$M" \
-    --storage f32 --method token-filter --tf-ratio 0.5 --batch 8 --prompt 16 --decode 1024 \
-    --reps 3 --json "$W/bench_smollm2_f32_tf05_b8.json"
-  step "bench smollm2 f32 grace 0.5 at 8K" 90 "$BENCH" "${B[@]}" --model "$M" --storage f32 \
-    --method grace --kv-prune 0.5 --prompt 8000 --decode 16 --reps 3 \
-    --json "$W/bench_smollm2_f32_grace05_8k.json"
-fi
-
-# ------------------------------------------------------------------ Llama-2-7B shape, bf16
+# ------------------------------------------------------------------ RAP on a 7B-shaped model
+# rho = 0.7 on a Llama-2-7B-shaped model of 4 layers: Fisher scores, the pruned model, its
+# attention module against the dense one's (decode steps at position 2,048)
 if want 7b; then
-  M7="$SHM/llama2-7b-bf16.gguf"
-  step "synth llama2-7b bf16" 120 "$BENCH" "${S[@]}" synth --preset llama2-7b --type bf16 --seed 1 \
-    --out "$M7"
-  if [ -s "$M7" ]; then
-    step "bench llama2-7b bf16 fused graph" 90 "$BENCH" "${B[@]}" --model "$M7" --storage bf16 \
-      --prompt 512 --decode 64 --reps 2 --graph --out "$W/run_llama7b_bf16.h5" \
-      --json "$W/bench_llama7b_bf16_graph.json"
-    step "bench llama2-7b bf16 prefill 2048 --bf16-compute" 90 "$BENCH" "${B[@]}" --model "$M7" \
-      --storage bf16 --bf16-compute --prompt 2048 --decode 4 --reps 2 \
-      --out "$W/run_llama7b_bf16c_p2048.h5" --json "$W/bench_llama7b_bf16_prefill2048.json"
-    CAL7="$W/cal_llama7b.h5"
-    step "calibrate llama2-7b plain (cuda)" 120 "$BENCH" "${S[@]}" calibrate --model "$M7" \
-      --corpus "$C" --out "$CAL7" --variants plain --storage bf16 --context 64 --max-windows 1 \
-      --greedy-seqs 1 --greedy-tokens 16 --alpha 0.1 --probes 0.4 --backend cuda --progress never
-    [ -s "$CAL7" ] && step "bench llama2-7b bf16 --method teal 0.5" 90 "$BENCH" "${B[@]}" \
-      --model "$M7" --storage bf16 --method teal --sparsity 0.5 --calibration "$CAL7" --prompt 256 \
-      --decode 32 --reps 2 --json "$W/bench_llama7b_bf16_teal.json"
-    rm -f "$M7"
-  fi
-  # RAP rho = 0.7 on a 7B-shaped model of 4 layers: Fisher scores, the pruned model, its
-  # attention module against the dense one's (decode steps at position 2,048)
   M74="$SHM/llama7b-4l-f32.gguf"
   step "synth llama2-7b shape, 4 layers" 60 "$BENCH" "${S[@]}" synth --preset llama2-7b --layers 4 \
     --type f32 --seed 1 --out "$M74"
@@ -318,24 +322,30 @@ if want 7b; then
   R74="$SHM/llama7b-4l-rap070.gguf"
   [ -s "$F74" ] && step "prune rap 0.7 (7B shape, 4 layers)" 60 "$BENCH" "${S[@]}" prune \
     --method rap --retain 0.7 --model "$M74" --calibration "$F74" --out "$R74"
-  [ -s "$R74" ] && step "bench rap 0.7 attention vs dense (7B shape)" 90 "$BENCH" "${B[@]}" \
+  [ -s "$R74" ] && step "bench rap 0.7 attention vs dense (7B shape)" 60 "$BENCH" "${B[@]}" \
     --model "$R74" --baseline "$M74" --storage bf16 --prompt 2048 --decode 32 --reps 3 \
     --decode-only --json "$W/bench_llama7b4_rap070_attention.json"
   rm -f "$M74" "$R74"
 fi
-
-# ------------------------------------------------------------------ predictions
-if want predict && [ -s "$W/probe_gpu.json" ]; then
-  for run in "$W"/run_*.h5; do
-    [ -s "$run" ] || continue
-    b=$(basename "$run" .h5)
-    prec=fp32
-    case "$b" in *bf16c*) prec=bf16 ;; esac  # prefill products in bf16 (--bf16-compute)
-    step "predict ${b#run_}" 30 "$BENCH" "${S[@]}" predict "$run" --hardware "$W/probe_gpu.json" \
-      --precision "$prec" --json --out "$W/predict_${b#run_}.json"
+# ------------------------------------------------------------------ TEAL on the 7B shape
+if want 7b && [ -s "$M7" ]; then
+  CAL7="$W/cal_llama7b.h5"
+  step "calibrate llama2-7b plain (cuda)" 120 "$BENCH" "${S[@]}" calibrate --model "$M7" \
+    --corpus "$C" --out "$CAL7" --variants plain --storage bf16 --context 64 --max-windows 1 \
+    --greedy-seqs 1 --greedy-tokens 16 --alpha 0.1 --probes 0.4 --backend cuda --progress never
+  [ -s "$CAL7" ] && step "bench llama2-7b bf16 --method teal 0.5" 90 "$BENCH" "${B[@]}" \
+    --model "$M7" --storage bf16 --method teal --sparsity 0.5 --calibration "$CAL7" --prompt 256 \
+    --decode 32 --reps 2 --json "$W/bench_llama7b_bf16_teal.json"
+fi
+rm -f "$M7"
+# ------------------------------------------------------------------ more activation methods
+if want methods && [ -s "$W/cal_smollm2.h5" ]; then
+  for m in wina topk-guided; do
+    step "bench smollm2 bf16 --method $m 0.5" 45 "$BENCH" "${B[@]}" --model "$M" --storage bf16 \
+      --method "$m" --sparsity 0.5 --calibration "$W/cal_smollm2.h5" --prompt 512 --decode 64 \
+      --reps 2 --json "$W/bench_smollm2_bf16_$m.json"
   done
 fi
-
 # ------------------------------------------------------------------ kernels
 if want kernels; then
   step "sparsim_bench_kernels" 40 "$KER" "${SP[@]}" "$BIN/sparsim_bench_kernels" \

@@ -316,8 +316,8 @@ void transpose_into(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>&
                     const Kokkos::View<T**, Layout, DeviceOf<E>>& dst) {
   Kokkos::parallel_for(
       "sparsim::engine::transpose",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(
-          exec, {0, 0}, {static_cast<int>(src.extent(0)), static_cast<int>(src.extent(1))}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(
+          exec, {0, 0}, {static_cast<int>(src.extent(0)), static_cast<int>(src.extent(1))})),
       KOKKOS_LAMBDA(const int r, const int c) { dst(c, r) = src(r, c); });
 }
 }  // namespace
@@ -834,7 +834,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     const int skip = T - tail;
     Kokkos::parallel_for(
         "sparsim::engine::gather_tail",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_out, d}),
+        light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_out, d})),
         KOKKOS_LAMBDA(const int r, const int j) {
           last(r, j) = xs((r / tail) * T + skip + r % tail, j);
         });

@@ -69,7 +69,7 @@ void gemm_batched(const E& exec, bool ta, bool tb, int m, int n, int k, float al
   (void)fast;
   Kokkos::parallel_for(
       "sparsim::attention::gemm_batched_loops",
-      Kokkos::RangePolicy<E>(exec, 0, static_cast<std::size_t>(count) * m * n),
+      light(Kokkos::RangePolicy<E>(exec, 0, static_cast<std::size_t>(count) * m * n)),
       KOKKOS_LAMBDA(const std::size_t x) {
         const int i = static_cast<int>(x % m), j = static_cast<int>((x / m) % n);
         const int bb = static_cast<int>(x / (static_cast<std::size_t>(m) * n));
@@ -121,7 +121,7 @@ void attention_prefill_gemm(const E& exec, const CMat<E>& q,
   for (int b0 = 0; b0 < total; b0 += chunk) {
     const int nb = std::min(chunk, total - b0);
     Kokkos::parallel_for(
-        "sparsim::attention::gemm_pointers", Kokkos::RangePolicy<E>(exec, 0, nb),
+        "sparsim::attention::gemm_pointers", light(Kokkos::RangePolicy<E>(exec, 0, nb)),
         KOKKOS_LAMBDA(const int b) {
           const int pair = b0 + b;
           const int s = pair / n_head, h = pair % n_head, g = h / group;
@@ -141,7 +141,7 @@ void attention_prefill_gemm(const E& exec, const CMat<E>& q,
     using Member = typename Kokkos::TeamPolicy<E>::member_type;
     Kokkos::parallel_for(
         "sparsim::attention::gemm_softmax",
-        Kokkos::TeamPolicy<E>(exec, nb * T, team, 1), KOKKOS_LAMBDA(const Member& tm) {
+        light(Kokkos::TeamPolicy<E>(exec, nb * T, team, 1)), KOKKOS_LAMBDA(const Member& tm) {
           const int row = tm.league_rank();
           const int t = row % T;
           float* sr = sp + static_cast<std::size_t>(row) * ctx;

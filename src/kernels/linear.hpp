@@ -61,7 +61,7 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
     // dot_lanes, so the blocking never changes a bit.
     const std::size_t ld = w.stride(0);
     const int blocks = (out + kDirectRows - 1) / kDirectRows;
-    Kokkos::parallel_for("sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, blocks),
+    Kokkos::parallel_for("sparsim::kernels::linear_direct", light(Kokkos::RangePolicy<E>(exec, 0, blocks)),
                          [=](const int b) {
                            const int o0 = b * kDirectRows;
                            const int rows = out - o0 < kDirectRows ? out - o0 : kDirectRows;
@@ -71,7 +71,7 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
     return;
   }
   Kokkos::parallel_for(
-      "sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, out),
+      "sparsim::kernels::linear_direct", light(Kokkos::RangePolicy<E>(exec, 0, out)),
       KOKKOS_LAMBDA(const int o) {
         const T* wr = &w(o, 0);
         for (int t = 0; t < n; ++t) y(t, o) = dot_lanes(&x(t, 0), wr, in);
@@ -83,8 +83,8 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
   const int cols = static_cast<int>(w.extent(1));
   Kokkos::parallel_for(
       "sparsim::kernels::widen",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
-                                                {static_cast<int>(w.extent(0)), cols}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
+                                                {static_cast<int>(w.extent(0)), cols})),
       KOKKOS_LAMBDA(const int r, const int c) { dst(r, c) = to_f32(w(r, c)); });
 }
 
@@ -105,7 +105,7 @@ void for_each_host_tile(const E& exec, const char* label, int out, int n, int se
   const int n_seq = n / seg;
   const int rt = (out + kTileRows - 1) / kTileRows;
   const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
+  Kokkos::parallel_for(label, light(Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq)), [=](const int i) {
     const int r0 = (i % rt) * kTileRows;
     const int tile = (i / rt) % ts, s = i / (rt * ts);
     const int t0 = tile * kTileTokens;
@@ -188,7 +188,7 @@ void bf16_linear(const E& exec, const CMat<E>& x,
   const int out = static_cast<int>(w.extent(0));
   std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
   Kokkos::parallel_for(
-      "sparsim::kernels::round_rows_bf16", Kokkos::RangePolicy<E>(exec, 0, n), [=](const int t) {
+      "sparsim::kernels::round_rows_bf16", light(Kokkos::RangePolicy<E>(exec, 0, n)), [=](const int t) {
         for (int k = 0; k < in; ++k)
           xb[static_cast<std::size_t>(t) * in + k] = bf16_t::from_float(x(t, k)).bits;
       });
@@ -221,7 +221,7 @@ inline void cuda_bf16_linear(const Kokkos::Cuda& exec, const CMat<Kokkos::Cuda>&
   const std::size_t ldx = x.stride(0);
   Kokkos::parallel_for(
       "sparsim::kernels::round_rows_bf16",
-      Kokkos::RangePolicy<Kokkos::Cuda>(exec, 0, static_cast<std::size_t>(n) * in),
+      light(Kokkos::RangePolicy<Kokkos::Cuda>(exec, 0, static_cast<std::size_t>(n) * in)),
       KOKKOS_LAMBDA(const std::size_t i) {
         xb[i] = bf16_t::from_float(xp[(i / in) * ldx + i % in]).bits;
       });
