@@ -103,6 +103,11 @@ class LoraHook : public ProjectionHook<E, T> {
   void backward(const E& exec, int layer, Proj p, const CMatT<E, T>& x, const CMatT<E, T>& dy,
                 const MatT<E, T>& dx) override;
 
+  /// drop(x) of adapter `ix` under the current key, in scratch memory (an [n][in] view of it;
+  /// valid until the next call); x itself when dropout is off. Public for nvcc, whose device
+  /// lambdas may not sit in private member functions.
+  CMatT<E, T> dropped_input(const E& exec, int ix, const CMatT<E, T>& x) const;
+
  private:
   struct Slot;
   int slot(int layer, Proj p) const;
@@ -110,8 +115,6 @@ class LoraHook : public ProjectionHook<E, T> {
   std::vector<Slot> slots_;
   MatT<E, T> g_;   // scratch [max_tokens][rank]
   MatT<E, T> xd_;  // scratch [max_tokens][widest input]: drop(x)
-  /// drop(x) of slot `ix` in xd_ (an [n][in] view of it); x itself without dropout.
-  CMatT<E, T> dropped_input(const E& exec, int ix, const CMatT<E, T>& x) const;
   double scale_, dropout_;
   std::uint64_t key_ = 0;
   bool training_ = true;
