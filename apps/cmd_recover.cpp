@@ -31,10 +31,21 @@ using namespace sparsim::recovery;
 
 /// Options that cannot change the adapters a run produces: left out of the settings a
 /// checkpoint is matched by (results do not depend on the thread count, bitwise).
-const std::set<std::string> kNotSettings = {
-    "threads", "progress",           "out",             "run",            "json",
-    "help",    "checkpoint",         "log-level",       "checkpoint-minutes", "checkpoint-steps",
-    "model",   "teacher",            "corpus",          "dump-gradients", "check-options"};
+const std::set<std::string> kNotSettings = {"threads",
+                                            "progress",
+                                            "out",
+                                            "run",
+                                            "json",
+                                            "help",
+                                            "checkpoint",
+                                            "log-level",
+                                            "checkpoint-minutes",
+                                            "checkpoint-steps",
+                                            "model",
+                                            "teacher",
+                                            "corpus",
+                                            "dump-gradients",
+                                            "check-options"};
 
 struct RecoverArgs {
   CommonOptions co;
@@ -66,14 +77,16 @@ double median(std::vector<double> v) {
 bool parse_recover(int argc, char** argv, RecoverArgs& a, po::variables_map& vm) {
   RecoverOptions& o = a.ro;
   po::options_description d("sparsim recover options");
-  d.add_options()("model,m", po::value(&a.model), "the pruned model (a GGUF file sparsim wrote; required)")(
+  d.add_options()("model,m", po::value(&a.model),
+                  "the pruned model (a GGUF file sparsim wrote; required)")(
       "teacher", po::value(&a.teacher),
       "the full model the student was pruned from (its fingerprint is checked; required)")(
       "corpus", po::value(&a.corpus)->default_value("default"),
       "training text: a file, a folder, a JSONL file, or default (the installed corpus); "
       "cut into consecutive sequences of --seq-len tokens drawn in a seeded random order")(
-      "text-field", po::value(&a.text_field)->default_value("text"), "JSONL field holding the text")(
-      "steps", po::value(&o.steps)->default_value(100), "optimizer steps")(
+      "text-field", po::value(&a.text_field)->default_value("text"),
+      "JSONL field holding the text")("steps", po::value(&o.steps)->default_value(100),
+                                      "optimizer steps")(
       "seq-len", po::value(&o.seq_len)->default_value(256), "tokens per training sequence")(
       "batch", po::value(&o.batch)->default_value(1),
       "sequences per step (their gradients are averaged)")(
@@ -93,17 +106,17 @@ bool parse_recover(int argc, char** argv, RecoverArgs& a, po::variables_map& vm)
       "weight w of the distillation term: loss = CE + w·T²·KL (0: cross-entropy only)")(
       "kd-direction", po::value(&a.kd_direction)->default_value("reverse"),
       "reverse: KL(student || teacher), as RAP writes it; forward: KL(teacher || student), "
-      "Hinton's")(
-      "lr", po::value(&o.adam.lr)->default_value(2e-4), "peak learning rate of AdamW")(
+      "Hinton's")("lr", po::value(&o.adam.lr)->default_value(2e-4), "peak learning rate of AdamW")(
       "schedule", po::value(&a.schedule)->default_value("cosine"),
       "learning rate after the warm-up: cosine, linear (both to 0) or constant")(
       "warmup-steps", po::value(&a.warmup)->default_value("auto"),
       "linear warm-up steps (auto: 5% of --steps, rounded up)")(
       "weight-decay", po::value(&o.adam.weight_decay)->default_value(0.0),
-      "AdamW's decoupled weight decay")(
-      "max-grad-norm", po::value(&o.adam.max_grad_norm)->default_value(1.0),
-      "clip the gradient's global norm to this (0: no clipping)")(
-      "seed", po::value(&o.seed)->default_value(1), "data order, dropout masks and adapter initialisation")(
+      "AdamW's decoupled weight decay")("max-grad-norm",
+                                        po::value(&o.adam.max_grad_norm)->default_value(1.0),
+                                        "clip the gradient's global norm to this (0: no clipping)")(
+      "seed", po::value(&o.seed)->default_value(1),
+      "data order, dropout masks and adapter initialisation")(
       "out,o", po::value(&a.out), "recovered model to write (GGUF; required)")(
       "run", po::value(&a.run), "run file (HDF5): settings, loss curve, adapters, timings")(
       "json", po::value(&a.json), "JSON summary")(
@@ -159,7 +172,8 @@ bool parse_recover(int argc, char** argv, RecoverArgs& a, po::variables_map& vm)
 }
 
 void write_gradient_dump(const std::string& path, const RecoverOptions& o,
-                         const std::vector<Adapter>& before, const StepRecord& rec, const std::vector<double>& grad,
+                         const std::vector<Adapter>& before, const StepRecord& rec,
+                         const std::vector<double>& grad,
                          const std::vector<std::vector<int>>& seqs) {
   io::RunFile rf(path);
   io::Group root = rf.root();
@@ -240,19 +254,21 @@ int cmd_recover(int argc, char** argv) {
     const Tokenizer tok = tokenizer_for(student_m.path);
     const std::vector<int> stream = corpus_stream(corpus, tok);
     Recoverer<E> rec(student, o.distill.weight > 0 ? teacher : nullptr, stream, o, exec);
-    log().info("recover: {} adapters (rank {}, targets {}), {} trainable parameters; {} sequences "
-               "of {} tokens in the training text ({} tokens)",
-               rec.state().adapters.size(), o.lora.rank, a.targets, rec.state().m.size(),
-               rec.sequences(), o.seq_len, stream.size());
+    log().info(
+        "recover: {} adapters (rank {}, targets {}), {} trainable parameters; {} sequences "
+        "of {} tokens in the training text ({} tokens)",
+        rec.state().adapters.size(), o.lora.rank, a.targets, rec.state().m.size(), rec.sequences(),
+        o.seq_len, stream.size());
     if (o.distill.weight == 0) teacher.reset();
 
     // The checkpoint of an interrupted run with the same settings.
     const std::string backend = resolve_backend(a.co.backend);
     const std::string settings =
-        fmt::format("sparsim = {}\nstudent.fingerprint = {}\nteacher.fingerprint = {}\n"
-                    "corpus.fingerprint = {}\ncorpus.tokens = {}\nbackend = {}\n",
-                    SPARSIM_VERSION, smi.fingerprint, tmi.fingerprint, corpus.fingerprint,
-                    stream.size(), backend) +
+        fmt::format(
+            "sparsim = {}\nstudent.fingerprint = {}\nteacher.fingerprint = {}\n"
+            "corpus.fingerprint = {}\ncorpus.tokens = {}\nbackend = {}\n",
+            SPARSIM_VERSION, smi.fingerprint, tmi.fingerprint, corpus.fingerprint, stream.size(),
+            backend) +
         option_settings(vm, kNotSettings);
     int resumed_at = 0;
     if (!ckpt_path.empty() && std::filesystem::exists(ckpt_path)) {
@@ -264,7 +280,8 @@ int cmd_recover(int argc, char** argv) {
             ckpt_path, settings_differences(ck.settings, settings)));
       rec.restore(std::move(ck.state));
       resumed_at = rec.state().step;
-      log().info("continuing from checkpoint '{}' at step {} of {}", ckpt_path, resumed_at, o.steps);
+      log().info("continuing from checkpoint '{}' at step {} of {}", ckpt_path, resumed_at,
+                 o.steps);
     }
     require(a.dump_gradients.empty() || resumed_at == 0,
             "--dump-gradients records the first step, but the checkpoint '{}' is past it",
@@ -353,8 +370,8 @@ int cmd_recover(int argc, char** argv) {
       const std::vector<int> probe(stream.begin(), stream.begin() + o.seq_len);
       const std::vector<float> ref = rec.student_logits(probe);
       Engine<E> eng(merged, o.batch, o.seq_len, nullptr, exec);
-      auto got = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(),
-                                                     eng.forward({probe}, 0, true));
+      auto got =
+          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), eng.forward({probe}, 0, true));
       double num = 0, den = 0;
       for (std::size_t i = 0; i < ref.size(); ++i) {
         num = std::max(num, std::fabs(static_cast<double>(got.data()[i]) - ref[i]));
@@ -451,8 +468,9 @@ int cmd_recover(int argc, char** argv) {
       col("kl", &StepRecord::kl, "nat", "KL divergence at temperature T (without w·T²)");
       col("lr", &StepRecord::lr, "1", "learning rate used");
       col("grad_norm", &StepRecord::grad_norm, "1", "global gradient norm before clipping");
-      col("seconds", &StepRecord::seconds, "s", "wall time of the step (earlier process's "
-                                                 "steps keep their own times)");
+      col("seconds", &StepRecord::seconds, "s",
+          "wall time of the step (earlier process's "
+          "steps keep their own times)");
       col("teacher_seconds", &StepRecord::teacher_seconds, "s", "teacher forward passes");
       col("forward_seconds", &StepRecord::forward_seconds, "s", "student forward passes");
       col("backward_seconds", &StepRecord::backward_seconds, "s", "student backward passes");
@@ -460,8 +478,10 @@ int cmd_recover(int argc, char** argv) {
       io::Group ag = g.create_group("adapters");
       for (const Adapter& ad : st.adapters) {
         io::Group x = ag.create_group(ad.name());
-        x.write<double>("A", ad.a.data(), {static_cast<hsize_t>(ad.rank), static_cast<hsize_t>(ad.in)});
-        x.write<double>("B", ad.b.data(), {static_cast<hsize_t>(ad.out), static_cast<hsize_t>(ad.rank)});
+        x.write<double>("A", ad.a.data(),
+                        {static_cast<hsize_t>(ad.rank), static_cast<hsize_t>(ad.in)});
+        x.write<double>("B", ad.b.data(),
+                        {static_cast<hsize_t>(ad.out), static_cast<hsize_t>(ad.rank)});
       }
       rf.commit();
       interrupt::output_written(a.run);
@@ -469,21 +489,30 @@ int cmd_recover(int argc, char** argv) {
     const double first = st.curve.front().loss, last = st.curve.back().loss;
     if (!a.json.empty()) {
       nlohmann::json j;
-      j["student"] = {{"path", smi.path}, {"fingerprint", smi.fingerprint},
-                      {"method", sc.prune.method}, {"retain", sc.prune.retain}};
+      j["student"] = {{"path", smi.path},
+                      {"fingerprint", smi.fingerprint},
+                      {"method", sc.prune.method},
+                      {"retain", sc.prune.retain}};
       j["teacher"] = {{"path", tmi.path}, {"fingerprint", tmi.fingerprint}};
       j["output"] = {{"path", a.out}, {"fingerprint", omi.fingerprint}};
-      j["corpus"] = {{"path", corpus.source}, {"fingerprint", corpus.fingerprint},
-                     {"tokens", stream.size()}};
-      j["settings"] = {{"steps", o.steps},          {"seq_len", o.seq_len},
-                       {"batch", o.batch},          {"lora_rank", o.lora.rank},
-                       {"lora_alpha", o.lora.alpha}, {"lora_dropout", o.lora.dropout},
-                       {"targets", rr.targets},     {"kd_temperature", o.distill.temperature},
-                       {"kd_weight", o.distill.weight}, {"kd_direction", rr.kd_direction},
-                       {"lr", o.adam.lr},           {"schedule", rr.schedule},
+      j["corpus"] = {
+          {"path", corpus.source}, {"fingerprint", corpus.fingerprint}, {"tokens", stream.size()}};
+      j["settings"] = {{"steps", o.steps},
+                       {"seq_len", o.seq_len},
+                       {"batch", o.batch},
+                       {"lora_rank", o.lora.rank},
+                       {"lora_alpha", o.lora.alpha},
+                       {"lora_dropout", o.lora.dropout},
+                       {"targets", rr.targets},
+                       {"kd_temperature", o.distill.temperature},
+                       {"kd_weight", o.distill.weight},
+                       {"kd_direction", rr.kd_direction},
+                       {"lr", o.adam.lr},
+                       {"schedule", rr.schedule},
                        {"warmup_steps", o.adam.warmup_steps},
                        {"weight_decay", o.adam.weight_decay},
-                       {"max_grad_norm", o.adam.max_grad_norm}, {"seed", o.seed}};
+                       {"max_grad_norm", o.adam.max_grad_norm},
+                       {"seed", o.seed}};
       j["tokens"] = rr.tokens;
       j["trainable_parameters"] = st.m.size();
       j["loss_first"] = first;

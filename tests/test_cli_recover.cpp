@@ -46,15 +46,20 @@ class CliRecover : public ::testing::Test {
 
   std::vector<std::string> args(const std::vector<std::string>& extra,
                                 const std::string& teacher = "") const {
-    std::vector<std::string> a = {sparsim_bin(), "recover",  "--model",    student_,
-                                  "--teacher",   teacher.empty() ? teacher_ : teacher,
-                                  "--corpus",    corpus_,    "--progress", "never",
-                                  "--log-level", "warn"};
+    std::vector<std::string> a = {
+        sparsim_bin(), "recover",     "--model",
+        student_,      "--teacher",   teacher.empty() ? teacher_ : teacher,
+        "--corpus",    corpus_,       "--progress",
+        "never",       "--log-level", "warn"};
     a.insert(a.end(), extra.begin(), extra.end());
     // defaults of these tests, where `extra` does not set them
-    for (const auto& [k, v] : std::vector<std::pair<std::string, std::string>>{
-             {"--steps", "6"}, {"--seq-len", "32"}, {"--batch", "2"}, {"--lora-rank", "4"},
-             {"--lr", "5e-3"}, {"--out", out("m.gguf")}})
+    for (const auto& [k, v] :
+         std::vector<std::pair<std::string, std::string>>{{"--steps", "6"},
+                                                          {"--seq-len", "32"},
+                                                          {"--batch", "2"},
+                                                          {"--lora-rank", "4"},
+                                                          {"--lr", "5e-3"},
+                                                          {"--out", out("m.gguf")}})
       if (std::find(extra.begin(), extra.end(), k) == extra.end()) {
         a.push_back(k);
         a.push_back(v);
@@ -76,8 +81,8 @@ class CliRecover : public ::testing::Test {
   TempDir work_;
 };
 TempDir* CliRecover::dir_ = nullptr;
-std::string CliRecover::teacher_, CliRecover::other_, CliRecover::other_vocab_,
-    CliRecover::corpus_, CliRecover::student_;
+std::string CliRecover::teacher_, CliRecover::other_, CliRecover::other_vocab_, CliRecover::corpus_,
+    CliRecover::student_;
 
 TEST_F(CliRecover, WritesARecoveredModelThatEveryCommandRuns) {
   const RunResult r =
@@ -234,7 +239,8 @@ TEST_F(CliRecover, BadInputIsRefusedWithoutWritingAModel) {
         << r.output;
     EXPECT_FALSE(fs::exists(out("m.gguf")));
     fs::remove(out("m.gguf.ckpt"));
-    const RunResult k = recover({"--out", out("m.gguf"), "--checkpoint-steps", "1", "--lr", "1e30"});
+    const RunResult k =
+        recover({"--out", out("m.gguf"), "--checkpoint-steps", "1", "--lr", "1e30"});
     EXPECT_EQ(k.exit_code, 1) << k.output;
     EXPECT_NE(k.output.find("the loss of step 2 is"), std::string::npos) << k.output;
     EXPECT_NE(k.output.find("holds step 1"), std::string::npos) << k.output;

@@ -174,7 +174,8 @@ TYPED_TEST(RecoveryTest, RotateHalfLoraGradientsMatchFiniteDifferences) {
   write_synth_safetensors(s, dir.file("hf"));
   auto full = load_model<E>(dir.file("hf"), LoadOptions{});
   ASSERT_EQ(full->cfg.rope_layout, RopeLayout::Half);
-  auto student = pruning::fuse_pruned(*full, pruned_config(full->cfg, {1, 3, 9, 11, 12}, {0, 5, 6, 15}));
+  auto student =
+      pruning::fuse_pruned(*full, pruned_config(full->cfg, {1, 3, 9, 11, 12}, {0, 5, 6, 15}));
   LoraSpec spec = all_targets(2, 0.05);
   spec.targets = {Proj::Q, Proj::K, Proj::V, Proj::O};
   check_lora_gradients<E>(student, full, spec, DistillOptions{}, true, 7,
@@ -360,9 +361,11 @@ TYPED_TEST(RecoveryTest, AFewStepsLowerTheDistillationLoss) {
     return kl / n;
   };
   Recoverer<E> rec(student, full, stream, o);
-  const double train0 = kl_over(rec.state().adapters, stream), held0 = kl_over(rec.state().adapters, held);
+  const double train0 = kl_over(rec.state().adapters, stream),
+               held0 = kl_over(rec.state().adapters, held);
   while (!rec.done()) rec.step();
-  const double train1 = kl_over(rec.state().adapters, stream), held1 = kl_over(rec.state().adapters, held);
+  const double train1 = kl_over(rec.state().adapters, stream),
+               held1 = kl_over(rec.state().adapters, held);
   // (a student that lost 7/8 of its K and V channels, rank-4 adapters, 16 steps of 2 × 24
   // tokens: measured −4 % on the training text, −3 % held out)
   EXPECT_LT(train1, 0.97 * train0);
@@ -436,7 +439,8 @@ TEST(RecoveryCheckpoint, DamagedFilesAreRefused) {
   }
   // truncated
   write_checkpoint(dir.file("ck.h5"), Checkpoint{"s", st});
-  std::filesystem::resize_file(dir.file("ck.h5"), std::filesystem::file_size(dir.file("ck.h5")) / 2);
+  std::filesystem::resize_file(dir.file("ck.h5"),
+                               std::filesystem::file_size(dir.file("ck.h5")) / 2);
   EXPECT_THROW(read_checkpoint(dir.file("ck.h5")), Error);
   // another HDF5 file
   io::H5File::create(dir.file("other.h5"));
@@ -444,7 +448,8 @@ TEST(RecoveryCheckpoint, DamagedFilesAreRefused) {
     read_checkpoint(dir.file("other.h5"));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not a recovery checkpoint"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a recovery checkpoint"), std::string::npos)
+        << e.what();
   }
 }
 

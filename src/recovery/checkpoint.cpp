@@ -95,11 +95,9 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
     io::Group g = ag.create_group(a.name());
     g.set_attr("layer", static_cast<std::int64_t>(a.layer));
     g.set_attr("proj", std::string(target_name(a.proj)));
-    g.write<double>("A", a.a.data(),
-                    {static_cast<hsize_t>(a.rank), static_cast<hsize_t>(a.in)},
+    g.write<double>("A", a.a.data(), {static_cast<hsize_t>(a.rank), static_cast<hsize_t>(a.in)},
                     {"1", "LoRA down-projection A [rank][in]"});
-    g.write<double>("B", a.b.data(),
-                    {static_cast<hsize_t>(a.out), static_cast<hsize_t>(a.rank)},
+    g.write<double>("B", a.b.data(), {static_cast<hsize_t>(a.out), static_cast<hsize_t>(a.rank)},
                     {"1", "LoRA up-projection B [out][rank]"});
     order.push_back(a.name());
   }

@@ -13,24 +13,25 @@ const char* kd_direction_name(KdDirection d) {
 KdDirection parse_kd_direction(const std::string& s) {
   if (s == "reverse") return KdDirection::Reverse;
   if (s == "forward") return KdDirection::Forward;
-  fail("distillation direction must be reverse (KL(student || teacher)) or forward "
-       "(KL(teacher || student)), got '{}'",
-       s);
+  fail(
+      "distillation direction must be reverse (KL(student || teacher)) or forward "
+      "(KL(teacher || student)), got '{}'",
+      s);
 }
 
 void DistillOptions::validate() const {
   require(std::isfinite(temperature) && temperature > 0,
           "distillation temperature must be a positive number, got {}", temperature);
-  require(std::isfinite(weight) && weight >= 0,
-          "distillation weight must be a number >= 0, got {}", weight);
+  require(std::isfinite(weight) && weight >= 0, "distillation weight must be a number >= 0, got {}",
+          weight);
 }
 
 template <class E, class T>
 DistillLoss<E, T>::DistillLoss(const DistillOptions& o, int max_tokens, int vocab, E exec)
     : o_(o), rows_("sparsim::distill::rows", max_tokens, 2), exec_(exec) {
   o_.validate();
-  require(max_tokens >= 2 && vocab >= 1, "distillation loss: {} tokens, vocabulary {}",
-          max_tokens, vocab);
+  require(max_tokens >= 2 && vocab >= 1, "distillation loss: {} tokens, vocabulary {}", max_tokens,
+          vocab);
 }
 
 template <class E, class T>
@@ -71,7 +72,8 @@ double DistillLoss<E, T>::loss_and_gradient(const E& exec, const MatT<E, T>& z,
         double kl = 0;
         if (kd) {
           mt = static_cast<T>(zt(t, 0));
-          for (int v = 1; v < V; ++v) mt = static_cast<T>(zt(t, v)) > mt ? static_cast<T>(zt(t, v)) : mt;
+          for (int v = 1; v < V; ++v)
+            mt = static_cast<T>(zt(t, v)) > mt ? static_cast<T>(zt(t, v)) : mt;
           double ss = 0, st = 0;
           for (int v = 0; v < V; ++v) {
             ss += static_cast<double>(bwd::exp_((z(t, v) - mz) * inv_temp));
@@ -112,7 +114,7 @@ double DistillLoss<E, T>::loss_and_gradient(const E& exec, const MatT<E, T>& z,
   return ce_ + o_.weight * o_.temperature * o_.temperature * kl_;
 }
 
-#define SPARSIM_INSTANTIATE_DISTILL(E)   \
+#define SPARSIM_INSTANTIATE_DISTILL(E)  \
   template class DistillLoss<E, float>; \
   template class DistillLoss<E, double>;
 #ifdef KOKKOS_ENABLE_SERIAL

@@ -12,14 +12,12 @@ namespace sparsim::recovery {
 
 namespace {
 
-constexpr Proj kAll[] = {Proj::Q,    Proj::K,  Proj::V,   Proj::O,
-                         Proj::Gate, Proj::Up, Proj::Down};
+constexpr Proj kAll[] = {Proj::Q, Proj::K, Proj::V, Proj::O, Proj::Gate, Proj::Up, Proj::Down};
 
 /// Whether dropout removes entry (t, i) under `key`: hash < p·2⁶⁴.
 KOKKOS_INLINE_FUNCTION bool dropped(std::uint64_t key, int t, int i, std::uint64_t threshold) {
-  const std::uint64_t ti =
-      (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) << 32) |
-      static_cast<std::uint32_t>(i);
+  const std::uint64_t ti = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t)) << 32) |
+                           static_cast<std::uint32_t>(i);
   return mix64(key ^ mix64(ti)) < threshold;
 }
 
@@ -63,12 +61,12 @@ std::vector<Proj> parse_targets(const std::string& list) {
     bool found = false;
     for (Proj p : kAll)
       if (item == target_name(p)) {
-        for (Proj q : out)
-          require(q != p, "LoRA targets: '{}' is named twice in '{}'", item, list);
+        for (Proj q : out) require(q != p, "LoRA targets: '{}' is named twice in '{}'", item, list);
         out.push_back(p);
         found = true;
       }
-    require(found, "LoRA targets: unknown projection '{}' in '{}' (known: q, k, v, o, gate, up, down)",
+    require(found,
+            "LoRA targets: unknown projection '{}' in '{}' (known: q, k, v, o, gate, up, down)",
             item, list);
   }
   require(!out.empty(), "LoRA targets: none given ('{}')", list);
@@ -135,7 +133,8 @@ std::vector<float> merged_weight(const std::vector<float>& w, const Adapter& a, 
     for (int i = 0; i < a.in; ++i) {
       double d = 0;
       for (int j = 0; j < a.rank; ++j)
-        d += a.b[static_cast<std::size_t>(o) * a.rank + j] * a.a[static_cast<std::size_t>(j) * a.in + i];
+        d += a.b[static_cast<std::size_t>(o) * a.rank + j] *
+             a.a[static_cast<std::size_t>(j) * a.in + i];
       const std::size_t k = static_cast<std::size_t>(o) * a.in + i;
       out[k] = static_cast<float>(static_cast<double>(w[k]) + scale * d);
     }
@@ -173,7 +172,8 @@ std::shared_ptr<Weights<E>> merge_adapters(const Weights<E>& w, const std::vecto
     nm.dtype = DType::F32;
     nm.rows = m.rows;
     nm.cols = m.cols;
-    nm.f32 = Kokkos::View<float**, Layout, DeviceOf<E>>("sparsim::recovery::merged", m.rows, m.cols);
+    nm.f32 =
+        Kokkos::View<float**, Layout, DeviceOf<E>>("sparsim::recovery::merged", m.rows, m.cols);
     auto hm = Kokkos::create_mirror_view(nm.f32);
     for (int r = 0; r < m.rows; ++r)
       for (int c = 0; c < m.cols; ++c) hm(r, c) = merged[static_cast<std::size_t>(r) * m.cols + c];
@@ -239,8 +239,8 @@ bool LoraHook<E, T>::active(int layer, Proj p) const {
 
 template <class E, class T>
 void LoraHook<E, T>::upload(const std::vector<Adapter>& adapters) {
-  require(adapters.size() == slots_.size(), "LoRA: {} adapters, the hook holds {}",
-          adapters.size(), slots_.size());
+  require(adapters.size() == slots_.size(), "LoRA: {} adapters, the hook holds {}", adapters.size(),
+          slots_.size());
   for (const Adapter& ad : adapters) {
     const int ix = slot(ad.layer, ad.proj);
     require(ix >= 0, "LoRA: adapter {} is not one of the hook's", ad.name());
@@ -294,7 +294,9 @@ CMatT<E, T> LoraHook<E, T>::dropped_input(const E& exec, int ix, const CMatT<E, 
   const T inv_keep = static_cast<T>(1.0 / (1.0 - dropout_));
   Kokkos::parallel_for(
       "sparsim::lora::dropout", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, in}),
-      KOKKOS_LAMBDA(int t, int i) { xd(t, i) = dropped(key, t, i, thr) ? T(0) : x(t, i) * inv_keep; });
+      KOKKOS_LAMBDA(int t, int i) {
+        xd(t, i) = dropped(key, t, i, thr) ? T(0) : x(t, i) * inv_keep;
+      });
   return xd;
 }
 
@@ -378,11 +380,11 @@ void LoraHook<E, T>::backward(const E& exec, int layer, Proj p, const CMatT<E, T
       });
 }
 
-#define SPARSIM_INSTANTIATE_LORA(E)                                                          \
-  template std::vector<Adapter> init_adapters<E>(const Weights<E>&, const LoraSpec&);        \
-  template std::shared_ptr<Weights<E>> merge_adapters<E>(const Weights<E>&,                  \
+#define SPARSIM_INSTANTIATE_LORA(E)                                                            \
+  template std::vector<Adapter> init_adapters<E>(const Weights<E>&, const LoraSpec&);          \
+  template std::shared_ptr<Weights<E>> merge_adapters<E>(const Weights<E>&,                    \
                                                          const std::vector<Adapter>&, double); \
-  template class LoraHook<E, float>;                                                         \
+  template class LoraHook<E, float>;                                                           \
   template class LoraHook<E, double>;
 #ifdef KOKKOS_ENABLE_SERIAL
 SPARSIM_INSTANTIATE_LORA(Kokkos::Serial)

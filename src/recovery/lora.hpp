@@ -55,8 +55,8 @@ struct Adapter {
   int layer = 0;
   Proj proj = Proj::Q;
   int in = 0, out = 0, rank = 0;
-  std::vector<double> a;  ///< A [rank][in], row-major
-  std::vector<double> b;  ///< B [out][rank], row-major
+  std::vector<double> a;     ///< A [rank][in], row-major
+  std::vector<double> b;     ///< B [out][rank], row-major
   std::string name() const;  ///< "blk.3.attn_q"
 };
 

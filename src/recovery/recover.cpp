@@ -122,7 +122,8 @@ struct Recoverer<E>::Impl {
         hook(ad, student->cfg.n_layer, o.lora.scale(), o.lora.dropout, o.seq_len, exec),
         loss(o.distill, o.seq_len, student->cfg.vocab, exec),
         adam(o.adam, flatten(ad).size()) {
-    if (o.distill.weight > 0) teacher_engine = std::make_unique<Engine<E>>(teacher, 1, o.seq_len, nullptr, exec);
+    if (o.distill.weight > 0)
+      teacher_engine = std::make_unique<Engine<E>>(teacher, 1, o.seq_len, nullptr, exec);
     bp.set_projection_hook(&hook);
     bp.set_loss_hook(&loss);
   }
@@ -195,8 +196,7 @@ const StepRecord& Recoverer<E>::step() {
   std::vector<std::vector<int>> seqs;
   for (int b = 0; b < o_.batch; ++b) {
     interruption_point("recover");
-    const std::size_t first =
-        order_.start(static_cast<std::int64_t>(st_.step) * o_.batch + b);
+    const std::size_t first = order_.start(static_cast<std::int64_t>(st_.step) * o_.batch + b);
     const std::vector<int> seq(im.stream.begin() + static_cast<std::ptrdiff_t>(first),
                                im.stream.begin() + static_cast<std::ptrdiff_t>(first) + o_.seq_len);
     seqs.push_back(seq);
@@ -239,8 +239,9 @@ const StepRecord& Recoverer<E>::step() {
   AdamW next = im.adam;
   rec.grad_norm = next.step(p, g, rec.lr);
   for (double x : p)
-    require(std::isfinite(x), "step {} made an adapter value non-finite (learning rate {}): the "
-                              "run stops; the adapters of step {} are the last good ones",
+    require(std::isfinite(x),
+            "step {} made an adapter value non-finite (learning rate {}): the "
+            "run stops; the adapters of step {} are the last good ones",
             s, rec.lr, s - 1);
   im.adam = std::move(next);
   unflatten(p, st_.adapters);

@@ -30,18 +30,18 @@ struct RecoverOptions {
   DistillOptions distill;
   AdamWOptions adam;
   int steps = 100;
-  int seq_len = 256;  ///< tokens per training sequence
-  int batch = 1;      ///< sequences per optimizer step
+  int seq_len = 256;       ///< tokens per training sequence
+  int batch = 1;           ///< sequences per optimizer step
   std::uint64_t seed = 1;  ///< data order and dropout masks
   /// Throws sparsim::Error naming the first value out of range (model-independent checks).
   void validate() const;
 };
 
 struct StepRecord {
-  int step = 0;                    ///< 1-based
+  int step = 0;                     ///< 1-based
   double loss = 0, ce = 0, kl = 0;  ///< means over the step's sequences (loss = ce + w·T²·kl)
-  double lr = 0, grad_norm = 0;    ///< learning rate used, gradient norm before clipping
-  double seconds = 0;              ///< wall time of the step
+  double lr = 0, grad_norm = 0;     ///< learning rate used, gradient norm before clipping
+  double seconds = 0;               ///< wall time of the step
   double teacher_seconds = 0, forward_seconds = 0, backward_seconds = 0, update_seconds = 0;
 };
 

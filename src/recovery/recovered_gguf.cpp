@@ -63,7 +63,8 @@ void write_recovered_gguf(const std::string& student_path, const std::vector<Ada
     std::vector<float> wv(static_cast<std::size_t>(a.out) * a.in);
     for (int o = 0; o < a.out; ++o)
       gguf::dequantize(t.type, t.data + static_cast<std::uint64_t>(o) * rb,
-                       wv.data() + static_cast<std::size_t>(o) * a.in, static_cast<std::size_t>(a.in));
+                       wv.data() + static_cast<std::size_t>(o) * a.in,
+                       static_cast<std::size_t>(a.in));
     const std::vector<float> m = merged_weight(wv, a, scale);
     std::vector<std::uint8_t> bytes(m.size() * sizeof(float));
     std::memcpy(bytes.data(), m.data(), bytes.size());
