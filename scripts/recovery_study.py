@@ -47,6 +47,31 @@ def sh(cmd, log):
     print(f"  {time.time() - t0:.0f} s", flush=True)
 
 
+def run_all(jobs, n):
+    """Runs (command, log) pairs, up to n at a time, in order; stops at the first failure."""
+    if n <= 1:
+        for cmd, log in jobs:
+            sh(cmd, log)
+        return
+    running = []
+    while jobs or running:
+        while jobs and len(running) < n:
+            cmd, log = jobs.pop(0)
+            print("+", " ".join(cmd), flush=True)
+            running.append((subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT),
+                            cmd, log, time.time()))
+        time.sleep(2)
+        for r in list(running):
+            p, cmd, log, t0 = r
+            if p.poll() is None:
+                continue
+            running.remove(r)
+            if p.returncode != 0:
+                sys.stdout.write(open(log).read()[-3000:])
+                raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}")
+            print(f"  {time.time() - t0:.0f} s: {log}", flush=True)
+
+
 def load_average():
     try:
         return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
@@ -112,6 +137,8 @@ def main():
     ap.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--passkey-samples", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="evaluations run side by side (each with --threads threads)")
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "recovery_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "recovery-results.md"))
     ap.add_argument("--page-only", action="store_true", help="rewrite the page from --json alone")
@@ -167,6 +194,7 @@ def main():
             sh([sys.executable, os.path.join(HERE, "make_cloze_tasks.py"), a.eval, "--out", tasks,
                 "--items", str(a.task_items), "--context-lines", str(a.task_context_lines),
                 "--seed", "1"], tasks + ".log")
+        jobs = []
         for phase in ("ppl", "tasks", "passkey"):
             for n, path in models:
                 out = os.path.join(a.outdir, f"{n}.{phase}.h5")
@@ -184,7 +212,8 @@ def main():
                     cmd += ["--no-perplexity", "--corpus", a.eval, "--task", "passkey",
                             "--retrieval-lengths", str(a.passkey_length), "--retrieval-depths",
                             a.passkey_depths, "--retrieval-samples", str(a.passkey_samples)]
-                sh(cmd, out + ".log")
+                jobs.append((cmd, out + ".log"))
+        run_all(jobs, a.jobs)
 
     if not do("summary"):
         return

@@ -86,8 +86,17 @@ std::string CliRecover::teacher_, CliRecover::other_, CliRecover::other_vocab_, 
 
 TEST_F(CliRecover, WritesARecoveredModelThatEveryCommandRuns) {
   const RunResult r =
-      recover({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json", out("s.json")});
+      recover({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json", out("s.json"),
+               "--dump-gradients", out("g.h5")});
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  {  // the first step's gradients (scripts/backprop_torch_check.py compares them with PyTorch)
+    io::H5File g = io::H5File::open_read(out("g.h5"));
+    std::vector<hsize_t> dims;
+    g.root().read<std::int32_t>("tokens", &dims);
+    EXPECT_EQ(dims, (std::vector<hsize_t>{2, 32}));
+    g.root().read<double>("adapters/blk.1.attn_v/grad_B", &dims);
+    EXPECT_EQ(dims.at(1), 4u);
+  }
   EXPECT_NE(r.output.find("recovered"), std::string::npos) << r.output;
   // the JSON summary
   std::ifstream jf(out("s.json"));
