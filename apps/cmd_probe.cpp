@@ -5,6 +5,7 @@
 // start-up); medians of repetitions.
 #include "common.hpp"
 #include "core/blas_core.hpp"
+#include "core/device_blas.hpp"
 #include "core/timer.hpp"
 #include "cost/hardware.hpp"
 #include "io/run_file.hpp"
@@ -66,6 +67,7 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps,
     j["copy_bandwidth"] = bw.copy.median;
     j["read_bandwidth"] = bw.read.median;
     j["copy_bandwidth_range"] = {bw.copy.min, bw.copy.max};
+    j["runtime_copy_bandwidth"] = bw.runtime_copy.median;
     j["read_bandwidth_range"] = {bw.read.min, bw.read.max};
     j["read_checksum"] = bw.checksum;
   }
@@ -86,12 +88,17 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps,
     Kokkos::deep_copy(w.f32, h);
     return w;
   };
-  // --- prefill GEMM through linear(): 512 token rows against W[2048][in], in = 576 and 2048
+  constexpr bool host =
+      Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename E::memory_space>::accessible;
+  // --- prefill GEMM through linear(): token rows against W[out][in]. Host: 512 rows, W[2048]
+  // [576 or 2048] (OpenBLAS tiles); a GPU: 2048 rows against W[4096][4096] (cuBLAS), the shape
+  // of a 7B model's prefill projections, far too small a product otherwise to fill the device
   {
     nlohmann::json shapes = nlohmann::json::array();
     double best = 0;
-    const int rows = 512, out = 2048;
-    for (int in : {576, 2048}) {
+    const int rows = host ? 512 : 2048, out = host ? 2048 : 4096;
+    const std::vector<int> ins = host ? std::vector<int>{576, 2048} : std::vector<int>{4096};
+    for (int in : ins) {
       const Matrix<E> w = make_w(out, in, 7);
       Mat<E> x("sparsim::probe::x", rows, in), y("sparsim::probe::y", rows, out);
       Kokkos::deep_copy(x, 0.5f);
@@ -110,10 +117,35 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps,
     j["sgemm_flops"] = best;
     j["sgemm_shapes"] = shapes;
   }
+  // --- a GPU: the same product with bf16 weights in bf16 arithmetic (--bf16-compute: rows
+  // rounded to bf16, cuBLAS on the tensor cores, fp32 accumulation)
+  if (!host && device_blas::available()) {
+    const int rows = 2048, out = 4096, in = 4096;
+    Matrix<E> w;
+    w.dtype = DType::BF16;
+    w.rows = out;
+    w.cols = in;
+    w.bf16 = decltype(w.bf16)("sparsim::probe::w16", out, in);
+    Kokkos::deep_copy(w.bf16, bf16_t::from_float(0.01f));
+    Mat<E> x("sparsim::probe::x16", rows, in), y("sparsim::probe::y16", rows, out);
+    Kokkos::deep_copy(x, 0.5f);
+    LinearScratch<E> s16;
+    s16.bf16_compute = true;
+    std::vector<double> t;
+    for (int r = 0; r < reps + 1; ++r) {
+      exec.fence();
+      Stopwatch sw(clock);
+      linear(exec, CMat<E>(x), w, y, s16);
+      exec.fence();
+      if (r > 0) t.push_back(sw.seconds());
+    }
+    j["bf16_gemm_flops"] = 2.0 * rows * out * in / median_of(t);
+    j["bf16_gemm_shape"] = {{"rows", rows}, {"out", out}, {"in", in}};
+  }
   // --- decode GEMV through linear(): one row against W[2048][2048] copies spanning
   // array_bytes, taken in turn so that each comes from memory
   {
-    const int out = 2048, in = 2048;
+    const int out = host ? 2048 : 4096, in = host ? 2048 : 4096;
     const double wbytes = 4.0 * out * in;
     const int copies = std::max(2, static_cast<int>(array_bytes / wbytes) + 1);
     std::vector<Matrix<E>> ws;
@@ -132,21 +164,34 @@ nlohmann::json measure(const E& exec, int threads, double array_bytes, int reps,
     j["gemv_bandwidth"] = (wbytes + 4.0 * (in + out)) / median_of(t);
     j["gemv_shape"] = {{"out", out}, {"in", in}, {"copies", copies}};
   }
-  // --- launch overhead: an empty kernel and a fence, in batches of 200
+  // --- launch overhead: an empty kernel and a fence, in batches of 200. On a GPU the kernels
+  // of a forward call are issued back to back without fences, so what each one costs beyond
+  // its work is the time per launch of such a stream (the host's issue rate or the device's
+  // smallest kernel, whichever is slower): measured too, and taken as the profile's figure
   {
-    std::vector<double> t;
     const int batch = 200;
+    std::vector<double> t, tb;
+    const int lanes = host ? threads : 1024;
     for (int r = 0; r < 5 * reps + 1; ++r) {
       exec.fence();
       Stopwatch sw(clock);
       for (int i = 0; i < batch; ++i) {
-        Kokkos::parallel_for("sparsim::probe::empty", Kokkos::RangePolicy<E>(exec, 0, threads),
+        Kokkos::parallel_for("sparsim::probe::empty", Kokkos::RangePolicy<E>(exec, 0, lanes),
                              KOKKOS_LAMBDA(const int){});
         exec.fence();
       }
       if (r > 0) t.push_back(sw.seconds() / batch);
+      exec.fence();
+      sw.reset();
+      for (int i = 0; i < batch; ++i)
+        Kokkos::parallel_for("sparsim::probe::empty", Kokkos::RangePolicy<E>(exec, 0, lanes),
+                             KOKKOS_LAMBDA(const int){});
+      exec.fence();
+      if (r > 0) tb.push_back(sw.seconds() / batch);
     }
-    j["launch_overhead_s"] = median_of(t);
+    j["launch_overhead_sync_s"] = median_of(t);
+    j["launch_overhead_stream_s"] = median_of(tb);
+    j["launch_overhead_s"] = host ? median_of(t) : median_of(tb);
   }
   return j;
 }
@@ -169,6 +214,90 @@ std::string run_child(const std::string& cmd) {
   const int st = ::pclose(p);
   require(st == 0, "the probe at one thread count failed ({}): {}", cmd, out);
   return out;
+}
+
+/// A GPU's profile: one measurement in this process (no thread counts), its roofs from the
+/// device: copy bandwidth (the faster of the copy kernel and the runtime's copy, or the read),
+/// sparsim's prefill product in fp32 and in bf16 (cuBLAS), the decode GEMV's bandwidth, and the
+/// cost per kernel of a stream of back-to-back launches.
+int probe_device(const CommonOptions& co, const std::string& out, const std::string& name,
+                 int reps, double size_mb, Clock clock, const std::string& clock_name, int argc,
+                 char** argv) {
+  io::AtomicTextFile file(out);  // fails now, not after the measurements, if out is unwritable
+  const double array_bytes = size_mb > 0 ? size_mb * 1024 * 1024 : 1024.0 * 1024 * 1024;
+  Runtime rt(co);
+  const double load_start = load_average();
+  nlohmann::json r;
+  with_backend(co.backend, [&](auto exec) {
+    r = measure(exec, 1, array_bytes, reps, clock);
+    return 0;
+  });
+  const double load_end = load_average();
+  const device_blas::DeviceInfo dev = device_blas::device_info();
+  char host[256] = {0};
+  ::gethostname(host, sizeof host - 1);
+  const std::string when = utc_now();
+  const std::string how = fmt::format("measured by `{}` on {} ({}) at {} ({} clock)",
+                                      command_line(argc, argv), dev.name, host, when, clock_name);
+  const double bw = std::max({r["copy_bandwidth"].get<double>(),
+                              r["runtime_copy_bandwidth"].get<double>(),
+                              r["read_bandwidth"].get<double>()});
+  nlohmann::json j;
+  j["format"] = "sparsim-hardware";
+  j["version"] = 1;
+  j["name"] = name;
+  j["description"] = fmt::format("{}, {} SMs (cuda backend; measured)", dev.name, dev.sm_count);
+  j["kind"] = "measured";
+  j["peak_flops"] = {{"fp32", r["sgemm_flops"]}};
+  if (r.contains("bf16_gemm_flops")) j["peak_flops"]["bf16"] = r["bf16_gemm_flops"];
+  j["memory_bandwidth"] = bw;
+  if (dev.memory_bytes > 0) j["memory_bytes"] = dev.memory_bytes;
+  j["l2_bytes"] = dev.l2_bytes > 0 ? dev.l2_bytes : 1.0;
+  j["launch_overhead_s"] = r["launch_overhead_s"];
+  j["sources"] = {
+      {"peak_flops.fp32",
+       fmt::format("{}: sparsim's linear() on 2048 rows x W[4096][4096] fp32 (cuBLAS), median "
+                   "of {}",
+                   how, reps)},
+      {"memory_bandwidth",
+       fmt::format("{}: the fastest of a copy kernel of 16-byte words, the runtime's device "
+                   "copy (both counting bytes read and written) and a streaming sum, over arrays "
+                   "of {:.0f} MiB, median of {}",
+                   how, array_bytes / (1024 * 1024), reps)},
+      {"l2_bytes", fmt::format("{}: cudaDeviceProp::l2CacheSize", how)},
+      {"launch_overhead_s",
+       fmt::format("{}: time per launch of 200 empty kernels issued back to back (one fence "
+                   "at the end), median of {} batches; with a fence after every launch: {:.2f} us",
+                   how, 5 * reps, r["launch_overhead_sync_s"].get<double>() * 1e6)}};
+  if (r.contains("bf16_gemm_flops"))
+    j["sources"]["peak_flops.bf16"] = fmt::format(
+        "{}: sparsim's linear() with --bf16-compute on 2048 rows x W[4096][4096] bf16 (rows "
+        "rounded to bf16, cuBLAS tensor cores, fp32 accumulation), median of {}",
+        how, reps);
+  if (dev.memory_bytes > 0)
+    j["sources"]["memory_bytes"] = fmt::format("{}: cudaDeviceProp::totalGlobalMem", how);
+  j["measured"] = r;
+  j["probe"] = {{"command", command_line(argc, argv)},
+                {"date_utc", when},
+                {"host", host},
+                {"device", dev.name},
+                {"sm_count", dev.sm_count},
+                {"backend", "cuda"},
+                {"load_average_start", load_start},
+                {"load_average_end", load_end},
+                {"array_bytes", array_bytes},
+                {"reps", reps},
+                {"clock", clock_name}};
+  cost::parse_hardware_profile(j.dump(), out);
+  file << j.dump(2) << "\n";
+  file.commit();
+  std::cout << fmt::format(
+      "wrote {}: {}: fp32 GEMM {:.1f} TFLOP/s, bf16 GEMM {:.1f} TFLOP/s, bandwidth {:.0f} GB/s "
+      "(decode GEMV {:.0f} GB/s), {:.2f} us a launch in a stream ({:.2f} us with a fence)\n",
+      out, dev.name, r["sgemm_flops"].get<double>() / 1e12,
+      r.value("bf16_gemm_flops", 0.0) / 1e12, bw / 1e9, r["gemv_bandwidth"].get<double>() / 1e9,
+      r["launch_overhead_s"].get<double>() * 1e6, r["launch_overhead_sync_s"].get<double>() * 1e6);
+  return 0;
 }
 
 }  // namespace
@@ -223,6 +352,8 @@ int cmd_probe(int argc, char** argv) {
     });
   }
   require(!out.empty(), "--out is required: the profile file to write");
+  if (resolve_backend(co.backend) == "cuda") return probe_device(co, out, name, reps, size_mb, clock,
+                                                                 clock_name, argc, argv);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> counts;
   if (threads_s.empty()) {

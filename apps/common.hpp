@@ -115,8 +115,9 @@ ProgressBar::Mode progress_mode(const std::string& arg, ProgressBar::Mode otherw
 
 /// --bf16-compute's help, shared by the commands that run a model.
 inline constexpr const char* kBf16ComputeHelp =
-    "with --storage bf16: prefill (multi-token) products in bf16 arithmetic on the host — rows "
-    "rounded to bf16, fp32 accumulation, oneDNN's bf16 matmul (AVX-512; faster, as llama.cpp "
-    "computes bf16 models); decode stays fp32 x bf16";
+    "with --storage bf16: prefill (multi-token) products in bf16 arithmetic — rows rounded to "
+    "bf16, fp32 accumulation: oneDNN's bf16 matmul on the host (AVX-512; faster, as llama.cpp "
+    "computes bf16 models), cuBLAS on a GPU's tensor cores (there also the prefill attention's "
+    "products in TF32); decode stays fp32 x bf16";
 
 }  // namespace sparsim::app

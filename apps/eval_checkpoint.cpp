@@ -137,9 +137,10 @@ bool EvalCheckpoint::read(EvalProgress& into, int n_layer) const {
   const auto fd = lg.read<double>("flops_dense"), fr = lg.read<double>("flops_realised"),
              bd = lg.read<double>("bytes_dense"), br = lg.read<double>("bytes_realised");
   const auto ln = lg.read<std::uint64_t>("launches");
+  const auto kn = lg.has("kernels") ? lg.read<std::uint64_t>("kernels") : ln;
   const std::size_t cells = static_cast<std::size_t>(n_layer + 1) * 2 * flops::kNumOps;
   require(fd.size() == cells && fr.size() == cells && bd.size() == cells && br.size() == cells &&
-              ln.size() == cells,
+              ln.size() == cells && kn.size() == cells,
           "checkpoint '{}': the FLOP ledger does not match a model of {} layers", path_, n_layer);
   into.ledger = flops::Ledger(n_layer);
   std::size_t i = 0;
@@ -152,6 +153,7 @@ bool EvalCheckpoint::read(EvalProgress& into, int n_layer) const {
         t.bytes_dense = bd[i];
         t.bytes_realised = br[i];
         t.launches = ln[i];
+        t.kernels = kn[i];
         into.ledger.set(ph, static_cast<flops::Op>(o), l, t);
       }
   if (lg.has("calls")) {  // forward calls and token rows per phase
@@ -212,7 +214,7 @@ void EvalCheckpoint::write(const EvalProgress& p) const {
 
   const int L = p.ledger.num_layers();
   std::vector<double> fd, fr, bd, br;
-  std::vector<std::uint64_t> ln;
+  std::vector<std::uint64_t> ln, kn;
   for (int l = -1; l < L; ++l)
     for (flops::Phase ph : kPhases)
       for (int o = 0; o < flops::kNumOps; ++o) {
@@ -222,6 +224,7 @@ void EvalCheckpoint::write(const EvalProgress& p) const {
         bd.push_back(t.bytes_dense);
         br.push_back(t.bytes_realised);
         ln.push_back(t.launches);
+        kn.push_back(t.kernels);
       }
   io::Group lg = root.create_group("ledger");
   lg.set_attr("layout", "[layer + 1][phase][op], phases prefill, decode");
@@ -230,6 +233,7 @@ void EvalCheckpoint::write(const EvalProgress& p) const {
   lg.write<double>("bytes_dense", bd);
   lg.write<double>("bytes_realised", br);
   lg.write<std::uint64_t>("launches", ln);
+  lg.write<std::uint64_t>("kernels", kn);
   std::vector<std::int64_t> calls, toks;
   for (flops::Phase ph : kPhases) {
     calls.push_back(p.ledger.calls(ph));

@@ -1,11 +1,15 @@
 // sparsim: simulate and evaluate sparse and pruned Llama inference.
 #include "core/blas_core.hpp"
+#include "core/device_blas.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
+
+#include <fmt/format.h>
 
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <new>
 #include <string>
 
 namespace sparsim::app {
@@ -127,7 +131,19 @@ int main(int argc, char** argv) {
       return 1;
     } catch (const std::exception& e) {
       if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
-      std::cerr << "sparsim " << cmd << ": internal error: " << e.what() << "\n";
+      // Kokkos reports an allocation it could not make (size and label in its message)
+      const std::string what = e.what();
+      if (what.find("failed to allocate") != std::string::npos ||
+          dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+        std::cerr << "sparsim " << cmd << ": error: out of memory: " << what;
+        double free_b = 0, total_b = 0;
+        if (sparsim::device_blas::memory_info(free_b, total_b))
+          std::cerr << fmt::format(" ({:.2f} GiB of the GPU's {:.2f} GiB free)",
+                                   free_b / (1 << 30), total_b / (1 << 30));
+        std::cerr << "\n";
+        return 1;
+      }
+      std::cerr << "sparsim " << cmd << ": internal error: " << what << "\n";
       return 3;
     }
   }

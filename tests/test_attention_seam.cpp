@@ -151,6 +151,31 @@ TYPED_TEST(AttentionSeam, CachedAttentionAgainstBruteForce) {
   const auto got = to_host(out);
   for (std::size_t i = 0; i < ref.size(); ++i)
     EXPECT_NEAR(got[i], ref[i], 1e-5 * (1 + std::fabs(ref[i]))) << "element " << i;
+  // the split decode kernel reads the same layout in place: one query per sequence, rows
+  // (0, 11) and (1, 8) of the list above
+  {
+    attn::DecodeWorkspace<E> ws;
+    ws.ensure(n_seq, nh, nkv, hd, ctx);
+    const int pick[2] = {2, 5};
+    std::vector<float> q1(n_seq * nh * hd);
+    IVec<E> pos1("pos1", n_seq);
+    auto hp1 = Kokkos::create_mirror_view(pos1);
+    for (int s = 0; s < n_seq; ++s) {
+      for (int j = 0; j < nh * hd; ++j) q1[s * nh * hd + j] = Q[pick[s] * nh * hd + j];
+      hp1(s) = rows[pick[s]].second;
+    }
+    Kokkos::deep_copy(pos1, hp1);
+    Mat<E> out1("out1", n_seq, nh * hd);
+    attention_decode_split(E(), CMat<E>(to_device<E>(q1, n_seq, nh * hd)), cache.layer(0), pos1,
+                           out1, n_seq, sh, ws);
+    const auto got1 = to_host(out1);
+    for (int s = 0; s < n_seq; ++s)
+      for (int j = 0; j < nh * hd; ++j) {
+        const double want = ref[pick[s] * nh * hd + j];
+        EXPECT_NEAR(got1[s * nh * hd + j], want, 1e-5 * (1 + std::fabs(want)))
+            << "split kernel, sequence " << s << " element " << j;
+      }
+  }
   // writing into the compacted region is refused
   EXPECT_THROW(cache.store(E(), 0, CMat<E>(to_device<E>(kr, 1, kw)),
                            CMat<E>(to_device<E>(vr, 1, kw)), 1, 1, P - 1),

@@ -312,9 +312,10 @@ TEST_F(CliCost, PredictOnRunFilesFollowsTheProfile) {
     EXPECT_TRUE(j.contains(k)) << k;
   double pre = 0, dec = 0;
   for (const auto& e : j["per_op"]) {
-    // every op's time: the roofline of its own FLOPs, bytes and launches
+    // every op's time: the roofline of its own FLOPs and bytes, and the fixed cost of the
+    // kernels it owns (an op fused into another op's kernel pays none)
     const double want = std::max(e["flops"].get<double>() / P, e["bytes"].get<double>() / W) +
-                        e["launches"].get<double>() * tl;
+                        e["kernels"].get<double>() * tl;
     EXPECT_NEAR(e["seconds"].get<double>(), want, 1e-12 * want + 1e-18) << e["op"];
     (e["phase"] == "prefill" ? pre : dec) += e["seconds"].get<double>();
   }

@@ -7,6 +7,7 @@
 #include "helpers.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_device.hpp"
+#include "kernels/attention_gemm.hpp"
 #include "kernels/gemv_device.hpp"
 #include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
@@ -261,6 +262,50 @@ TYPED_TEST(DeviceKernelTest, TiledPrefillAttentionMatchesReference) {
       for (std::size_t i = 0; i < a.size(); ++i)
         err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
       EXPECT_LT(err, 2e-6) << "T " << T << " p0 " << p0 << " hd " << c.hd;
+    }
+  }
+}
+
+// Prefill attention as batched products around a causal softmax equals the reference kernel:
+// GQA and MHA, from position 0 and after a cached prefix, value heads narrower than the query
+// heads with another scale (a pruned layer), and prompts split into several chunks of scores.
+TYPED_TEST(DeviceKernelTest, GemmPrefillAttentionMatchesReference) {
+  using E = TypeParam;
+  for (const auto& shape : {std::array<int, 4>{2, 6, 3, 16}, std::array<int, 4>{1, 2, 2, 32}}) {
+    AttnCase<E> c(shape[0], shape[1], shape[2], shape[3], 200, 53);
+    attn::GemmWorkspace<E> ws;
+    for (const auto& tp : {std::array<int, 2>{1, 0}, std::array<int, 2>{37, 0},
+                           std::array<int, 2>{70, 13}, std::array<int, 2>{64, 64}}) {
+      const int T = tp[0], p0 = tp[1];
+      for (const int vd : {c.hd, c.hd / 2}) {
+        const float scale = vd == c.hd ? 1.0f / std::sqrt(static_cast<float>(c.hd)) : 0.3f;
+        // a value cache vd wide: the first vd channels of each head of the full one
+        Kokkos::View<float***, Layout, DeviceOf<E>> vc("vc", c.n_seq, c.max_ctx, c.nkv * vd);
+        Kokkos::parallel_for(
+            "narrow", Kokkos::RangePolicy<E>(0, c.n_seq * c.max_ctx * c.nkv * vd),
+            KOKKOS_LAMBDA(const int i) {
+              const int e = i % vd, g = (i / vd) % c.nkv, p = (i / (vd * c.nkv)) % c.max_ctx,
+                        s = i / (vd * c.nkv * c.max_ctx);
+              vc(s, p, g * vd + e) = c.vc(s, p, g * c.hd + e);
+            });
+        auto q = to_device<E>(
+            random_vec(static_cast<std::size_t>(c.n_seq) * T * c.nh * c.hd, 80 + T + vd),
+            c.n_seq * T, c.nh * c.hd);
+        Mat<E> ref("ref", c.n_seq * T, c.nh * vd), got("got", c.n_seq * T, c.nh * vd);
+        attention(E(), CMat<E>(q), c.kc, vc, ref, c.n_seq, T, p0, c.nh, c.nkv, c.hd, vd, scale);
+        const auto a = to_host(ref);
+        // all (sequence, head) pairs in one chunk, and three pairs' scores per chunk
+        for (const std::size_t cap : {attn::kMaxScores, std::size_t(3) * T * (p0 + T)}) {
+          attention_prefill_gemm(E(), CMat<E>(q), c.kc, vc, got, c.n_seq, T, p0, c.nh, c.nkv,
+                                 c.hd, vd, scale, ws, false, cap);
+          const auto b = to_host(got);
+          double err = 0;
+          for (std::size_t i = 0; i < a.size(); ++i)
+            err = std::max(err, static_cast<double>(std::fabs(a[i] - b[i])));
+          EXPECT_LT(err, 2e-6) << "T " << T << " p0 " << p0 << " hd " << c.hd << " vd " << vd
+                               << " chunk " << cap;
+        }
+      }
     }
   }
 }

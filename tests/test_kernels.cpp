@@ -501,12 +501,13 @@ TYPED_TEST(Kernels, StreamBandwidthTouchesEveryElementAndOrdersItsStatistics) {
   EXPECT_EQ(bw.array_bytes, bytes / 64 * 64);  // whole blocks of 16 floats
   EXPECT_EQ(bw.reps, 4);
   EXPECT_EQ(bw.checksum, 5.0f * static_cast<float>(bw.array_bytes / sizeof(float)));
-  for (const auto* st : {&bw.copy, &bw.read}) {
+  for (const auto* st : {&bw.copy, &bw.read, &bw.runtime_copy}) {
     EXPECT_GT(st->min, 0);
     EXPECT_LE(st->min, st->median);
     EXPECT_LE(st->median, st->max);
     EXPECT_GE(st->spread(), 0);
   }
+  EXPECT_EQ(bw.reference(), std::max(bw.copy.median, bw.runtime_copy.median));
   EXPECT_GE(kernels::host_stream_bytes(), std::size_t(256) << 20);
   EXPECT_LE(kernels::host_stream_bytes(), std::size_t(1024) << 20);
 }

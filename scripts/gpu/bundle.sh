@@ -41,4 +41,7 @@ mkdir -p "$D/lib/cuda-fallback"
 cp -L /usr/local/cuda/lib64/libcudart.so.13 "$D/lib/cuda-fallback/" 2>/dev/null || true
 chmod 644 "$D/lib"/*.so* "$D/lib/fallback"/* "$D/lib/cuda-fallback"/* 2>/dev/null || true
 xz -T2 -6 -f "$D/lib"/*.so* "$D/lib/fallback"/* "$D/lib/cuda-fallback"/*
+# the binaries too (about 60 MB stripped, 16 MB compressed): what travels to a GPU machine is
+# limited; check.sh unpacks them
+xz -T2 -6 -f "$D/bin"/*
 du -sh "$D"

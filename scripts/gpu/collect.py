@@ -76,9 +76,26 @@ def main():
                 res["bench"][name] = json.load(open(p))
             except Exception as e:
                 res["bench"][name] = {"error": str(e)}
+        res["predict"] = {}
+        for p in sorted(glob.glob(os.path.join(a.work, "predict_*.json"))):
+            name = os.path.basename(p)[8:-5]
+            try:
+                j = json.load(open(p))
+                res["predict"][name] = {k: j.get(k) for k in (
+                    "prefill_tokens_per_s", "decode_tokens_per_s", "precision", "roofline",
+                    "phases", "validation", "notes") if k in j}
+                res["predict"][name]["per_op"] = j.get("per_op", [])
+            except Exception as e:
+                res["predict"][name] = {"error": str(e)}
+        for p in (os.path.join(a.out, "probe_gpu.json"),):
+            if os.path.exists(p):
+                res["probe"] = json.load(open(p))
     else:
         res["agreement"] = prev.get("agreement", {})
         res["bench"] = prev.get("bench", {})
+        res["predict"] = prev.get("predict", {})
+        if "probe" in prev:
+            res["probe"] = prev["probe"]
     dest = a.dest or prev_path
     json.dump(res, open(dest, "w"), indent=1)
     for k, j in res["bench"].items():

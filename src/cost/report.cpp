@@ -60,7 +60,8 @@ nlohmann::ordered_json prediction_json(const flops::LedgerFile& lf, const Hardwa
                    {"ridge_intensity", pr.peak_flops / pr.bandwidth},
                    {"formula",
                     "per ledger entry: max(FLOP / peak_flops, bytes / "
-                    "memory_bandwidth) + launches * launch_overhead_s"}};
+                    "memory_bandwidth) + kernels * launch_overhead_s (kernels: distinct "
+                    "launches, counted on the op owning each kernel)"}};
 
   nlohmann::ordered_json phases = nlohmann::ordered_json::object(),
                          speedup = nlohmann::ordered_json::object();
@@ -115,6 +116,7 @@ nlohmann::ordered_json prediction_json(const flops::LedgerFile& lf, const Hardwa
       e["phase"] = lf.phases[p];
       e["op"] = lf.ops[o];
       e["launches"] = c.launches;
+      e["kernels"] = c.kernels;
       e["flops"] = c.flops_realised;
       e["bytes"] = c.bytes_realised;
       e["dense_flops"] = c.flops_dense;
@@ -233,7 +235,7 @@ std::string prediction_text(const nlohmann::ordered_json& j, bool by_layer) {
   if (!hw["note"].get<std::string>().empty())
     s += fmt::format("  profile: {}\n", hw["note"].get<std::string>());
   s += fmt::format(
-      "  roofline per ledger entry: max(FLOP / {}FLOP/s [{}], bytes / {}B/s) + launches x {}; "
+      "  roofline per ledger entry: max(FLOP / {}FLOP/s [{}], bytes / {}B/s) + kernels x {}; "
       "ridge at {:.1f} FLOP/byte\n",
       si(rf["peak_flops"].get<double>(), ""), j["precision"].get<std::string>(),
       si(rf["memory_bandwidth"].get<double>(), ""), secs(rf["launch_overhead_s"].get<double>()),
@@ -263,14 +265,14 @@ std::string prediction_text(const nlohmann::ordered_json& j, bool by_layer) {
       s += fmt::format(
           "\n  {} by op\n  {:<16} {:>9} {:>11} {:>11} {:>8} {:>11} {:>11} {:>11} "
           "{:>11} {:>7}  {}\n",
-          phase, "op", "launches", "GFLOP", "MB", "FLOP/B", "compute", "memory", "launch", "time",
+          phase, "op", "kernels", "GFLOP", "MB", "FLOP/B", "compute", "memory", "launch", "time",
           "share", "bound");
     }
     s += fmt::format(
         "  {:<16} {:>9.0f} {:>11.4g} {:>11.4g} {:>8.2f} {:>11} {:>11} {:>11} {:>11} "
         "{:>6.1f}%  {}\n",
         e["op"].get<std::string>() + (e["method_overhead"].get<bool>() ? " +" : ""),
-        e["launches"].get<double>(), e["flops"].get<double>() * 1e-9,
+        e["kernels"].get<double>(), e["flops"].get<double>() * 1e-9,
         e["bytes"].get<double>() * 1e-6, e["intensity"].get<double>(),
         secs(e["compute_seconds"].get<double>()), secs(e["memory_seconds"].get<double>()),
         secs(e["launch_seconds"].get<double>()), secs(e["seconds"].get<double>()),

@@ -80,11 +80,12 @@ Prediction predict(const flops::LedgerFile& lf, const HardwareProfile& hw,
   pr.realised.reserve(lf.cells.size());
   pr.dense.reserve(lf.cells.size());
   for (const flops::Cell& c : lf.cells) {
-    pr.realised.push_back(roofline_time(c.flops_realised, c.bytes_realised, c.launches,
+    // each distinct kernel pays the launch cost once, on the op that owns it
+    pr.realised.push_back(roofline_time(c.flops_realised, c.bytes_realised, c.kernels,
                                         pr.peak_flops, pr.bandwidth, pr.launch_overhead_s));
     // An op a dense run does not have costs it nothing, launches included.
     const bool in_dense = c.flops_dense > 0 || c.bytes_dense > 0;
-    pr.dense.push_back(roofline_time(c.flops_dense, c.bytes_dense, in_dense ? c.launches : 0.0,
+    pr.dense.push_back(roofline_time(c.flops_dense, c.bytes_dense, in_dense ? c.kernels : 0.0,
                                      pr.peak_flops, pr.bandwidth, pr.launch_overhead_s));
   }
   return pr;

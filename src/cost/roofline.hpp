@@ -1,13 +1,14 @@
 #pragma once
 /// The roofline cost model over a FLOP / byte ledger.
 ///
-/// Every ledger entry (phase, op, layer) aggregates `launches` kernel launches with F FLOPs and
-/// B bytes of memory traffic in total. Its predicted time on a hardware profile is
+/// Every ledger entry (phase, op, layer) aggregates the work of `kernels` distinct kernel
+/// launches with F FLOPs and B bytes of memory traffic in total (an op fused into another op's
+/// kernel has F and B but no kernels of its own). Its predicted time on a hardware profile is
 ///
-///     t = max(F / P, B / W) + launches · t_launch
+///     t = max(F / P, B / W) + kernels · t_launch
 ///
 /// with P the profile's peak FLOP/s in the chosen precision, W its memory bandwidth and
-/// t_launch its per-kernel launch overhead. The dense time of the entry uses the dense F and B
+/// t_launch its per-kernel fixed cost. The dense time of the entry uses the dense F and B
 /// (and no launches for ops a dense run does not have). Times add up over entries: the model
 /// assumes kernels run one after another, as sparsim's forward pass issues them.
 /// docs/cost-model.md discusses what it leaves out.

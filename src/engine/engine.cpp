@@ -1,5 +1,6 @@
 #include "engine/engine.hpp"
 
+#include "core/device_blas.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
 #include "core/log.hpp"
@@ -78,6 +79,21 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
   require(max_ctx > 0 && max_ctx <= c.context_length,
           "engine: context of {} tokens is outside the model's supported 1 … {}", max_ctx,
           c.context_length);
+  if constexpr (!kOnHost<E>) {
+    // a cache the device cannot hold is refused with its size, before anything is allocated
+    double kv = 0, free_b = 0, total_b = 0;
+    for (int l = 0; l < c.n_layer; ++l) {
+      const AttnShape sh = attn_shape(c, l);
+      kv += 4.0 * max_seqs * static_cast<double>(max_ctx) * (sh.k_width() + sh.v_width());
+    }
+    if (device_blas::memory_info(free_b, total_b))
+      require(kv <= free_b,
+              "out of device memory: the KV cache of {} sequence{} x {} positions needs {:.2f} GiB, "
+              "{:.2f} GiB of the GPU's {:.2f} GiB are free (fewer sequences or a shorter context "
+              "need less)",
+              max_seqs, max_seqs == 1 ? "" : "s", max_ctx, kv / (1 << 30), free_b / (1 << 30),
+              total_b / (1 << 30));
+  }
   cache_ = KVCache<E>(c, max_seqs, max_ctx);
   // a pruned layer that kept every channel rotates pair by pair, as a dense one (bitwise)
   if (c.pruned())
@@ -300,8 +316,8 @@ void transpose_into(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>&
                     const Kokkos::View<T**, Layout, DeviceOf<E>>& dst) {
   Kokkos::parallel_for(
       "sparsim::engine::transpose",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(
-          exec, {0, 0}, {static_cast<int>(src.extent(0)), static_cast<int>(src.extent(1))}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(
+          exec, {0, 0}, {static_cast<int>(src.extent(0)), static_cast<int>(src.extent(1))})),
       KOKKOS_LAMBDA(const int r, const int c) { dst(c, r) = src(r, c); });
 }
 }  // namespace
@@ -554,23 +570,23 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
   // attention kernel (scores, softmax and value mix in one), SwiGLU, two residual updates (rotated
   // model: each an add and a copy back). Fused decode: norms, RoPE, SwiGLU and the residual updates
   // run inside the projections' kernels; attention is the split-K kernel and its combine.
+  // Fused, each of these ops takes part in a projection's launch (launches) and owns no kernel
+  // of its own (kernels 0).
   const bool rot = w_->rotated();
   ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd,
-               fused ? 0 : 2);
+               2, fused ? 0 : 2);
   const double qw = sh.q_width(), kw = sh.k_width();
   const double rf = 6.0 * n * (qw + kw) / 2, rr = 6.0 * (n_keep * qw + n * kw) / 2;
+  const int rope_launches = fused || !(gated && n_keep > 0) ? 1 : 2;
   ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw),
-               fused                 ? 0
-               : gated && n_keep > 0 ? 2
-                                     : 1);
-  attention_ledger(l, ph, n_seq, T, p0, skip);
+               rope_launches, fused ? 0 : rope_launches);
+  attention_ledger(l, ph, n_seq, T, p0, skip, fused ? 1 : 2);
   const double sw = 6.0 * n * c.d_ff;
-  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff,
+  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff, 1,
                fused ? 0 : 1);
+  const int res_launches = fused || !rot ? 2 : 4;
   ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd,
-               fused ? 0
-               : rot ? 4
-                     : 2);
+               res_launches, fused ? 0 : res_launches);
 }
 
 template <class E>
@@ -597,11 +613,14 @@ template <class E>
 void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0) {
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
-  if (!kv.compacted() && !kv.has_drops()) {
-    const int hd = w_->cfg.head_dim;
-    if (device_path_ && T == 1 && sh.v_dim <= hd)  // pruned widths too (the model's scale)
-      attention_decode_split(exec_, q, kv.k, kv.v, IVec<E>(pos_.data(), n_seq), out, n_seq,
-                             sh.n_head, sh.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim, sh.scale);
+  const int hd = w_->cfg.head_dim;
+  if (device_path_ && T == 1 && sh.v_dim <= hd) {
+    // pruned widths (the model's scale), compacted prompt keys and dropped positions too
+    attention_decode_split(exec_, q, kv, IVec<E>(pos_.data(), n_seq), out, n_seq, sh, attn_ws_);
+  } else if (!kv.compacted() && !kv.has_drops()) {
+    if (device_path_ && T > 1 && !kOnHost<E>)  // a GPU: the vendor BLAS does the products
+      attention_prefill_gemm(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
+                             sh.qk_dim, sh.v_dim, sh.scale, attn_gemm_ws_, w_->bf16_compute);
     else if (device_path_ && T > 1 && sh.qk_dim == hd && sh.v_dim == hd)
       attention_prefill_tiled(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
                               sh.qk_dim);
@@ -618,7 +637,7 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
 
 template <class E>
 void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0,
-                                 const int* skip) {
+                                 const int* skip, int kernels) {
   const AttnShape& sh = cache_.shape(l);
   const KVLayer<E>& kv = cache_.layer(l);
   const int base = kv.k_base;
@@ -642,10 +661,12 @@ void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p
     }
   }
   const double sf = 2.0 * pairs * nh * qk, kb = 4.0 * pairs * kw;
-  ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real, 2);
-  ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * pairs * nh, 5.0 * pairs_real * nh, 0, 0, 0);
+  // the scores own the attention's kernels; the softmax and the value mix run inside them
+  ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real, kernels);
+  ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * pairs * nh, 5.0 * pairs_real * nh, 0, 0,
+               kernels, 0);
   ledger_->add(flops::Op::AttnValue, l, ph, 2.0 * pairs * nh * vd, 2.0 * pairs_real * nh * vd,
-               4.0 * pairs * vw, 4.0 * pairs_real * vw, 0);
+               4.0 * pairs * vw, 4.0 * pairs_real * vw, kernels, 0);
 }
 
 template <class E>
@@ -813,7 +834,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     const int skip = T - tail;
     Kokkos::parallel_for(
         "sparsim::engine::gather_tail",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_out, d}),
+        light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec_, {0, 0}, {n_out, d})),
         KOKKOS_LAMBDA(const int r, const int j) {
           last(r, j) = xs((r / tail) * T + skip + r % tail, j);
         });
@@ -860,7 +881,8 @@ bool Engine<E>::fusable(int l) const {
   // value rows, value heads no wider than the model's
   const bool widths =
       pruned_rope(l) ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
-  return !(tgate_ && tgate_->active(l)) && !kv.compacted() && !kv.has_drops() && widths &&
+  (void)kv;  // compacted prompt keys and dropped positions: the split kernel reads them
+  return !(tgate_ && tgate_->active(l)) && widths &&
          sh.v_dim <= c.head_dim && (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
          lw.w_up.dtype == lw.w_gate.dtype;
@@ -877,7 +899,9 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
   tg.q = q.data();
   tg.kc = kv.k.data();
   tg.vc = kv.v.data();
-  tg.max_ctx = static_cast<int>(kv.k.extent(1));
+  tg.max_ctx = static_cast<int>(kv.v.extent(1));
+  tg.k_ctx = static_cast<int>(kv.k.extent(1));  // the full-width key region (after compaction)
+  tg.k_base = kv.k_base;
   tg.pos = pos_.data();
   tg.T = 1;
   tg.cos_t = cos_.data();
@@ -898,8 +922,8 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
     using V = std::decay_t<decltype(wq)>;
     gemv_qkv_rope(exec_, xc, wq, view_as<V>(lw.wk), view_as<V>(lw.wv), tg, an, c.rms_eps);
   });
-  attention_decode_split(exec_, CMat<E>(q), kv.k, kv.v, IVec<E>(pos_.data(), n_seq), att, n_seq,
-                         c.n_head, c.n_kv_head, sh.qk_dim, attn_ws_, sh.v_dim, sh.scale);
+  attention_decode_split(exec_, CMat<E>(q), kv, IVec<E>(pos_.data(), n_seq), att, n_seq, sh,
+                         attn_ws_);
   with_view(lw.wo, [&](const auto& w) { gemv_warp(exec_, CMat<E>(att), w, x, GemvOut::AddTo); });
   with_view(lw.w_gate, [&](const auto& wg) {
     using V = std::decay_t<decltype(wg)>;
@@ -912,9 +936,9 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
       const Matrix<E>& w = lw.proj(p);
       const double fl = 2.0 * n * w.rows * w.cols;
       const double b = static_cast<double>(w.bytes()) + 4.0 * n * (w.rows + w.cols);
-      // Q, K and V in one kernel, gate and up in another
+      // Q, K and V in one kernel, gate and up in another: each takes part in one launch
       const bool own = p == Proj::Q || p == Proj::O || p == Proj::Gate || p == Proj::Down;
-      ledger_->add(op_of(p), l, ph, fl, fl, b, b, own ? 1 : 0);
+      ledger_->add(op_of(p), l, ph, fl, fl, b, b, 1, own ? 1 : 0);
     }
   }
   block_ledger(l, n, n, n_seq, 1, p0, ph, nullptr, true);
@@ -932,7 +956,7 @@ void Engine<E>::decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits,
   // the final RMSNorm inside the LM head's GEMV
   if (ledger_) {
     const double od = static_cast<double>(n_seq) * c.d_model;
-    ledger_->add(flops::Op::RMSNorm, -1, ph, 4.0 * od, 4.0 * od, 8.0 * od, 8.0 * od, 0);
+    ledger_->add(flops::Op::RMSNorm, -1, ph, 4.0 * od, 4.0 * od, 8.0 * od, 8.0 * od, 1, 0);
   }
   const CVec<E> on(w_->out_norm);
   with_view(w_->output, [&](const auto& w) {

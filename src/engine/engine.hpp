@@ -22,6 +22,7 @@
 #include "flops/ledger.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/attention_device.hpp"
+#include "kernels/attention_gemm.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/pointwise.hpp"
 #include "kernels/sparse_gemv.hpp"
@@ -153,7 +154,8 @@ class Engine {
   void rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q);
   /// Queries and keys of layer l in one launch (the same rotations as rope() on each).
   void rope_qk(int l, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos);
-  void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip);
+  void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip,
+                        int kernels = 2);
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
@@ -196,6 +198,7 @@ class Engine {
   std::vector<Kokkos::View<double**, Layout, DeviceOf<E>>> mass_, mass_queries_;
   SparseRows<E> sparse_;
   attn::DecodeWorkspace<E> attn_ws_;
+  attn::GemmWorkspace<E> attn_gemm_ws_;  ///< scores of the GEMM prefill attention (GPUs)
   SparseGemvWork<E> sparse_ws_;
   bool fused_ = true;
   bool device_path_ = false;  ///< device kernels on a host backend (tests)

@@ -37,7 +37,7 @@ void KVCache<E>::set_dropped(const E& exec, int l, const IVec<E>& skip, int n_se
   if (!kl.has_drops()) kl.dropped = IMat<E>("sparsim::kv_dropped", max_seqs_, max_ctx_);
   auto d = kl.dropped;
   Kokkos::parallel_for(
-      "sparsim::engine::kv_set_dropped", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
+      "sparsim::engine::kv_set_dropped", light(Kokkos::RangePolicy<E>(exec, 0, n_seq * T)),
       KOKKOS_LAMBDA(const int r) { d(r / T, p0 + r % T) = skip(r) ? 1 : 0; });
 }
 
@@ -108,7 +108,7 @@ void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
   const Cache<E> old = kl.k;
   Kokkos::parallel_for(
       "sparsim::engine::kv_compact",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, nkv, P}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, nkv, P})),
       KOKKOS_LAMBDA(const int s, const int h, const int p) {
         const int c0 = koff(s, h), nc = koff(s, h + 1) - c0;
         float* dst = compact_key_row(kc, s, P, c0, nc, p);
@@ -118,7 +118,7 @@ void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
   if (n_rest > 0)
     Kokkos::parallel_for(
         "sparsim::engine::kv_compact_rest",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, n_rest, kw}),
+        light(Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {max_seqs_, n_rest, kw})),
         KOKKOS_LAMBDA(const int s, const int p, const int j) { rest(s, p, j) = old(s, P + p, j); });
   exec.fence();
   kl.kc = kc;

@@ -165,7 +165,7 @@ void Ledger::write(io::Group& g) const {
                                      static_cast<hsize_t>(kNumOps), static_cast<hsize_t>(L)};
   const std::size_t n = kSlotCells * L;
   std::vector<double> fd(n), fr(n), bd(n), br(n);
-  std::vector<std::uint64_t> launches(n);
+  std::vector<std::uint64_t> launches(n), kernels(n);
   for (int p = 0; p < kNumPhases; ++p)
     for (int o = 0; o < kNumOps; ++o)
       for (std::size_t s = 0; s < L; ++s) {
@@ -177,6 +177,7 @@ void Ledger::write(io::Group& g) const {
         bd[out] = c.bytes_dense;
         br[out] = c.bytes_realised;
         launches[out] = c.launches;
+        kernels[out] = c.kernels;
       }
 
   const char* shape = "indexed [phase][op][layer + 1]; names in phases, ops, layers";
@@ -189,7 +190,15 @@ void Ledger::write(io::Group& g) const {
   g.write("bytes_realised", br.data(), dims,
           {"byte", fmt::format("memory traffic the sparse run caused, {}", shape)});
   g.write("launches", launches.data(), dims,
-          {"launch", fmt::format("kernel launches recorded, {}", shape)});
+          {"launch",
+           fmt::format("kernel launches the op took part in (a fused kernel counts for every op "
+                       "inside it), {}",
+                       shape)});
+  g.write("kernels", kernels.data(), dims,
+          {"launch",
+           fmt::format("distinct kernel launches, each counted once on the op owning the "
+                       "kernel, {}",
+                       shape)});
 
   std::vector<std::string> phases, ops, layers;
   std::vector<std::int64_t> layer_index;
@@ -214,6 +223,7 @@ void Ledger::write(io::Group& g) const {
     g.set_attr(prefix + "_bytes_dense", t.bytes_dense);
     g.set_attr(prefix + "_bytes_realised", t.bytes_realised);
     g.set_attr(prefix + "_launches", static_cast<std::int64_t>(t.launches));
+    g.set_attr(prefix + "_kernels", static_cast<std::int64_t>(t.kernels));
   };
   put("total", total());
   for (Phase p : kPhases) {

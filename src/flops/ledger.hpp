@@ -58,7 +58,12 @@ class Ledger {
     double flops_realised = 0;
     double bytes_dense = 0;
     double bytes_realised = 0;
+    /// Kernel launches this op's work took part in: a kernel that fuses several ops (the
+    /// decode GEMV that also normalises its input, rotates and stores the keys) counts for each.
     std::uint64_t launches = 0;
+    /// Distinct kernels: each launch counted once, on the op that owns the kernel (0 for the
+    /// ops fused into it). Fixed per-launch costs are these times the cost of one launch.
+    std::uint64_t kernels = 0;
 
     Totals& operator+=(const Totals& o) {
       flops_dense += o.flops_dense;
@@ -66,6 +71,7 @@ class Ledger {
       bytes_dense += o.bytes_dense;
       bytes_realised += o.bytes_realised;
       launches += o.launches;
+      kernels += o.kernels;
       return *this;
     }
   };
@@ -74,11 +80,13 @@ class Ledger {
   explicit Ledger(int n_layers = 0);
 
   /// Records the work of `launches` kernel launches (one by default; several when one entry
-  /// covers several kernels, 0 when the op is computed inside another op's kernel). `layer` is
-  /// the transformer layer (0-based) or -1 for ops outside the layers (embedding, final norm,
-  /// LM head).
+  /// covers several kernels). `kernels` (default: `launches`) is how many of them this op owns:
+  /// 0 when the op runs inside another op's kernel, whose entry counts the launch once. `layer`
+  /// is the transformer layer (0-based) or -1 for ops outside the layers (embedding, final
+  /// norm, LM head).
   void add(Op op, int layer, Phase phase, double flops_dense, double flops_realised,
-           double bytes_dense, double bytes_realised, std::uint64_t launches = 1) {
+           double bytes_dense, double bytes_realised, std::uint64_t launches = 1,
+           std::int64_t kernels = -1) {
     if (layer + 1 >= slots_ || layer < -1) grow(layer);
     Totals& c = cells_[index(phase, op, layer)];
     c.flops_dense += flops_dense;
@@ -86,6 +94,7 @@ class Ledger {
     c.bytes_dense += bytes_dense;
     c.bytes_realised += bytes_realised;
     c.launches += launches;
+    c.kernels += kernels < 0 ? launches : static_cast<std::uint64_t>(kernels);
   }
 
   /// Replaces one table entry (restoring a saved ledger).
@@ -131,8 +140,8 @@ class Ledger {
   void merge(const Ledger& other, Op except);
 
   /// Writes the tables into `g` (the run writer passes /flops); see docs/run-file-schema.md:
-  /// datasets flops_dense, flops_realised, bytes_dense, bytes_realised (float64) and launches
-  /// (uint64), each of shape [phase][op][layer + 1]; string datasets phases, ops, layers;
+  /// datasets flops_dense, flops_realised, bytes_dense, bytes_realised (float64), launches and
+  /// kernels (uint64), each of shape [phase][op][layer + 1]; string datasets phases, ops, layers;
   /// int64 dataset layer_index; totals, call and token counts as attributes of `g`.
   void write(io::Group& g) const;
 

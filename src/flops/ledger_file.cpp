@@ -207,9 +207,22 @@ LedgerFile read_ledger_file(const std::string& path) {
   const std::vector<std::uint64_t> la = g.read<std::uint64_t>("launches", &dims);
   require(dims == want, "invalid FLOP ledger in '{}': /flops/launches has shape {}, expected {}",
           path, shape_text(dims), shape_text(want));
+  // distinct kernels: files written before the ledger counted them have launches only, and
+  // there each launch was recorded once, on the op owning the kernel
+  std::vector<std::uint64_t> ke = la;
+  if (g.has_dataset("kernels")) {
+    ke = g.read<std::uint64_t>("kernels", &dims);
+    require(dims == want, "invalid FLOP ledger in '{}': /flops/kernels has shape {}, expected {}",
+            path, shape_text(dims), shape_text(want));
+  }
   lf.cells.resize(fd.size());
   for (std::size_t i = 0; i < fd.size(); ++i)
-    lf.cells[i] = Cell{fd[i], fr[i], bd[i], br[i], static_cast<double>(la[i])};
+    lf.cells[i] = Cell{fd[i],
+                       fr[i],
+                       bd[i],
+                       br[i],
+                       static_cast<double>(la[i]),
+                       static_cast<double>(ke[i])};
   lf.calls = phase_counts(g, lf.phases, "calls", path);
   lf.tokens = phase_counts(g, lf.phases, "tokens", path);
   if (root.has_group("op_times")) lf.measured = read_profile(root.open_group("op_times"), path);

@@ -17,7 +17,8 @@ struct Cell {
   double flops_realised = 0;
   double bytes_dense = 0;
   double bytes_realised = 0;
-  double launches = 0;
+  double launches = 0;  ///< launches the op took part in (a fused kernel counts for each op)
+  double kernels = 0;   ///< distinct launches, counted on the op owning the kernel
 
   Cell& operator+=(const Cell& o) {
     flops_dense += o.flops_dense;
@@ -25,6 +26,7 @@ struct Cell {
     bytes_dense += o.bytes_dense;
     bytes_realised += o.bytes_realised;
     launches += o.launches;
+    kernels += o.kernels;
     return *this;
   }
   /// Anything recorded (an op computed inside another op's kernel has FLOPs but no launches).

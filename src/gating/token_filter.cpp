@@ -303,7 +303,7 @@ int TokenFilter<E>::decide(const E& exec, int layer, const CMat<E>& k, const CMa
   f.gamma = opt_.gamma;
   f.target = target_;
   f.eta = opt_.eta;
-  Kokkos::parallel_for("sparsim::gating::token_filter", team_policy(exec, n_seq_), f);
+  Kokkos::parallel_for("sparsim::gating::token_filter", light(team_policy(exec, n_seq_)), f);
   auto ho = Kokkos::create_mirror_view_and_copy(
       Kokkos::HostSpace(), Kokkos::subview(out_, Kokkos::make_pair(0, n), Kokkos::ALL));
   const std::size_t ai = static_cast<std::size_t>(a);

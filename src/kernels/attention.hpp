@@ -32,7 +32,7 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
                                            typename E::memory_space>::accessible) {
     // a row per work item: a decode step is one small launch (a two-dimensional range's set-up
     // cost more than the copy)
-    Kokkos::parallel_for("sparsim::kernels::kv_store", Kokkos::RangePolicy<E>(exec, 0, n_seq * T),
+    Kokkos::parallel_for("sparsim::kernels::kv_store", light(Kokkos::RangePolicy<E>(exec, 0, n_seq * T)),
                          [=](const int r) {
                            const int s = r / T, t = r % T;
                            for (int j = 0; j < kd; ++j) kc(s, p0 + t - k_base, j) = k(r, j);
@@ -42,7 +42,7 @@ void kv_store(const E& exec, const CMat<E>& k, const CMat<E>& v, const Cache<E>&
   }
   Kokkos::parallel_for(
       "sparsim::kernels::kv_store",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, kd > vd ? kd : vd}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, kd > vd ? kd : vd})),
       KOKKOS_LAMBDA(const int r, const int j) {
         const int s = r / T, t = r % T;
         if (j < kd) kc(s, p0 + t - k_base, j) = k(r, j);
@@ -168,7 +168,7 @@ void decode_chunks_host(const E& exec, const std::string& label, int n, int n_he
   std::unique_ptr<std::atomic<int>[]> done_rows(new std::atomic<int>[n > 0 ? n : 1]);
   for (int r = 0; r < n; ++r) done_rows[r].store(0, std::memory_order_relaxed);
   std::atomic<int>* done = done_rows.get();
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, workers), [=](const int w) {
+  Kokkos::parallel_for(label, light(Kokkos::RangePolicy<E>(exec, 0, workers)), [=](const int w) {
     float* sc = &scratch(w, 0);
     float* extra = sc + n_head * C;
     const int pstride = static_cast<int>(parts.stride(0));
@@ -287,7 +287,7 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
       Kokkos::view_alloc(std::string("sparsim::attention::scores"), Kokkos::WithoutInitializing),
       token.size(), ctx * R + R);
   Kokkos::parallel_for(
-      "sparsim::kernels::attention_host", Dyn(exec, 0, n_seq * n_head * tiles).set_chunk_size(1),
+      "sparsim::kernels::attention_host", light(Dyn(exec, 0, n_seq * n_head * tiles).set_chunk_size(1)),
       [=](const int it) {
         // Heavier (later) tiles first: the causal triangle makes them the long ones.
         const int tile = tiles - 1 - it % tiles;
@@ -350,7 +350,7 @@ void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<
   Policy pol = team_policy(exec, n_seq * T * n_head);
   pol = pol.set_scratch_size(1, Kokkos::PerTeam(ScratchVec::shmem_size(ctx)));
   Kokkos::parallel_for(
-      "sparsim::kernels::attention", pol, KOKKOS_LAMBDA(const Team& team) {
+      "sparsim::kernels::attention", light(pol), KOKKOS_LAMBDA(const Team& team) {
         const int r = team.league_rank() / n_head;
         const int h = team.league_rank() % n_head;
         const int s = r / T, t = r % T;

@@ -4,12 +4,15 @@
 ///
 /// Decode (one new token per sequence): the cached positions are cut into splits of kChunk
 /// positions; one team takes one (sequence, KV head, split) and serves every query head of the
-/// KV head's group, so each key and value is read once per group. A team writes a partial
-/// result (its split's max score m, Σ exp(score − m) l and the unnormalised Σ exp(score − m)·v);
-/// the last team of a (sequence, KV head) to finish — told by an integer counter — combines the
-/// splits in split order and resets the counter. The launch shape depends on the cache size,
-/// not on the position, which is read from device memory: a decode step can be replayed as a
-/// graph. Every output has one fixed summation order.
+/// KV head's group, so each key and value is read once per group: its threads score whole
+/// positions (no reduction across lanes per position), then the value mix runs one thread per
+/// (head, channel). A team writes a partial result (its split's max score m,
+/// Σ exp(score − m) l and the unnormalised Σ exp(score − m)·v); the last team of a (sequence,
+/// KV head) to finish — told by an integer counter — combines the splits in split order and
+/// resets the counter. The launch shape depends on the cache size, not on the position, which
+/// is read from device memory: a decode step can be replayed as a graph. Compacted prompt keys
+/// (ThinK, GRACE) and dropped positions are read in place. Every output has one fixed
+/// summation order.
 ///
 /// Prefill (many tokens): one team takes one (sequence, query head, block of kBlock queries) and
 /// walks the key blocks up to the causal limit, keeping Q, the current K and V blocks, the
@@ -20,6 +23,7 @@
 /// them against the reference kernel; the engine uses them on devices.
 #include "core/compat.hpp"
 #include "kernels/gemv_device.hpp"
+#include "kernels/kv_layout.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -87,107 +91,236 @@ inline int prefill_block(int head_dim) {
 
 }  // namespace attn
 
-/// Decode attention: out[s][h·v_dim + i] for one new token per sequence (rows s = 0 … n_seq−1),
-/// at position pos(s) (keys 0 … pos(s) of the cache). ws must have been ensure()d for the
+/// Decode attention over one layer's cache: out[s][h·vd + i] for one new token per sequence
+/// (rows s = 0 … n_seq−1) at position pos(s), keys 0 … pos(s). The cache may hold compacted
+/// prompt keys (positions below kv.k_base scored on the head's kept channels, as
+/// cached_attention does) and dropped positions (no weight). Rows whose skip[s] is set (a token
+/// gate's decision, in device memory; null: none) get no output.
+///
+/// One team (4 warps) takes one (sequence, KV head, split of kChunk positions) and serves every
+/// query head of the group: each lane scores whole positions (one key row read once for all the
+/// group's heads, the queries in team scratch), one warp per head takes the softmax over the
+/// split (shuffles, no team barrier), and the value mix gives every lane a head, four channels
+/// and a share of the positions (16-byte loads, the shares added in order). The last team of a
+/// (sequence, KV head) to finish combines the splits in split order. ws must have been ensure()d for the
 /// cache's size.
 template <class E>
-void attention_decode_split(const E& exec, const CMat<E>& q,
-                            const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
-                            const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
-                            const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
-                            int hd, attn::DecodeWorkspace<E>& ws, int v_dim = 0,
-                            float scale = 0.0f) {
-  // hd: the query / key head width; v_dim (0: hd) the value and output head width; scale
-  // (0: 1/sqrt(hd)) the softmax scale — a pruned layer keeps its model's 1/sqrt(head_dim).
-  const int vh = v_dim > 0 ? v_dim : hd;
+void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& kv,
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq,
+                            const AttnShape& sh, attn::DecodeWorkspace<E>& ws,
+                            const int* skip = nullptr) {
   using Policy = Kokkos::TeamPolicy<E>;
   using Member = typename Policy::member_type;
-  using Scratch = Kokkos::View<float*, typename E::scratch_memory_space, Kokkos::MemoryUnmanaged>;
   constexpr int C = attn::kChunk;
+  constexpr bool host = attn::TeamShape<E>::host;
+  const int n_head = sh.n_head, n_kv = sh.n_kv_head, hd = sh.qk_dim, vh = sh.v_dim;
   const int group = n_head / n_kv;
   const int ns = ws.n_split;
-  const int max_ctx = static_cast<int>(kc.extent(1));
-  const int kvd = n_kv * hd, qd = n_head * hd, vvd = n_kv * vh, od = n_head * vh;
-  const float sc_mul = scale > 0.0f ? scale : 1.0f / kx::sqrt(static_cast<float>(hd));
+  const int base = kv.k_base;
+  const int kvd = n_kv * hd, qd = n_head * hd, od = n_head * vh;
+  const std::size_t kst0 = kv.k.stride(0), vst0 = kv.v.stride(0);
+  const std::size_t vvd = kv.v.stride(1);
+  const float sc_mul = sh.scale;
   const float* qp = q.data();
-  const float* kp = kc.data();
-  const float* vp = vc.data();
+  const float* kp = kv.k.data();
+  const float* vp = kv.v.data();
+  const float* cp = kv.kc.data();
+  const std::size_t cst0 = base > 0 ? kv.kc.stride(0) : 0;
+  const int* kidx = base > 0 ? kv.kidx.data() : nullptr;
+  const int* koff = base > 0 ? kv.koff.data() : nullptr;
+  const std::size_t kidx_st = base > 0 ? kv.kidx.stride(0) : 0;
+  const std::size_t koff_st = base > 0 ? kv.koff.stride(0) : 0;
+  const int* dropped = kv.has_drops() ? kv.dropped.data() : nullptr;
+  const std::size_t drop_st = kv.has_drops() ? kv.dropped.stride(0) : 0;
   const int* pp = pos.data();
   float* op = out.data();
   float* po = ws.o.data();
   float* pml = ws.ml.data();
   int* cnt = ws.count.data();
+  const bool wide = hd % 4 == 0 && kvd % 4 == 0 && reinterpret_cast<std::uintptr_t>(kp) % 16 == 0;
+  // The value mix: one work item per (head, 4 channels, part of the split's positions), so that
+  // about every thread of the team has four 16-byte value loads in flight; the parts are added
+  // in part order afterwards. (Channels one by one where the rows are not 16-byte aligned.)
+  const bool vwide = vh % 4 == 0 && vvd % 4 == 0 && reinterpret_cast<std::uintptr_t>(vp) % 16 == 0;
+  const int vq = vwide ? vh / 4 : vh;  // channel groups per head
+  const int vw = vwide ? 4 : 1;        // channels per group
+  int parts = 1;
+  if (!host)
+    while (parts < 8 && group * vq * parts * 2 <= 128) parts *= 2;
+  // scratch: the group's queries, the group's scores, the parts' value sums (or, in the team
+  // that combines, the splits' factors and the denominators), one flag word
+  const int combine_words = group * ns + group;
+  const int vs_words = parts * group * vh > combine_words ? parts * group * vh : combine_words;
+  const int words = group * hd + group * C + vs_words + 1;
   Policy pol(exec, n_seq * n_kv * ns, attn::TeamShape<E>::threads, attn::TeamShape<E>::vector);
-  const int words = group * C + 1;
-  pol = pol.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(words)));
+  pol = pol.set_scratch_size(0, Kokkos::PerTeam((words + 4) * sizeof(float)));
   Kokkos::parallel_for(
-      "sparsim::kernels::attention_decode", pol, KOKKOS_LAMBDA(const Member& team) {
+      "sparsim::kernels::attention_decode", light(pol), KOKKOS_LAMBDA(const Member& team) {
         const int b = team.league_rank();
         const int sp = b % ns, sk = b / ns;
         const int kvh = sk % n_kv, s = sk / n_kv;
+        const bool skipped = skip && skip[s];
         const int npos = pp[s] + 1;
         const int p0 = sp * C;
-        const int len = npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C;
-        Scratch sh(team.team_scratch(0), words);
-        float* sc = sh.data();
+        const int len = skipped ? 0 : (npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C);
+        float* qs = static_cast<float*>(team.team_scratch(0).get_shmem_aligned(
+            static_cast<std::ptrdiff_t>(words * sizeof(float)), 16));
+        float* sc = qs + group * hd;
+        float* vs = sc + group * C;
+        int* last = reinterpret_cast<int*>(vs + vs_words);
         if (len > 0) {
-          const std::size_t kv_base =
-              static_cast<std::size_t>(s) * max_ctx * kvd + static_cast<std::size_t>(kvh) * hd;
-          const std::size_t v_base =
-              static_cast<std::size_t>(s) * max_ctx * vvd + static_cast<std::size_t>(kvh) * vh;
-          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, len), [&](const int i) {
-            const float* kr = kp + kv_base + static_cast<std::size_t>(p0 + i) * kvd;
-            for (int g = 0; g < group; ++g) {
-              const float* qr = qp + static_cast<std::size_t>(s) * qd + (kvh * group + g) * hd;
-              float d = 0.0f;
-              Kokkos::parallel_reduce(
-                  Kokkos::ThreadVectorRange(team, hd),
-                  [&](const int e, float& a) { a += qr[e] * kr[e]; }, d);
-              Kokkos::single(Kokkos::PerThread(team), [&]() { sc[g * C + i] = d * sc_mul; });
+          // the group's queries into scratch
+          const float* qrow = qp + static_cast<std::size_t>(s) * qd + kvh * group * hd;
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * hd),
+                               [&](const int i) { qs[i] = qrow[i]; });
+          team.team_barrier();
+          const int c0 = base > 0 ? koff[s * koff_st + kvh] : 0;
+          const int nc = base > 0 ? koff[s * koff_st + kvh + 1] - c0 : 0;
+          // scores: one lane per position, every query head of the group
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, len), [&](const int i) {
+            const int p = p0 + i;
+            if (dropped && dropped[s * drop_st + p]) {
+              for (int g = 0; g < group; ++g) sc[g * C + i] = -3.0e38f;
+              return;
+            }
+            if (p < base) {  // compacted: the head's kept channels only
+              const float* kr = cp + s * cst0 + static_cast<std::size_t>(c0) * base +
+                                static_cast<std::size_t>(p) * nc;
+              const int* ki = kidx + s * kidx_st + c0;
+              for (int g = 0; g < group; ++g) {
+                const float* qg = qs + g * hd;
+                float d = 0.0f;
+                for (int j = 0; j < nc; ++j) d += qg[ki[j]] * kr[j];
+                sc[g * C + i] = d * sc_mul;
+              }
+              return;
+            }
+            const float* kr = kp + s * kst0 + static_cast<std::size_t>(p - base) * kvd + kvh * hd;
+            // every key channel read once, for all the group's heads (at most 8 at a time)
+            for (int g0 = 0; g0 < group; g0 += 8) {
+              const int ng = group - g0 < 8 ? group - g0 : 8;
+              float d[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+              int e = 0;
+              if (wide) {  // 16-byte loads of the key row, eight in flight before they are used
+                for (; e + 32 <= hd; e += 32) {
+                  float k4[8][4];
+                  for (int u = 0; u < 8; ++u) gemv::load_x<4>(kr + e + 4 * u, k4[u]);
+                  for (int g = 0; g < 8; ++g)
+                    if (g < ng) {
+                      const float* qg = qs + (g0 + g) * hd + e;
+                      float a = 0.0f;
+                      for (int u = 0; u < 8; ++u)
+                        a += (qg[4 * u] * k4[u][0] + qg[4 * u + 1] * k4[u][1]) +
+                             (qg[4 * u + 2] * k4[u][2] + qg[4 * u + 3] * k4[u][3]);
+                      d[g] += a;
+                    }
+                }
+              }
+              if (wide)
+                for (; e + 4 <= hd; e += 4) {
+                  float k4[4];
+                  gemv::load_x<4>(kr + e, k4);
+                  for (int g = 0; g < 8; ++g)
+                    if (g < ng) {
+                      const float* qg = qs + (g0 + g) * hd + e;
+                      d[g] += (qg[0] * k4[0] + qg[1] * k4[1]) + (qg[2] * k4[2] + qg[3] * k4[3]);
+                    }
+                }
+              for (; e < hd; ++e) {
+                const float kv_e = kr[e];
+                for (int g = 0; g < 8; ++g)
+                  if (g < ng) d[g] += qs[(g0 + g) * hd + e] * kv_e;
+              }
+              for (int g = 0; g < ng; ++g) sc[(g0 + g) * C + i] = d[g] * sc_mul;
             }
           });
           team.team_barrier();
-          for (int g = 0; g < group; ++g) {
+          // softmax parts of each head over the split (max, exp, sum): one warp per head
+          Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group), [&](const int g) {
             float* sg = sc + g * C;
             float m = -3.0e38f;
             Kokkos::parallel_reduce(
-                Kokkos::TeamVectorRange(team, len),
+                Kokkos::ThreadVectorRange(team, len),
                 [&](const int i, float& mx) { mx = sg[i] > mx ? sg[i] : mx; },
                 Kokkos::Max<float>(m));
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, len),
-                                 [&](const int i) { sg[i] = kx::exp(sg[i] - m); });
-            team.team_barrier();
             float l = 0.0f;
             Kokkos::parallel_reduce(
-                Kokkos::TeamVectorRange(team, len), [&](const int i, float& a) { a += sg[i]; }, l);
-            const int h = kvh * group + g;
-            const std::size_t part = (static_cast<std::size_t>(s) * n_head + h) * ns + sp;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
-              // four independent sums keep four value loads in flight
-              float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-              const float* vr = vp + v_base + static_cast<std::size_t>(p0) * vvd + e;
-              const std::size_t st = static_cast<std::size_t>(vvd);
-              int i = 0;
-              for (; i + 4 <= len; i += 4) {
-                a0 += sg[i] * vr[i * st];
-                a1 += sg[i + 1] * vr[(i + 1) * st];
-                a2 += sg[i + 2] * vr[(i + 2) * st];
-                a3 += sg[i + 3] * vr[(i + 3) * st];
-              }
-              for (; i < len; ++i) a0 += sg[i] * vr[i * st];
-              po[part * vh + e] = (a0 + a1) + (a2 + a3);
-            });
-            Kokkos::single(Kokkos::PerTeam(team), [&]() {
+                Kokkos::ThreadVectorRange(team, len),
+                [&](const int i, float& a) {
+                  const float e = kx::exp(sg[i] - m);
+                  sg[i] = e;
+                  a += e;
+                },
+                l);
+            const std::size_t part =
+                (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
+            Kokkos::single(Kokkos::PerThread(team), [&]() {
               pml[part * 2] = m;
               pml[part * 2 + 1] = l;
             });
-          }
+          });
+          team.team_barrier();
+          // value mix, in parts of the split's positions (i ≡ part mod parts)
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * vq * parts), [&](const int x) {
+            const int part = x % parts, gq = x / parts;
+            const int g = gq / vq, c = (gq % vq) * vw;
+            const float* sg = sc + g * C;
+            const float* vr = vp + s * vst0 + static_cast<std::size_t>(p0) * vvd + kvh * vh + c;
+            float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, bb[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int i = part;
+            if (vwide) {
+              // eight positions at a time: their 16-byte loads in flight before they are used
+              for (; i + 7 * parts < len; i += 8 * parts) {
+                float v8[8][4];
+                for (int u = 0; u < 8; ++u)
+                  gemv::load_x<4>(vr + static_cast<std::size_t>(i + u * parts) * vvd, v8[u]);
+                for (int u = 0; u < 8; u += 2) {
+                  const float w0 = sg[i + u * parts], w1 = sg[i + (u + 1) * parts];
+                  for (int k = 0; k < 4; ++k) {
+                    a[k] += w0 * v8[u][k];
+                    bb[k] += w1 * v8[u + 1][k];
+                  }
+                }
+              }
+              for (; i + parts < len; i += 2 * parts) {
+                float v0[4], v1[4];
+                gemv::load_x<4>(vr + static_cast<std::size_t>(i) * vvd, v0);
+                gemv::load_x<4>(vr + static_cast<std::size_t>(i + parts) * vvd, v1);
+                const float w0 = sg[i], w1 = sg[i + parts];
+                for (int k = 0; k < 4; ++k) {
+                  a[k] += w0 * v0[k];
+                  bb[k] += w1 * v1[k];
+                }
+              }
+              if (i < len) {
+                float v0[4];
+                gemv::load_x<4>(vr + static_cast<std::size_t>(i) * vvd, v0);
+                for (int k = 0; k < 4; ++k) a[k] += sg[i] * v0[k];
+              }
+            } else {
+              for (; i + parts < len; i += 2 * parts) {
+                a[0] += sg[i] * vr[static_cast<std::size_t>(i) * vvd];
+                bb[0] += sg[i + parts] * vr[static_cast<std::size_t>(i + parts) * vvd];
+              }
+              if (i < len) a[0] += sg[i] * vr[static_cast<std::size_t>(i) * vvd];
+            }
+            float* dst = vs + (part * group + g) * vh + c;
+            for (int k = 0; k < vw; ++k) dst[k] = a[k] + bb[k];
+          });
+          team.team_barrier();
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * vh), [&](const int x) {
+            const int g = x / vh, e = x % vh;
+            float acc = 0.0f;
+            for (int k = 0; k < parts; ++k) acc += vs[(k * group + g) * vh + e];
+            const std::size_t part =
+                (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
+            po[part * vh + e] = acc;
+          });
         }
         // the last team of this (sequence, KV head) combines the splits: every thread makes
         // its partial writes visible before the team counts itself done
         Kokkos::memory_fence();
         team.team_barrier();
-        int* last = reinterpret_cast<int*>(sc + group * C);
         Kokkos::single(Kokkos::PerTeam(team), [&]() {
           const int done = Kokkos::atomic_fetch_add(&cnt[sk], 1);
           *last = done == ns - 1 ? 1 : 0;
@@ -195,30 +328,78 @@ void attention_decode_split(const E& exec, const CMat<E>& q,
         team.team_barrier();
         if (*last) {
           Kokkos::memory_fence();
-          const int active = (npos + C - 1) / C;
-          for (int g = 0; g < group; ++g) {
-            const int h = kvh * group + g;
-            const std::size_t part0 = (static_cast<std::size_t>(s) * n_head + h) * ns;
-            const float* vml = pml + part0 * 2;
-            const float* vo = po + part0 * vh;
-            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, vh), [&](const int e) {
+          if (!skipped) {
+            const int active = (npos + C - 1) / C;
+            // each split's factor exp(m_k - max) and the softmax denominator, one warp per head
+            float* fk = vs;  // the value sums are done with: [group][ns] factors, [group] sums
+            float* lsum = fk + group * ns;
+            Kokkos::parallel_for(Kokkos::TeamThreadRange(team, group), [&](const int g) {
+              const float* vml =
+                  pml + (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns * 2;
               float mx = -3.0e38f;
-              for (int k = 0; k < active; ++k) {
-                const float m = attn::load_shared(vml + 2 * k);
-                mx = m > mx ? m : mx;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, active),
+                  [&](const int k, float& m) {
+                    const float v = attn::load_shared(vml + 2 * k);
+                    m = v > m ? v : m;
+                  },
+                  Kokkos::Max<float>(mx));
+              float l = 0.0f;
+              Kokkos::parallel_reduce(
+                  Kokkos::ThreadVectorRange(team, active),
+                  [&](const int k, float& a) {
+                    const float f = kx::exp(attn::load_shared(vml + 2 * k) - mx);
+                    fk[g * ns + k] = f;
+                    a += attn::load_shared(vml + 2 * k + 1) * f;
+                  },
+                  l);
+              Kokkos::single(Kokkos::PerThread(team), [&]() { lsum[g] = l; });
+            });
+            team.team_barrier();
+            Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * vh), [&](const int x) {
+              const int g = x / vh, e = x % vh;
+              const int h = kvh * group + g;
+              const float* vo = po + (static_cast<std::size_t>(s) * n_head + h) * ns * vh + e;
+              const float* f = fk + g * ns;
+              // four independent sums keep four partial loads in flight
+              float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+              int k = 0;
+              for (; k + 4 <= active; k += 4) {
+                a0 += attn::load_shared(vo + static_cast<std::size_t>(k) * vh) * f[k];
+                a1 += attn::load_shared(vo + static_cast<std::size_t>(k + 1) * vh) * f[k + 1];
+                a2 += attn::load_shared(vo + static_cast<std::size_t>(k + 2) * vh) * f[k + 2];
+                a3 += attn::load_shared(vo + static_cast<std::size_t>(k + 3) * vh) * f[k + 3];
               }
-              float lsum = 0.0f, acc = 0.0f;
-              for (int k = 0; k < active; ++k) {
-                const float f = kx::exp(attn::load_shared(vml + 2 * k) - mx);
-                lsum += attn::load_shared(vml + 2 * k + 1) * f;
-                acc += attn::load_shared(vo + static_cast<std::size_t>(k) * vh + e) * f;
-              }
-              op[static_cast<std::size_t>(s) * od + h * vh + e] = acc / lsum;
+              for (; k < active; ++k)
+                a0 += attn::load_shared(vo + static_cast<std::size_t>(k) * vh) * f[k];
+              op[static_cast<std::size_t>(s) * od + h * vh + e] = ((a0 + a1) + (a2 + a3)) / lsum[g];
             });
           }
           Kokkos::single(Kokkos::PerTeam(team), [&]() { cnt[sk] = 0; });
         }
       });
+}
+
+/// The same over a dense cache (keys kc, values vc of one layer): hd the query / key head
+/// width, v_dim (0: hd) the value and output head width, scale (0: 1/sqrt(hd)) the softmax
+/// scale — a pruned layer keeps its model's 1/sqrt(head_dim).
+template <class E>
+void attention_decode_split(const E& exec, const CMat<E>& q,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& kc,
+                            const Kokkos::View<float***, Layout, DeviceOf<E>>& vc,
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq, int n_head, int n_kv,
+                            int hd, attn::DecodeWorkspace<E>& ws, int v_dim = 0,
+                            float scale = 0.0f) {
+  KVLayer<E> kv;
+  kv.k = kc;
+  kv.v = vc;
+  AttnShape sh;
+  sh.n_head = n_head;
+  sh.n_kv_head = n_kv;
+  sh.qk_dim = hd;
+  sh.v_dim = v_dim > 0 ? v_dim : hd;
+  sh.scale = scale > 0.0f ? scale : 1.0f / kx::sqrt(static_cast<float>(hd));
+  attention_decode_split(exec, q, kv, pos, out, n_seq, sh, ws);
 }
 
 /// Prefill attention: rows r = s·T + t at positions p0 + t, keys 0 … p0 + t of the cache.
@@ -247,7 +428,7 @@ void attention_prefill_tiled(const E& exec, const CMat<E>& q,
   Policy pol(exec, n_seq * n_head * nqb, threads, 1);
   pol = pol.set_scratch_size(0, Kokkos::PerTeam(Scratch::shmem_size(words)));
   Kokkos::parallel_for(
-      "sparsim::kernels::attention_prefill", pol, KOKKOS_LAMBDA(const Member& team) {
+      "sparsim::kernels::attention_prefill", light(pol), KOKKOS_LAMBDA(const Member& team) {
         const int b = team.league_rank();
         const int qb = b % nqb, sh_ = b / nqb;
         const int h = sh_ % n_head, s = sh_ / n_head;

@@ -116,7 +116,7 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   Policy pol = team_policy(exec, n * nh);
   pol = pol.set_scratch_size(1, Kokkos::PerTeam(ScratchVec::shmem_size(max_pos + qk)));
   Kokkos::parallel_for(
-      "sparsim::kernels::cached_attention", pol, KOKKOS_LAMBDA(const Team& team) {
+      "sparsim::kernels::cached_attention", light(pol), KOKKOS_LAMBDA(const Team& team) {
         const int r = team.league_rank() / nh;
         const int h = team.league_rank() % nh;
         const int s = row_seq(r), npos = row_pos(r) + 1;
@@ -176,7 +176,7 @@ void attention_mass(const E& exec, const CMat<E>& q, const KVLayer<E>& kv, const
       z("sparsim::attention_mass::sum", n_seq * T, nh);
   Kokkos::parallel_for(
       "sparsim::kernels::attention_mass_norm",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, nh}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * T, nh})),
       KOKKOS_LAMBDA(const int r, const int h) {
         const int s = r / T, npos = p0 + r % T + 1, kvh = h / group;
         float m = -3.0e38f;
@@ -192,7 +192,7 @@ void attention_mass(const E& exec, const CMat<E>& q, const KVLayer<E>& kv, const
       });
   Kokkos::parallel_for(
       "sparsim::kernels::attention_mass",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq, p0 + T}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq, p0 + T})),
       KOKKOS_LAMBDA(const int s, const int p) {
         double acc = 0.0;
         int cnt = 0;

@@ -13,7 +13,7 @@ void gather_rows(const E& exec, const CMat<E>& src, const IVec<E>& rows, const M
   const int n = static_cast<int>(rows.extent(0)), d = static_cast<int>(src.extent(1));
   Kokkos::parallel_for(
       "sparsim::kernels::gather_rows",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
       KOKKOS_LAMBDA(const int i, const int j) { dst(i, j) = src(rows(i), j); });
 }
 
@@ -24,7 +24,7 @@ void scatter_rows(const E& exec, const CMat<E>& src, const IVec<E>& rows, const 
   const int n = static_cast<int>(rows.extent(0)), d = static_cast<int>(src.extent(1));
   Kokkos::parallel_for(
       "sparsim::kernels::scatter_rows",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
       KOKKOS_LAMBDA(const int i, const int j) { dst(rows(i), j) = src(i, j); });
 }
 
@@ -34,7 +34,7 @@ void copy_rows_to(const E& exec, const CMat<E>& src, const IVec<E>& to, const Ma
   const int n = static_cast<int>(to.extent(0)), d = static_cast<int>(src.extent(1));
   Kokkos::parallel_for(
       "sparsim::kernels::copy_rows_to",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
       KOKKOS_LAMBDA(const int i, const int j) {
         if (to(i) >= 0) dst(to(i), j) = src(i, j);
       });

@@ -21,8 +21,9 @@
 ///  - SwiGLU:   h[t][o] = silu(gate_o·x) · (up_o·x)   (gate, up and SwiGLU in one launch)
 ///  - QKVRope:  q, k, v rows of one token; rotary pairs rotated, k and v written straight
 ///              into the KV cache at the token's position (Q/K/V + RoPE + cache store)
-/// and an optional RMSNorm of the input (x[t][j] · g[j] / rms(x[t])), computed by each team
-/// before its dot products (norm + projection in one launch).
+/// and an optional RMSNorm of the input (x[t][j] · g[j] / rms(x[t])): each warp sums x² from the
+/// same loads as its dot products with x ∘ g and scales the finished sums (norm + projection in
+/// one launch, with no reduction before the weights are read).
 #include "core/compat.hpp"
 #include "kernels/fast_math.hpp"
 #include "kernels/views.hpp"
@@ -67,8 +68,6 @@ namespace gemv {
 inline constexpr int kLanes = 32;
 /// Warps per team on devices (128 threads per block).
 inline constexpr int kWarpsPerTeam = 4;
-/// Tokens whose dot products a warp keeps in registers at once; more tokens are taken in groups.
-inline constexpr int kTokGroup = 4;
 
 /// Team shape: kWarpsPerTeam × kLanes on devices, one thread on the host.
 template <class E>
@@ -171,37 +170,37 @@ struct Input {
   float eps = 0;
 };
 
-/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
-/// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm).
-/// Chunks a lane loads before it multiplies: several 16-byte loads in flight per lane.
-inline constexpr int kUnroll = 2;
+/// Chunks a lane has in flight (16-byte loads issued before the multiply-adds that use them):
+/// four for one row per warp, two per row for two rows. Measured on an H200 (one warp per row,
+/// bf16 4096 x 4096): two chunks in flight reached 2.0 TB/s, four 2.9.
+template <int R>
+inline constexpr int kUnroll = R == 1 ? 4 : 2;
 
-/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1),
-/// into acc[r·NT + t]. inv[t] scales token t's input (1 without RMSNorm). The lane takes its
-/// chunks kUnroll at a time (loads first, then the multiply-adds), then the rest one by one.
-template <int R, int NT, bool kWide, class T>
+/// Slots of a warp's reduction: R·NT dot products, and with kNorm NT sums of squares.
+template <int R, int NT, bool kNorm>
+inline constexpr int kSlots = kNorm ? (R + 1) * NT : R * NT;
+
+/// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1,
+/// nt ≤ NT), into acc[r·NT + t]. With kNorm the products are with x ∘ g, and the lane also sums
+/// x² of each token into acc[R·NT + t] from the same loads: the RMSNorm's 1/rms is applied to
+/// the finished sums (finish_norm), so no team-wide reduction has to run before the weights are
+/// read. The lane takes its chunks kUnroll<R> at a time (all loads first, then the
+/// multiply-adds), then the rest one by one, then the elements past the last whole chunk.
+template <int R, int NT, bool kWide, bool kNorm, class T>
 KOKKOS_INLINE_FUNCTION void lane_dots(int lane, const T* const* w, int in, const Input& inp, int t0,
-                                      int nt, const float* inv, FArr<R * NT>& acc) {
+                                      int nt, FArr<kSlots<R, NT, kNorm>>& acc) {
   constexpr int V = kWide ? kVec<T> : 1;
+  constexpr int U = kUnroll<R>;
   const int chunks = in / V;
-  const auto load = [&](int c, float(&wv)[R][V], float(&gv)[V]) {
+  const auto madd = [&](int c, const float(&wv)[R][V]) {
     const int j = c * V;
-    for (int r = 0; r < R; ++r) {
-      if constexpr (kWide)
-        load_w<T>(w[r] + j, wv[r]);
-      else
-        wv[r][0] = to_f32(w[r][j]);
-    }
-    for (int i = 0; i < V; ++i) gv[i] = 1.0f;
-    if (inp.g) {
+    float gv[V];
+    if (kNorm) {
       if constexpr (kWide)
         load_x<V>(inp.g + j, gv);
       else
         gv[0] = inp.g[j];
     }
-  };
-  const auto madd = [&](int c, const float(&wv)[R][V], const float(&gv)[V]) {
-    const int j = c * V;
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
       float xv[V];
@@ -210,91 +209,147 @@ KOKKOS_INLINE_FUNCTION void lane_dots(int lane, const T* const* w, int in, const
         load_x<V>(xr, xv);
       else
         xv[0] = xr[0];
-      if (inp.g)
-        for (int i = 0; i < V; ++i) xv[i] *= gv[i] * inv[t];
+      if (kNorm) {
+        float ss = 0.0f;
+        for (int i = 0; i < V; ++i) {
+          ss += xv[i] * xv[i];
+          xv[i] *= gv[i];
+        }
+        acc.v[R * NT + t] += ss;
+      }
       for (int r = 0; r < R; ++r) {
-        float s = 0.0f;
-        for (int i = 0; i < V; ++i) s += xv[i] * wv[r][i];
-        acc.v[r * NT + t] += s;
+        float sum = 0.0f;
+        for (int i = 0; i < V; ++i) sum += xv[i] * wv[r][i];
+        acc.v[r * NT + t] += sum;
       }
     }
   };
+  const auto load = [&](int c, float(&wv)[R][V]) {
+    const int j = c * V;
+    for (int r = 0; r < R; ++r) {
+      if constexpr (kWide)
+        load_w<T>(w[r] + j, wv[r]);
+      else
+        wv[r][0] = to_f32(w[r][j]);
+    }
+  };
   int c = lane;
-  for (; c + (kUnroll - 1) * kLanes < chunks; c += kUnroll * kLanes) {
-    float wv[kUnroll][R][V], gv[kUnroll][V];
-    for (int u = 0; u < kUnroll; ++u) load(c + u * kLanes, wv[u], gv[u]);
-    for (int u = 0; u < kUnroll; ++u) madd(c + u * kLanes, wv[u], gv[u]);
+  for (; c + (U - 1) * kLanes < chunks; c += U * kLanes) {
+    float wv[U][R][V];
+    for (int u = 0; u < U; ++u) load(c + u * kLanes, wv[u]);
+    for (int u = 0; u < U; ++u) madd(c + u * kLanes, wv[u]);
   }
   for (; c < chunks; c += kLanes) {
-    float wv[R][V], gv[V];
-    load(c, wv, gv);
-    madd(c, wv, gv);
+    float wv[R][V];
+    load(c, wv);
+    madd(c, wv);
   }
   // the tail past the last whole chunk, one element per lane
   for (int j = chunks * V + lane; j < in; j += kLanes) {
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) break;
       float xv = inp.x[static_cast<std::size_t>(t0 + t) * inp.ldx + j];
-      if (inp.g) xv *= inp.g[j] * inv[t];
+      if (kNorm) {
+        acc.v[R * NT + t] += xv * xv;
+        xv *= inp.g[j];
+      }
       for (int r = 0; r < R; ++r) acc.v[r * NT + t] += xv * to_f32(w[r][j]);
     }
   }
 }
 
-/// inv_rms of tokens t0 … t0+nt−1 of x[·][0, in), reduced by the whole team (every thread of
-/// the team must call this). Fixed order: the team's reduction of per-thread strided sums.
-template <class Member>
-KOKKOS_INLINE_FUNCTION void team_inv_rms(const Member& team, const Input& inp, int in, int t0,
-                                         int nt, float* inv) {
-  for (int t = 0; t < kTokGroup; ++t) {
-    inv[t] = 1.0f;
-    if (t >= nt || !inp.g) continue;
-    const float* xr = inp.x + static_cast<std::size_t>(t0 + t) * inp.ldx;
-    float ss = 0.0f;
-    Kokkos::parallel_reduce(
-        Kokkos::TeamVectorRange(team, in), [&](const int j, float& a) { a += xr[j] * xr[j]; }, ss);
-    inv[t] = 1.0f / kx::sqrt(ss / static_cast<float>(in) + inp.eps);
+/// The RMSNorm applied to finished products: acc[r·NT + t] · 1/sqrt(mean(x_t²) + eps), the
+/// sums of squares in acc[R·NT + t].
+template <int R, int NT>
+KOKKOS_INLINE_FUNCTION void finish_norm(float* acc, int in, float eps) {
+  for (int t = 0; t < NT; ++t) {
+    const float inv = 1.0f / kx::sqrt(acc[R * NT + t] / static_cast<float>(in) + eps);
+    for (int r = 0; r < R; ++r) acc[r * NT + t] *= inv;
   }
 }
 
-template <bool kWide, int R, class E, class T, class Rows, class Epi>
+/// How a launch is shaped: teams (league size; the warps of the league take the units in turn,
+/// so a team normalises its input once for all the units its warps take) and tokens per group.
+struct Launch {
+  int teams = 0;      ///< 0: one team per kWarpsPerTeam units
+  int tok_group = 0;  ///< 0: 1 for one token, 4 for up to 4, else 8
+};
+
+template <bool kWide, bool kNorm, int R, int NT, class E, class T, class Rows, class Epi>
 void run_units_impl(const char* label, const E& exec, int units, int in, int n, const Input& inp,
-                    const Rows& rows, const Epi& epi) {
+                    int teams, const Rows& rows, const Epi& epi) {
   using Member = typename Kokkos::TeamPolicy<E>::member_type;
+  constexpr int S = kSlots<R, NT, kNorm>;
   const int lanes = kLanes;  // a local copy: namespace-scope constants are not device-addressable
+  const int warps = Shape<E>::warps;
+  const float eps = inp.eps;
   Kokkos::parallel_for(
-      label, Shape<E>::policy(exec, units), KOKKOS_LAMBDA(const Member& team) {
-        const int unit = team.league_rank() * team.team_size() + team.team_rank();
-        for (int t0 = 0; t0 < n; t0 += kTokGroup) {
-          const int nt = n - t0 < kTokGroup ? n - t0 : kTokGroup;
-          float inv[kTokGroup];
-          team_inv_rms(team, inp, in, t0, nt, inv);
-          if (unit < units) {
+      label, light(Kokkos::TeamPolicy<E>(exec, teams, warps, Shape<E>::vector)),
+      KOKKOS_LAMBDA(const Member& team) {
+        const int first = team.league_rank() * team.team_size() + team.team_rank();
+        const int stride = team.league_size() * team.team_size();
+        for (int t0 = 0; t0 < n; t0 += NT) {
+          const int nt = n - t0 < NT ? n - t0 : NT;
+          for (int unit = first; unit < units; unit += stride) {
             const T* w[R];
             rows(unit, w);
-            FArr<R * kTokGroup> acc;
+            FArr<S> acc;
             Kokkos::parallel_reduce(
                 Kokkos::ThreadVectorRange(team, lanes),
-                [&](const int lane, FArr<R * kTokGroup>& a) {
-                  lane_dots<R, kTokGroup, kWide, T>(lane, w, in, inp, t0, nt, inv, a);
+                [&](const int lane, FArr<S>& a) {
+                  lane_dots<R, NT, kWide, kNorm, T>(lane, w, in, inp, t0, nt, a);
                 },
                 acc);
-            Kokkos::single(Kokkos::PerThread(team), [&]() { epi(unit, t0, nt, acc); });
+            Kokkos::single(Kokkos::PerThread(team), [&]() {
+              if (kNorm) finish_norm<R, NT>(acc.v, in, eps);
+              epi(unit, t0, nt, acc.v, NT);
+            });
           }
         }
       });
 }
 
-/// Runs `epi(unit, t0, nt, acc)` after the dot products of the R rows `rows(unit, w)` chooses
-/// for each work unit, for all n tokens in groups of kTokGroup. The epilogue runs on one lane
-/// per warp. `wide`: 16-byte loads (see aligned()).
+template <bool kWide, bool kNorm, int R, class E, class T, class Rows, class Epi>
+void run_units_nt(const char* label, const E& exec, int units, int in, int n, const Input& inp,
+                  const Launch& how, const Rows& rows, const Epi& epi) {
+  const int warps = Shape<E>::warps;
+  // Devices: at most about 8 teams of 4 warps per multiprocessor (the concurrency over 256
+  // threads); the warps take the units in turn. On an H200 this made the 32000 x 4096 bf16 LM
+  // head 9% faster and the 49152 x 576 one 36% (fewer teams normalise the input) and changed
+  // nothing for 4096 rows.
+  int teams = (units + warps - 1) / warps;
+  if (!Shape<E>::host) {
+    const int cap = static_cast<int>(exec.concurrency() / 256);
+    if (cap > 0 && teams > cap) teams = cap;
+  }
+  if (how.teams > 0) teams = how.teams;
+  // tokens a warp keeps in registers at once: all of a decode batch of up to 8 rows, so that
+  // the weights are read once per call
+  const int g = how.tok_group > 0 ? how.tok_group : (n == 1 ? 1 : n <= 4 ? 4 : 8);
+  if (g == 1)
+    run_units_impl<kWide, kNorm, R, 1, E, T>(label, exec, units, in, n, inp, teams, rows, epi);
+  else if (g <= 4)
+    run_units_impl<kWide, kNorm, R, 4, E, T>(label, exec, units, in, n, inp, teams, rows, epi);
+  else
+    run_units_impl<kWide, kNorm, R, 8, E, T>(label, exec, units, in, n, inp, teams, rows, epi);
+}
+
+/// Runs `epi(unit, t0, nt, acc, stride)` after the dot products of the R rows `rows(unit, w)`
+/// chooses for each work unit: acc[r·stride + t] is row r with token t0 + t (t < nt), for all
+/// n tokens in groups. The epilogue runs on one lane per warp. `wide`: 16-byte loads (see
+/// aligned()); inp.g set: the input is RMS-normalised first.
 template <int R, class E, class T, class Rows, class Epi>
 void run_units(const char* label, const E& exec, int units, int in, int n, const Input& inp,
-               bool wide, const Rows& rows, const Epi& epi) {
-  if (wide)
-    run_units_impl<true, R, E, T>(label, exec, units, in, n, inp, rows, epi);
+               bool wide, const Rows& rows, const Epi& epi, const Launch& how = Launch()) {
+  const bool norm = inp.g != nullptr;
+  if (wide && norm)
+    run_units_nt<true, true, R, E, T>(label, exec, units, in, n, inp, how, rows, epi);
+  else if (wide)
+    run_units_nt<true, false, R, E, T>(label, exec, units, in, n, inp, how, rows, epi);
+  else if (norm)
+    run_units_nt<false, true, R, E, T>(label, exec, units, in, n, inp, how, rows, epi);
   else
-    run_units_impl<false, R, E, T>(label, exec, units, in, n, inp, rows, epi);
+    run_units_nt<false, false, R, E, T>(label, exec, units, in, n, inp, how, rows, epi);
 }
 
 }  // namespace gemv
@@ -320,10 +375,10 @@ void gemv_warp(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout, 
   gemv::run_units<1, E, T>(
       "sparsim::kernels::gemv_warp", exec, out, in, n, inp, wide,
       KOKKOS_LAMBDA(int o, const T** r) { r[0] = wp + static_cast<std::size_t>(o) * in; },
-      KOKKOS_LAMBDA(int o, int t0, int nt, const FArr<gemv::kTokGroup>& acc) {
+      KOKKOS_LAMBDA(int o, int t0, int nt, const float* acc, int) {
         for (int t = 0; t < nt; ++t) {
           float& dst = yp[static_cast<std::size_t>(t0 + t) * ldy + o];
-          dst = add ? dst + acc.v[t] : acc.v[t];
+          dst = add ? dst + acc[t] : acc[t];
         }
       });
 }
@@ -349,9 +404,9 @@ void gemv_swiglu(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layout
         r[0] = gp + static_cast<std::size_t>(o) * in;
         r[1] = up + static_cast<std::size_t>(o) * in;
       },
-      KOKKOS_LAMBDA(int o, int t0, int nt, const FArr<2 * gemv::kTokGroup>& acc) {
+      KOKKOS_LAMBDA(int o, int t0, int nt, const float* acc, int stride) {
         for (int t = 0; t < nt; ++t) {
-          const float gv = acc.v[t], uv = acc.v[gemv::kTokGroup + t];
+          const float gv = acc[t], uv = acc[stride + t];
           hp[static_cast<std::size_t>(t0 + t) * ldh + o] = detail::silu(gv) * uv;
         }
       });
@@ -385,9 +440,11 @@ struct QKPairs {
 /// Where the QKV kernel writes: q rows of the call, and the layer's KV cache.
 struct QKVTarget {
   float* q = nullptr;   ///< [n][q_dim]
-  float* kc = nullptr;  ///< key cache [seq][max_ctx][k_dim]
+  float* kc = nullptr;  ///< full-width key cache [seq][k_ctx][k_dim], position p at p − k_base
   float* vc = nullptr;  ///< value cache [seq][max_ctx][v_dim]
   int max_ctx = 0;
+  int k_ctx = 0;   ///< positions the key cache holds (0: max_ctx; max_ctx − k_base compacted)
+  int k_base = 0;  ///< compacted prompt positions (kept apart, not written here)
   const int* pos = nullptr;      ///< [n] position of each row (row t is sequence t / T_call)
   int T = 1;                     ///< tokens per sequence in the call
   const float* cos_t = nullptr;  ///< [max_ctx][head_dim/2]
@@ -452,13 +509,16 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
           r[1] = vp + static_cast<std::size_t>(r0 + 1) * in;
         }
       },
-      KOKKOS_LAMBDA(int u, int t0, int nt, const FArr<2 * gemv::kTokGroup>& acc) {
+      KOKKOS_LAMBDA(int u, int t0, int nt, const float* acc, int stride) {
         for (int t = 0; t < nt; ++t) {
           const int row = t0 + t;
           const int p = tg.pos[row];
           const int s = row / tg.T;
-          const float a = acc.v[t], b = acc.v[gemv::kTokGroup + t];
+          const float a = acc[t], b = acc[stride + t];
           const std::size_t cache_pos = static_cast<std::size_t>(s) * tg.max_ctx + p;
+          const std::size_t key_pos =
+              static_cast<std::size_t>(s) * (tg.k_ctx > 0 ? tg.k_ctx : tg.max_ctx) +
+              (p - tg.k_base);
           if (u < qpairs + kpairs) {
             const bool isq = u < qpairs;
             int r0, r1, j;
@@ -470,8 +530,8 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
               tg.q[static_cast<std::size_t>(row) * qd + r0] = ra;
               tg.q[static_cast<std::size_t>(row) * qd + r1] = rb;
             } else {
-              tg.kc[cache_pos * kd + r0] = ra;
-              tg.kc[cache_pos * kd + r1] = rb;
+              tg.kc[key_pos * kd + r0] = ra;
+              tg.kc[key_pos * kd + r1] = rb;
             }
           } else {
             const int r0 = 2 * (u - qpairs - kpairs);

@@ -7,8 +7,9 @@
 /// column-major transposes, so no copy is made. bf16 / f16 weights are read directly by a kernel
 /// in which one thread owns one output and sums in a fixed order; for large n they are first
 /// widened to fp32 in a scratch buffer so the GEMM path can be used; or, with the opt-in bf16
-/// compute (LinearScratch::bf16_compute, host only), the rows are rounded to bf16 and multiplied
-/// by oneDNN's bf16 matmul in the same fixed tiles.
+/// compute (LinearScratch::bf16_compute), the rows are rounded to bf16 and multiplied by oneDNN's
+/// bf16 matmul in the same fixed tiles on the host, or by cuBLAS on the tensor cores of a GPU.
+#include "core/device_blas.hpp"
 #include "gemm_bf16/bf16_gemm.hpp"
 #include "kernels/gemv_device.hpp"
 #include "kernels/host_gemv.hpp"
@@ -60,7 +61,7 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
     // dot_lanes, so the blocking never changes a bit.
     const std::size_t ld = w.stride(0);
     const int blocks = (out + kDirectRows - 1) / kDirectRows;
-    Kokkos::parallel_for("sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, blocks),
+    Kokkos::parallel_for("sparsim::kernels::linear_direct", light(Kokkos::RangePolicy<E>(exec, 0, blocks)),
                          [=](const int b) {
                            const int o0 = b * kDirectRows;
                            const int rows = out - o0 < kDirectRows ? out - o0 : kDirectRows;
@@ -70,7 +71,7 @@ void linear_direct(const E& exec, const CMat<E>& x, const Kokkos::View<T**, Layo
     return;
   }
   Kokkos::parallel_for(
-      "sparsim::kernels::linear_direct", Kokkos::RangePolicy<E>(exec, 0, out),
+      "sparsim::kernels::linear_direct", light(Kokkos::RangePolicy<E>(exec, 0, out)),
       KOKKOS_LAMBDA(const int o) {
         const T* wr = &w(o, 0);
         for (int t = 0; t < n; ++t) y(t, o) = dot_lanes(&x(t, 0), wr, in);
@@ -82,8 +83,8 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
   const int cols = static_cast<int>(w.extent(1));
   Kokkos::parallel_for(
       "sparsim::kernels::widen",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
-                                                {static_cast<int>(w.extent(0)), cols}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
+                                                {static_cast<int>(w.extent(0)), cols})),
       KOKKOS_LAMBDA(const int r, const int c) { dst(r, c) = to_f32(w(r, c)); });
 }
 
@@ -104,7 +105,7 @@ void for_each_host_tile(const E& exec, const char* label, int out, int n, int se
   const int n_seq = n / seg;
   const int rt = (out + kTileRows - 1) / kTileRows;
   const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
-  Kokkos::parallel_for(label, Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq), [=](const int i) {
+  Kokkos::parallel_for(label, light(Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq)), [=](const int i) {
     const int r0 = (i % rt) * kTileRows;
     const int tile = (i / rt) % ts, s = i / (rt * ts);
     const int t0 = tile * kTileTokens;
@@ -157,7 +158,7 @@ struct LinearScratch {
   Mat<E> wide;
   Kokkos::View<std::uint16_t*, DeviceOf<E>> rows16;
   /// Multi-row products with bf16 weights in bf16 arithmetic (rows rounded to bf16, fp32
-  /// accumulation) on the host; only set where host::bf16_gemm_available().
+  /// accumulation): oneDNN on the host (where host::bf16_gemm_available()), cuBLAS on CUDA.
   bool bf16_compute = false;
   Mat<E> get(int rows, int cols) {
     if (wide.extent(0) * wide.extent(1) < static_cast<std::size_t>(rows) * cols)
@@ -187,7 +188,7 @@ void bf16_linear(const E& exec, const CMat<E>& x,
   const int out = static_cast<int>(w.extent(0));
   std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
   Kokkos::parallel_for(
-      "sparsim::kernels::round_rows_bf16", Kokkos::RangePolicy<E>(exec, 0, n), [=](const int t) {
+      "sparsim::kernels::round_rows_bf16", light(Kokkos::RangePolicy<E>(exec, 0, n)), [=](const int t) {
         for (int k = 0; k < in; ++k)
           xb[static_cast<std::size_t>(t) * in + k] = bf16_t::from_float(x(t, k)).bits;
       });
@@ -203,6 +204,34 @@ void bf16_linear(const E& exec, const CMat<E>& x,
                            yp + static_cast<std::size_t>(t0) * ldy + r0, ldy, nt, nr, in);
                      });
 }
+
+#if defined(KOKKOS_ENABLE_CUDA)
+/// y = x · Wᵀ on a GPU's tensor cores: x rounded to bf16 (round to nearest even) in the scratch,
+/// bf16 W, fp32 accumulation (cuBLAS), one call per sequence of `seg` rows so that no row's
+/// bits depend on how many sequences share the call.
+inline void cuda_bf16_linear(const Kokkos::Cuda& exec, const CMat<Kokkos::Cuda>& x,
+                             const Kokkos::View<bf16_t**, Layout, DeviceOf<Kokkos::Cuda>>& w,
+                             const Mat<Kokkos::Cuda>& y, int seg,
+                             LinearScratch<Kokkos::Cuda>& scratch) {
+  const int n = static_cast<int>(x.extent(0));
+  const int in = static_cast<int>(w.extent(1));
+  const int out = static_cast<int>(w.extent(0));
+  std::uint16_t* xb = scratch.get16(static_cast<std::size_t>(n) * in);
+  const float* xp = x.data();
+  const std::size_t ldx = x.stride(0);
+  Kokkos::parallel_for(
+      "sparsim::kernels::round_rows_bf16",
+      light(Kokkos::RangePolicy<Kokkos::Cuda>(exec, 0, static_cast<std::size_t>(n) * in)),
+      KOKKOS_LAMBDA(const std::size_t i) {
+        xb[i] = bf16_t::from_float(xp[(i / in) * ldx + i % in]).bits;
+      });
+  const auto* wb = reinterpret_cast<const std::uint16_t*>(w.data());
+  const int ldw = static_cast<int>(w.stride(0)), ldy = static_cast<int>(y.stride(0));
+  for (int t0 = 0; t0 < n; t0 += seg)
+    device_blas::gemm_bf16_rows(exec, seg, out, in, xb + static_cast<std::size_t>(t0) * in, in,
+                                wb, ldw, y.data() + static_cast<std::size_t>(t0) * ldy, ldy);
+}
+#endif
 
 }  // namespace detail
 
@@ -242,11 +271,17 @@ void linear(const E& exec, const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y
     detail::blas_linear<E>(exec, x, w.f32, y, seg);
     return;
   }
-  if constexpr (host) {
-    if (scratch.bf16_compute && w.dtype == DType::BF16 && seg >= kWidenRows) {
+  if (scratch.bf16_compute && w.dtype == DType::BF16 && seg >= kWidenRows) {
+    if constexpr (host) {
       detail::bf16_linear<E>(exec, x, w.bf16, y, seg, scratch);
       return;
     }
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same_v<E, Kokkos::Cuda>) {
+      detail::cuda_bf16_linear(exec, x, w.bf16, y, seg, scratch);
+      return;
+    }
+#endif
   }
   if (seg >= kWidenRows) {
     Mat<E> wide = scratch.get(w.rows, w.cols);

@@ -17,7 +17,7 @@ void nll_rows(const E& exec, const CMat<E>& logits, const IVec<E>& target,
   const int V = static_cast<int>(logits.extent(1));
   using Team = typename Kokkos::TeamPolicy<E>::member_type;
   Kokkos::parallel_for(
-      "sparsim::kernels::nll", team_policy(exec, n), KOKKOS_LAMBDA(const Team& team) {
+      "sparsim::kernels::nll", light(team_policy(exec, n)), KOKKOS_LAMBDA(const Team& team) {
         const int r = team.league_rank();
         Kokkos::MaxLoc<float, int>::value_type best;
         Kokkos::parallel_reduce(

@@ -408,7 +408,7 @@ void mask_rows_team(const E& exec, const CMat<E>& x, const CVec<E>& norms,
   const bool has_kept = kept.extent(0) > 0, has_idx = idx.extent(0) > 0;
   const bool has_count = count.extent(0) > 0;
   Kokkos::parallel_for(
-      "sparsim::kernels::mask_rows", pol, KOKKOS_LAMBDA(const Member& t) {
+      "sparsim::kernels::mask_rows", light(pol), KOKKOS_LAMBDA(const Member& t) {
         const int r = t.league_rank();
         const float* xr = &x(r, 0);
         const float* nrm = has_norms ? norms.data() : nullptr;
@@ -534,7 +534,7 @@ void mask_rows(const E& exec, const CMat<E>& x, const CVec<E>& norms, const IVec
     const bool has_norms = norms.extent(0) > 0, has_rows = sparse_rows.extent(0) > 0;
     const bool has_kept = kept.extent(0) > 0;
     Kokkos::parallel_for(
-        "sparsim::kernels::mask_rows", Kokkos::RangePolicy<E>(exec, 0, n),
+        "sparsim::kernels::mask_rows", light(Kokkos::RangePolicy<E>(exec, 0, n)),
         KOKKOS_LAMBDA(const int r) {
           const float* xr = &x(r, 0);
           float* yr = &y(r, 0);

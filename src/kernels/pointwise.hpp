@@ -23,21 +23,21 @@ void embed(const E& exec, const Matrix<E>& emb, const IVec<E>& tokens, const Mat
     case DType::F32: {
       auto w = emb.f32;
       Kokkos::parallel_for(
-          "sparsim::kernels::embed", pol,
+          "sparsim::kernels::embed", light(pol),
           KOKKOS_LAMBDA(int t, int j) { out(t, j) = w(tokens(t), j); });
       break;
     }
     case DType::BF16: {
       auto w = emb.bf16;
       Kokkos::parallel_for(
-          "sparsim::kernels::embed", pol,
+          "sparsim::kernels::embed", light(pol),
           KOKKOS_LAMBDA(int t, int j) { out(t, j) = to_f32(w(tokens(t), j)); });
       break;
     }
     case DType::F16: {
       auto w = emb.f16;
       Kokkos::parallel_for(
-          "sparsim::kernels::embed", pol,
+          "sparsim::kernels::embed", light(pol),
           KOKKOS_LAMBDA(int t, int j) { out(t, j) = to_f32(w(tokens(t), j)); });
       break;
     }
@@ -51,7 +51,7 @@ void rmsnorm(const E& exec, const CMat<E>& x, const CVec<E>& g, float eps, const
   const int d = static_cast<int>(x.extent(1));
   using Team = typename Kokkos::TeamPolicy<E>::member_type;
   Kokkos::parallel_for(
-      "sparsim::kernels::rmsnorm", team_policy(exec, n), KOKKOS_LAMBDA(const Team& team) {
+      "sparsim::kernels::rmsnorm", light(team_policy(exec, n)), KOKKOS_LAMBDA(const Team& team) {
         const int t = team.league_rank();
         float ss = 0.0f;
         Kokkos::parallel_reduce(
@@ -100,7 +100,7 @@ void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, c
   if (n == 0) return;
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    Kokkos::parallel_for("sparsim::kernels::rope", Kokkos::RangePolicy<E>(exec, 0, n),
+    Kokkos::parallel_for("sparsim::kernels::rope", light(Kokkos::RangePolicy<E>(exec, 0, n)),
                          [=](const int t) {
                            const int p = pos(t);
                            detail::rope_row_host(q, t, qh, head_dim, adjacent, cos_t, sin_t, p);
@@ -110,7 +110,7 @@ void rope(const E& exec, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos, c
   }
   Kokkos::parallel_for(
       "sparsim::kernels::rope",
-      Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, half}),
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<3>>(exec, {0, 0, 0}, {n, qh + kh, half})),
       KOKKOS_LAMBDA(const int t, const int h, const int j) {
         const int p = pos(t);
         const float c = cos_t(p, j), s = sin_t(p, j);
@@ -243,7 +243,7 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
     const auto order = m.order;
     require(U <= kMaxRopeUnits, "rope_units: {} rotation units per head, at most {}", U,
             kMaxRopeUnits);
-    Kokkos::parallel_for("sparsim::kernels::rope_units", Kokkos::RangePolicy<E>(exec, 0, n),
+    Kokkos::parallel_for("sparsim::kernels::rope_units", light(Kokkos::RangePolicy<E>(exec, 0, n)),
                          [=](const int t) {
                            T c[kMaxRopeUnits], sn[kMaxRopeUnits];
                            const int p = rotate.pos(t);
@@ -278,7 +278,7 @@ void rope_units(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& q,
   // One flat range over (row, head, unit): a decode step's few hundred units are too little
   // work for a three-dimensional range's tiling, whose set-up cost more than the rotations.
   Kokkos::parallel_for(
-      "sparsim::kernels::rope_units", Kokkos::RangePolicy<E>(exec, 0, n * heads * U),
+      "sparsim::kernels::rope_units", light(Kokkos::RangePolicy<E>(exec, 0, n * heads * U)),
       KOKKOS_LAMBDA(const int i) { rotate(i / U / heads, i / U % heads, i % U); });
 }
 
@@ -290,7 +290,7 @@ void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     // A row per work item, a plain loop over its columns: vectorised with the branch-free silu.
-    Kokkos::parallel_for("sparsim::kernels::swiglu", Kokkos::RangePolicy<E>(exec, 0, n),
+    Kokkos::parallel_for("sparsim::kernels::swiglu", light(Kokkos::RangePolicy<E>(exec, 0, n)),
                          [=](const int t) {
                            float* g = &gate(t, 0);
                            const float* u = &up(t, 0);
@@ -299,7 +299,7 @@ void swiglu(const E& exec, const Mat<E>& gate, const CMat<E>& up) {
     return;
   }
   Kokkos::parallel_for(
-      "sparsim::kernels::swiglu", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      "sparsim::kernels::swiglu", light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
       KOKKOS_LAMBDA(const int t, const int j) {
         gate(t, j) = detail::silu(gate(t, j)) * up(t, j);
       });
@@ -311,7 +311,7 @@ void add_inplace(const E& exec, const Mat<E>& x, const CMat<E>& y) {
   const int n = static_cast<int>(x.extent(0));
   const int d = static_cast<int>(x.extent(1));
   Kokkos::parallel_for(
-      "sparsim::kernels::residual", Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d}),
+      "sparsim::kernels::residual", light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
       KOKKOS_LAMBDA(const int t, const int j) { x(t, j) += y(t, j); });
 }
 

@@ -69,7 +69,7 @@ void sparse_gemv_tiled(const E& exec, const CVec<E>& x, const IVec<E>& idx, int 
   const int out = static_cast<int>(wt.extent(1));
   const int tiles = (out + tile - 1) / tile;
   Kokkos::parallel_for(
-      "sparsim::kernels::sparse_gemv", Kokkos::RangePolicy<E>(exec, 0, tiles),
+      "sparsim::kernels::sparse_gemv", light(Kokkos::RangePolicy<E>(exec, 0, tiles)),
       [=](const int t) {  // host only: a plain lambda (the tile kernel is a host function)
         const int o0 = t * tile;
         const int n = out - o0 < tile ? out - o0 : tile;
@@ -174,7 +174,7 @@ void sparse_gemv_split_impl(const E& exec, const CVec<E>& x, const IVec<E>& idx,
   int* kp = work.kept_part.data();
   int* cnt = work.count.data();
   Kokkos::parallel_for(
-      "sparsim::kernels::sparse_gemv_split", pol, KOKKOS_LAMBDA(const Member& team) {
+      "sparsim::kernels::sparse_gemv_split", light(pol), KOKKOS_LAMBDA(const Member& team) {
         const int tile = team.league_rank() % tiles, sl = team.league_rank() / tiles;
         const int o0 = tile * tw;
         FScratch wsum(team.team_scratch(0), warps * tw);

@@ -1,5 +1,6 @@
 #include "model/loader.hpp"
 
+#include "core/device_blas.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "gemm_bf16/bf16_gemm.hpp"
@@ -119,7 +120,8 @@ void check_load_options(const LoadOptions& o) {
     throw UsageError(fmt::format(
         "--bf16-compute multiplies bf16 weights in bf16: it needs --storage bf16 (got {})",
         to_string(o.storage)));
-  if (!host::bf16_gemm_available())
+  // a CUDA build multiplies on the GPU (cuBLAS); the host backends need oneDNN's bf16 matmul
+  if (!host::bf16_gemm_available() && !device_blas::available())
     throw UsageError(
         fmt::format("--bf16-compute is unavailable: {}", host::bf16_gemm_unavailable_reason()));
 }
@@ -151,11 +153,16 @@ template <class E>
 std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOptions& opt,
                                        ModelInfo* info) {
   check_load_options(opt);
-  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
-                                            typename E::memory_space>::accessible)
-    require(!opt.bf16_compute,
-            "--bf16-compute runs on the host backends only (serial, openmp); a GPU multiplies "
-            "bf16 weights with its own library");
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    if (opt.bf16_compute && !host::bf16_gemm_available())
+      throw UsageError(fmt::format("--bf16-compute is unavailable on the host backends: {}{}",
+                                   host::bf16_gemm_unavailable_reason(),
+                                   device_blas::available() ? " (the cuda backend has it)" : ""));
+  } else {
+    if (opt.bf16_compute && !device_blas::available())
+      throw UsageError("--bf16-compute is unavailable on this device backend (it needs cuBLAS)");
+  }
   std::shared_ptr<Weights<E>> w = detect_model_format(path) == ModelFormat::HfDirectory
                                       ? load_safetensors<E>(path, opt, info)
                                       : load_gguf<E>(path, opt, info);

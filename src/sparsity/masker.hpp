@@ -58,7 +58,7 @@ template <class E, class M>
 void column_norms_into(const E& exec, const M& m, int rows, const Vec<E>& out) {
   Kokkos::parallel_for(
       "sparsim::sparsity::column_norms",
-      Kokkos::RangePolicy<E>(exec, 0, static_cast<int>(m.extent(1))), KOKKOS_LAMBDA(const int j) {
+      light(Kokkos::RangePolicy<E>(exec, 0, static_cast<int>(m.extent(1)))), KOKKOS_LAMBDA(const int j) {
         double acc = 0;
         for (int o = 0; o < rows; ++o) {
           const double v = to_f32(m(o, j));
