@@ -433,10 +433,11 @@ def discussion(s):
                    f"than pruned in {c['windows_lower']} of {c['n']} windows (mean Δ NLL "
                    f"{c['mean_nll_difference']:+.3f}, t = {c['t']:.1f}); against dense "
                    f"{d['mean_nll_difference']:+.3f} nats/token (lower in {d['windows_lower']} of "
-                   f"{d['n']}). The paper reports that LoRA–KD brings RAP at ρ = 0.7 back to near "
-                   "the dense perplexity on Llama-3-8B; the small model agrees in direction"
-                   + (", and the recovered model stays measurably worse than dense."
-                      if d["windows_lower"] == 0 else "."))
+                   f"{d['n']})."
+                   + (" The paper reports that LoRA–KD brings RAP at ρ = 0.7 back to near the "
+                      "dense perplexity on Llama-3-8B; the small model agrees in direction"
+                      + (", and the recovered model stays measurably worse than dense."
+                         if d["windows_lower"] == 0 else ".") if m == "rap" else ""))
     ms = st["methods"].split(",")
     if len(ms) == 2:
         a0, b0 = ppl(f"{ms[0]}_{tag}"), ppl(f"{ms[1]}_{tag}")
