@@ -266,6 +266,20 @@ TYPED_TEST(DeviceKernelTest, TiledPrefillAttentionMatchesReference) {
   }
 }
 
+/// The first `vd` channels of every `hd`-wide head of a cache [seq][pos][nkv·hd].
+template <class E>
+Cache<E> narrow_heads(const Cache<E>& full, int nkv, int hd, int vd) {
+  const int ns = static_cast<int>(full.extent(0)), np = static_cast<int>(full.extent(1));
+  Cache<E> out("narrow", ns, np, nkv * vd);
+  Kokkos::parallel_for(
+      "narrow", Kokkos::RangePolicy<E>(0, ns * np * nkv * vd), KOKKOS_LAMBDA(const int i) {
+        const int e = i % vd, g = (i / vd) % nkv, p = (i / (vd * nkv)) % np, s = i / (vd * nkv * np);
+        out(s, p, g * vd + e) = full(s, p, g * hd + e);
+      });
+  Kokkos::fence();
+  return out;
+}
+
 // Prefill attention as batched products around a causal softmax equals the reference kernel:
 // GQA and MHA, from position 0 and after a cached prefix, value heads narrower than the query
 // heads with another scale (a pruned layer), and prompts split into several chunks of scores.
@@ -277,17 +291,11 @@ TYPED_TEST(DeviceKernelTest, GemmPrefillAttentionMatchesReference) {
     for (const auto& tp : {std::array<int, 2>{1, 0}, std::array<int, 2>{37, 0},
                            std::array<int, 2>{70, 13}, std::array<int, 2>{64, 64}}) {
       const int T = tp[0], p0 = tp[1];
-      for (const int vd : {c.hd, c.hd / 2}) {
+      const int widths[2] = {c.hd, c.hd / 2};
+      for (const int vd : widths) {
         const float scale = vd == c.hd ? 1.0f / std::sqrt(static_cast<float>(c.hd)) : 0.3f;
         // a value cache vd wide: the first vd channels of each head of the full one
-        Kokkos::View<float***, Layout, DeviceOf<E>> vc("vc", c.n_seq, c.max_ctx, c.nkv * vd);
-        Kokkos::parallel_for(
-            "narrow", Kokkos::RangePolicy<E>(0, c.n_seq * c.max_ctx * c.nkv * vd),
-            KOKKOS_LAMBDA(const int i) {
-              const int e = i % vd, g = (i / vd) % c.nkv, p = (i / (vd * c.nkv)) % c.max_ctx,
-                        s = i / (vd * c.nkv * c.max_ctx);
-              vc(s, p, g * vd + e) = c.vc(s, p, g * c.hd + e);
-            });
+        const Cache<E> vc = narrow_heads<E>(c.vc, c.nkv, c.hd, vd);
         auto q = to_device<E>(
             random_vec(static_cast<std::size_t>(c.n_seq) * T * c.nh * c.hd, 80 + T + vd),
             c.n_seq * T, c.nh * c.hd);
@@ -295,7 +303,8 @@ TYPED_TEST(DeviceKernelTest, GemmPrefillAttentionMatchesReference) {
         attention(E(), CMat<E>(q), c.kc, vc, ref, c.n_seq, T, p0, c.nh, c.nkv, c.hd, vd, scale);
         const auto a = to_host(ref);
         // all (sequence, head) pairs in one chunk, and three pairs' scores per chunk
-        for (const std::size_t cap : {attn::kMaxScores, std::size_t(3) * T * (p0 + T)}) {
+        const std::size_t caps[2] = {attn::kMaxScores, std::size_t(3) * T * (p0 + T)};
+        for (const std::size_t cap : caps) {
           attention_prefill_gemm(E(), CMat<E>(q), c.kc, vc, got, c.n_seq, T, p0, c.nh, c.nkv,
                                  c.hd, vd, scale, ws, false, cap);
           const auto b = to_host(got);

@@ -68,6 +68,16 @@ class Report : public ::testing::Test {
                                               "wina,0.3,44.6,28\nwina,0.5,69.5,33\n";
   }
   static void TearDownTestSuite() { delete dir_; }
+  // The generator runs under the Python the build was configured with (scripts/setup.sh makes
+  // it, with matplotlib, pandas and jinja2); a machine without it (a GPU machine running a copied
+  // build) skips these tests and says why.
+  void SetUp() override {
+    static const bool usable =
+        run_cmd(python() + " -c 'import matplotlib, pandas, jinja2'").exit_code == 0;
+    if (!usable)
+      GTEST_SKIP() << "the report generator needs " << python()
+                   << " with matplotlib, pandas and jinja2 (scripts/setup.sh installs them)";
+  }
   static TempDir* dir_;
 };
 TempDir* Report::dir_ = nullptr;

@@ -185,9 +185,12 @@ def page(path, earlier):
                        f"attention op {d['attention_ratio']:.3f}; K cache "
                        f"{gr.get('k_bytes', 0) / max(gr.get('k_bytes_dense', 1), 1):.3f} of dense.")
         if rap and "attention_decode_ratio" in rap:
+            pre = rap.get("attention_prefill_ratio")
             out.append(f"- RAP ρ = 0.7 on a Llama-2-7B-shaped model of 4 layers: attention module "
                        f"{rap['attention_decode_ratio']:.3f} of dense per decode step at position "
-                       f"{rap.get('prompt_tokens')}, prefill {rap['attention_prefill_ratio']:.3f}.")
+                       f"{rap.get('prompt_tokens')} (op by op, a fence after each op)"
+                       + (f", prefill {pre:.3f}" if pre is not None else " (decode steps only)")
+                       + ".")
         out.append("")
     pred = r.get("predict", {})
     if pred:
