@@ -222,7 +222,7 @@ ProgressBar::Mode progress_mode(const std::string& arg, ProgressBar::Mode otherw
   return ::isatty(STDERR_FILENO) ? ProgressBar::Mode::Bar : otherwise;
 }
 
-void ProgressBar::update(int done, int total) {
+void ProgressBar::update(int done, int total, const std::string& detail) {
   if (mode_ == Mode::Off || total <= 0) return;
   const double now = now_s(), el = now - t0_;
   const double frac = static_cast<double>(done) / total;
@@ -233,15 +233,15 @@ void ProgressBar::update(int done, int total) {
     if (done == total && last_tenth_ == 10) return;
     last_tenth_ = done == total ? 10 : tenth;
     last_line_ = now;
-    std::fprintf(stderr, "%s: %d/%d (%.0f%%), %.1f s elapsed, ETA %.1f s\n", label_.c_str(), done,
-                 total, 100 * frac, el, eta);
+    std::fprintf(stderr, "%s: %d/%d (%.0f%%), %.1f s elapsed, ETA %.1f s%s%s\n", label_.c_str(),
+                 done, total, 100 * frac, el, eta, detail.empty() ? "" : ", ", detail.c_str());
     std::fflush(stderr);
     return;
   }
   const int width = 30, fill = static_cast<int>(frac * width);
-  std::fprintf(stderr, "\r%s [%s%s] %d/%d  %.1f s elapsed, ETA %.1f s ", label_.c_str(),
+  std::fprintf(stderr, "\r%s [%s%s] %d/%d  %.1f s elapsed, ETA %.1f s %s ", label_.c_str(),
                std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), done, total,
-               el, eta);
+               el, eta, detail.c_str());
   std::fflush(stderr);
   drawn_ = true;
 }

@@ -96,7 +96,8 @@ class ProgressBar {
   ProgressBar(std::string label, bool enabled)
       : ProgressBar(std::move(label), enabled ? Mode::Bar : Mode::Off) {}
   ProgressBar(std::string label, Mode mode);
-  void update(int done, int total);
+  /// `detail` (e.g. a running loss and rate) is shown after the counts.
+  void update(int done, int total, const std::string& detail = "");
   void finish();
 
  private:

@@ -90,6 +90,10 @@ std::string option_settings(const po::variables_map& vm, const std::set<std::str
   return out;
 }
 
+std::string settings_differences(const std::string& there, const std::string& here) {
+  return differences(there, here);
+}
+
 std::string file_stamp(const std::string& path) {
   struct stat st {};
   if (path.empty() || ::stat(path.c_str(), &st) != 0) return "absent";

@@ -26,6 +26,9 @@ struct EvalProgress {
 /// sparsim::Error for an option whose value type it does not know.
 std::string option_settings(const po::variables_map& vm, const std::set<std::string>& ignore);
 
+/// The settings lines that differ between two settings texts, as "name: X there, Y here".
+std::string settings_differences(const std::string& there, const std::string& here);
+
 /// Size and modification time of a file ("absent" when it does not exist), for settings that
 /// name input files whose content has no fingerprint of its own.
 std::string file_stamp(const std::string& path);

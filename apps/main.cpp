@@ -28,6 +28,7 @@ int cmd_sweep(int argc, char** argv);
 int cmd_collect(int argc, char** argv);
 int cmd_prune(int argc, char** argv);
 int cmd_compare(int argc, char** argv);
+int cmd_recover(int argc, char** argv);
 }  // namespace sparsim::app
 
 namespace {
@@ -49,6 +50,8 @@ const Command kCommands[] = {
      "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
     {"prune", sparsim::app::cmd_prune,
      "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model"},
+    {"recover", sparsim::app::cmd_recover,
+     "LoRA recovery of a pruned model, distilled from the model it was pruned from (GGUF)"},
     {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
     {"inspect", sparsim::app::cmd_inspect,
      "show a model file's metadata, tensors and memory needs; check them against each other"},

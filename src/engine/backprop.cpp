@@ -1,6 +1,7 @@
 #include "engine/backprop.hpp"
 
 #include "core/error.hpp"
+#include "core/interrupt.hpp"
 #include "kernels/linear.hpp"
 
 #include <KokkosBlas3_gemm.hpp>
@@ -257,6 +258,11 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
   };
   const T eps = static_cast<T>(c.rms_eps);
   const T scale = T(1) / std::sqrt(static_cast<T>(c.head_dim));
+  // y = x·Wᵀ, plus the hook's term where it has one
+  auto proj = [&](int l, Proj p, const M& x, const CM& w, const M& y) {
+    mm_nt<E, T>(exec_, CM(x), w, y);
+    if (hook_ && hook_->active(l, p)) hook_->forward(exec_, l, p, CM(x), y);
+  };
 
   embed_t<E, T>(exec_, w_->tok_embd, s.tok, s.acts[0].x);
   if (probe && probe->x0_row >= 0) {
@@ -272,13 +278,14 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
     s.gated = true;
   }
   for (int l = 0; l < L; ++l) {
+    interruption_point("backprop");
     auto& a = s.acts[static_cast<std::size_t>(l)];
     const auto& W = s.lw[static_cast<std::size_t>(l)];
     const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
     rmsnorm_t<E, T>(exec_, CM(a.x), CVec<E>(lw.attn_norm), eps, a.xn);
-    mm_nt<E, T>(exec_, CM(a.xn), W.wq, a.q);
-    mm_nt<E, T>(exec_, CM(a.xn), W.wk, a.kpre);
-    mm_nt<E, T>(exec_, CM(a.xn), W.wv, a.v);
+    proj(l, Proj::Q, a.xn, W.wq, a.q);
+    proj(l, Proj::K, a.xn, W.wk, a.kpre);
+    proj(l, Proj::V, a.xn, W.wv, a.v);
     if (probe && !probe->k_gate.empty()) {
       scale_columns<E, T>(exec_, a.kpre, gate_view(probe->k_gate, l, c.k_dim(l)));
       s.gated = true;
@@ -294,21 +301,27 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
                       c.qk_head_dim(l), c.v_head_dim(l), scale);
     // x2 = x + a·Woᵀ
     M o = part<E, T>(s.mid, n, D);
-    mm_nt<E, T>(exec_, CM(a.a), W.wo, o);
+    proj(l, Proj::O, a.a, W.wo, o);
     Kokkos::deep_copy(exec_, a.x2, a.x);
     add_t<E, T>(exec_, a.x2, CM(o));
     rmsnorm_t<E, T>(exec_, CM(a.x2), CVec<E>(lw.ffn_norm), eps, a.xn2);
-    mm_nt<E, T>(exec_, CM(a.xn2), W.wg, a.g);
-    mm_nt<E, T>(exec_, CM(a.xn2), W.wu, a.u);
+    proj(l, Proj::Gate, a.xn2, W.wg, a.g);
+    proj(l, Proj::Up, a.xn2, W.wu, a.u);
     M m = part<E, T>(s.dm, n, F);  // dm is free during the forward pass
     swiglu_t<E, T>(exec_, CM(a.g), CM(a.u), m);
     M next = l + 1 < L ? s.acts[static_cast<std::size_t>(l) + 1].x : s.xL;
-    mm_nt<E, T>(exec_, CM(m), W.wd, o);
+    proj(l, Proj::Down, m, W.wd, o);
     Kokkos::deep_copy(exec_, next, a.x2);
     add_t<E, T>(exec_, next, CM(o));
   }
   rmsnorm_t<E, T>(exec_, CM(s.xL), CVec<E>(w_->out_norm), eps, s.hf);
   mm_nt<E, T>(exec_, CM(s.hf), s.out_w, s.z);
+  if (loss_) {
+    const double loss = loss_->loss_and_gradient(exec_, s.z, s.tok);
+    exec_.fence();
+    s.have_forward = true;
+    return loss;
+  }
   cross_entropy_backward<E, T>(exec_, s.z, s.tok, s.nll);
   exec_.fence();
   auto hn = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s.nll);
@@ -335,6 +348,12 @@ void Backprop<E, T>::backward() {
   // LM head and final norm: dX = rmsnorm'(xL)·(dz·W_out)
   mm_nn<E, T>(exec_, CM(s.z), s.out_w, s.dh, false);
   rmsnorm_backward<E, T>(exec_, CM(s.xL), CVec<E>(w_->out_norm), eps, CM(s.dh), s.dX, false);
+  // dx (+)= dy·W, plus the hook's input gradient (and its weight gradients)
+  auto proj_back = [&](int l, Proj p, const M& x, const M& dy, const CM& w, const M& dx,
+                       bool accumulate) {
+    mm_nn<E, T>(exec_, CM(dy), w, dx, accumulate);
+    if (hook_ && hook_->active(l, p)) hook_->backward(exec_, l, p, CM(x), CM(dy), dx);
+  };
   auto column_grad = [&](const M& g, const M& x, int width, std::vector<double>& out) {
     auto cs = Kokkos::subview(s.colsum, Kokkos::make_pair(0, width));
     column_products<E, T>(exec_, CM(g), CM(x), cs);
@@ -343,29 +362,33 @@ void Backprop<E, T>::backward() {
     out.assign(h.data(), h.data() + width);
   };
   for (int l = L - 1; l >= 0; --l) {
+    interruption_point("backprop");
     auto& a = s.acts[static_cast<std::size_t>(l)];
     const auto& W = s.lw[static_cast<std::size_t>(l)];
     const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
     const int dqk = c.qk_head_dim(l), dvw = c.v_head_dim(l);
     // MLP: x_next = x2 + (silu(g) ⊙ u)·W_downᵀ
-    mm_nn<E, T>(exec_, CM(s.dX), W.wd, s.dm, false);
+    M m = part<E, T>(s.mid, n, c.d_ff);
+    if (hook_ && hook_->active(l, Proj::Down))  // the input of W_down, recomputed
+      swiglu_t<E, T>(exec_, CM(a.g), CM(a.u), m);
+    proj_back(l, Proj::Down, m, s.dX, W.wd, s.dm, false);
     swiglu_backward<E, T>(exec_, CM(a.g), CM(a.u), CM(s.dm), s.dg, s.du);
-    mm_nn<E, T>(exec_, CM(s.dg), W.wg, s.dh, false);
-    mm_nn<E, T>(exec_, CM(s.du), W.wu, s.dh, true);
+    proj_back(l, Proj::Gate, a.xn2, s.dg, W.wg, s.dh, false);
+    proj_back(l, Proj::Up, a.xn2, s.du, W.wu, s.dh, true);
     rmsnorm_backward<E, T>(exec_, CM(a.x2), CVec<E>(lw.ffn_norm), eps, CM(s.dh), s.dX, true);
     // attention: x2 = x + attention(rope(q), rope(k), v)·W_oᵀ
     M da = part<E, T>(s.da, n, c.att_dim(l)), dq = part<E, T>(s.dq, n, c.q_dim(l)),
       dk = part<E, T>(s.dk, n, c.k_dim(l)), dv = part<E, T>(s.dv, n, c.v_dim(l));
-    mm_nn<E, T>(exec_, CM(s.dX), W.wo, da, false);
+    proj_back(l, Proj::O, a.a, s.dX, W.wo, da, false);
     attention_backward<E, T>(exec_, CM(a.q), CM(a.k), CM(a.v), CM(a.a), CM(a.lse), CM(da), dq, dk,
                              dv, s.dsum, H, c.n_kv_head, dqk, dvw, scale);
     rope_units<E, T>(exec_, dq, dk, s.pos, CM(s.cos), CM(s.sin),
                      s.rope[static_cast<std::size_t>(l)], dqk, true);
     column_grad(dk, a.kpre, c.k_dim(l), gk_[static_cast<std::size_t>(l)]);
     column_grad(dv, a.v, c.v_dim(l), gv_[static_cast<std::size_t>(l)]);
-    mm_nn<E, T>(exec_, CM(dq), W.wq, s.dh, false);
-    mm_nn<E, T>(exec_, CM(dk), W.wk, s.dh, true);
-    mm_nn<E, T>(exec_, CM(dv), W.wv, s.dh, true);
+    proj_back(l, Proj::Q, a.xn, dq, W.wq, s.dh, false);
+    proj_back(l, Proj::K, a.xn, dk, W.wk, s.dh, true);
+    proj_back(l, Proj::V, a.xn, dv, W.wv, s.dh, true);
     rmsnorm_backward<E, T>(exec_, CM(a.x), CVec<E>(lw.attn_norm), eps, CM(s.dh), s.dX, true);
   }
   exec_.fence();

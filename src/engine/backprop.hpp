@@ -9,6 +9,10 @@
 ///             the gradient at the embedding output (the embedding itself is not differentiated,
 ///             no weight gradients are formed).
 ///
+/// Training (recovery/): a ProjectionHook adds trainable terms to chosen projections (LoRA) and
+/// forms their weight gradients in backward(); a LossHook replaces the cross-entropy (with
+/// distillation from a teacher). Neither is owned; without them the pass is the one above.
+///
 /// Along the way it forms the gate gradients of the K and V projection outputs (pre-RoPE):
 ///   G^K_ℓ[c] = Σ_t ∂L/∂k_{t,c}·k_{t,c},  G^V_ℓ[c] = Σ_t ∂L/∂v_{t,c}·v_{t,c},
 /// the derivative of L with respect to a gate m_c multiplying channel c (at m = 1), from which
@@ -20,6 +24,7 @@
 /// same code. Deterministic: every output element is owned by one thread with a fixed summation
 /// order (BLAS in fixed single-threaded tiles), so results are bitwise identical for any thread
 /// count. Pruned models (per-layer widths, RoPE units) are supported.
+#include "engine/backprop_hooks.hpp"
 #include "kernels/backward.hpp"
 #include "kernels/pointwise.hpp"
 #include "model/weights.hpp"
@@ -63,6 +68,11 @@ class Backprop {
   /// Logits of the last forward() before the loss ([n][vocab], row-major; tests).
   std::vector<double> logits() const;
 
+  /// Trainable projection terms and their weight gradients (nullptr: none).
+  void set_projection_hook(ProjectionHook<E, T>* h) { hook_ = h; }
+  /// The loss of forward() and its gradient at the logits (nullptr: next-token cross-entropy).
+  void set_loss_hook(LossHook<E, T>* h) { loss_ = h; }
+
   int max_tokens() const { return max_n_; }
   const Config& config() const { return w_->cfg; }
 
@@ -72,6 +82,8 @@ class Backprop {
   int max_n_;
   E exec_;
   std::unique_ptr<State> s_;
+  ProjectionHook<E, T>* hook_ = nullptr;
+  LossHook<E, T>* loss_ = nullptr;
   std::vector<std::vector<double>> gk_, gv_;
 };
 

@@ -1,0 +1,130 @@
+#include "recovery/distill.hpp"
+
+#include "core/error.hpp"
+
+#include <cmath>
+
+namespace sparsim::recovery {
+
+const char* kd_direction_name(KdDirection d) {
+  return d == KdDirection::Reverse ? "reverse" : "forward";
+}
+
+KdDirection parse_kd_direction(const std::string& s) {
+  if (s == "reverse") return KdDirection::Reverse;
+  if (s == "forward") return KdDirection::Forward;
+  fail(
+      "distillation direction must be reverse (KL(student || teacher)) or forward "
+      "(KL(teacher || student)), got '{}'",
+      s);
+}
+
+void DistillOptions::validate() const {
+  require(std::isfinite(temperature) && temperature > 0,
+          "distillation temperature must be a positive number, got {}", temperature);
+  require(std::isfinite(weight) && weight >= 0, "distillation weight must be a number >= 0, got {}",
+          weight);
+}
+
+template <class E, class T>
+DistillLoss<E, T>::DistillLoss(const DistillOptions& o, int max_tokens, int vocab, E exec)
+    : o_(o), rows_("sparsim::distill::rows", max_tokens, 2), exec_(exec) {
+  o_.validate();
+  require(max_tokens >= 2 && vocab >= 1, "distillation loss: {} tokens, vocabulary {}", max_tokens,
+          vocab);
+}
+
+template <class E, class T>
+double DistillLoss<E, T>::loss_and_gradient(const E& exec, const MatT<E, T>& z,
+                                            const IVec<E>& tok) {
+  const int n = static_cast<int>(z.extent(0)), V = static_cast<int>(z.extent(1));
+  require(n >= 2 && n <= static_cast<int>(rows_.extent(0)),
+          "distillation loss: {} tokens, expected 2 … {}", n, rows_.extent(0));
+  const bool kd = o_.weight > 0;
+  if (kd)
+    require(static_cast<int>(teacher_.extent(0)) >= n && static_cast<int>(teacher_.extent(1)) == V,
+            "distillation loss: the teacher's logits are {}×{}, the student's {}×{} (set_teacher "
+            "before each forward)",
+            teacher_.extent(0), teacher_.extent(1), n, V);
+  const auto zt = teacher_;
+  const auto rows = rows_;
+  const bool reverse = o_.direction == KdDirection::Reverse;
+  const T temp = static_cast<T>(o_.temperature);
+  const T inv_temp = T(1) / temp;
+  const T kd_scale = static_cast<T>(o_.weight * o_.temperature);  // w·T²·(1/T)
+  const T inv_n = T(1) / static_cast<T>(n - 1);
+  Kokkos::parallel_for(
+      "sparsim::distill::loss", Kokkos::RangePolicy<E>(exec, 0, n), KOKKOS_LAMBDA(int t) {
+        if (t == n - 1) {
+          for (int v = 0; v < V; ++v) z(t, v) = 0;
+          rows(t, 0) = 0;
+          rows(t, 1) = 0;
+          return;
+        }
+        const int y = tok(t + 1);
+        T mz = z(t, 0);
+        for (int v = 1; v < V; ++v) mz = z(t, v) > mz ? z(t, v) : mz;
+        double s1 = 0;
+        for (int v = 0; v < V; ++v) s1 += static_cast<double>(bwd::exp_(z(t, v) - mz));
+        const T ls1 = static_cast<T>(kx::log(s1));
+        rows(t, 0) = static_cast<double>(ls1) - static_cast<double>(z(t, y) - mz);
+        T lss = 0, lst = 0, mt = 0;
+        double kl = 0;
+        if (kd) {
+          mt = static_cast<T>(zt(t, 0));
+          for (int v = 1; v < V; ++v)
+            mt = static_cast<T>(zt(t, v)) > mt ? static_cast<T>(zt(t, v)) : mt;
+          double ss = 0, st = 0;
+          for (int v = 0; v < V; ++v) {
+            ss += static_cast<double>(bwd::exp_((z(t, v) - mz) * inv_temp));
+            st += static_cast<double>(bwd::exp_((static_cast<T>(zt(t, v)) - mt) * inv_temp));
+          }
+          lss = static_cast<T>(kx::log(ss));
+          lst = static_cast<T>(kx::log(st));
+          for (int v = 0; v < V; ++v) {
+            const T ls = (z(t, v) - mz) * inv_temp - lss;
+            const T lt = (static_cast<T>(zt(t, v)) - mt) * inv_temp - lst;
+            kl += reverse ? static_cast<double>(bwd::exp_(ls) * (ls - lt))
+                          : static_cast<double>(bwd::exp_(lt) * (lt - ls));
+          }
+        }
+        rows(t, 1) = kl;
+        const T klt = static_cast<T>(kl);
+        for (int v = 0; v < V; ++v) {
+          T g = bwd::exp_(z(t, v) - mz - ls1);
+          if (kd) {
+            const T ls = (z(t, v) - mz) * inv_temp - lss;
+            const T lt = (static_cast<T>(zt(t, v)) - mt) * inv_temp - lst;
+            const T ps = bwd::exp_(ls);
+            g += kd_scale * (reverse ? ps * (ls - lt - klt) : ps - bwd::exp_(lt));
+          }
+          z(t, v) = g * inv_n;
+        }
+        z(t, y) -= inv_n;
+      });
+  exec.fence();
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), rows_);
+  double ce = 0, kl = 0;
+  for (int t = 0; t + 1 < n; ++t) {
+    ce += h(t, 0);
+    kl += h(t, 1);
+  }
+  ce_ = ce / (n - 1);
+  kl_ = kl / (n - 1);
+  return ce_ + o_.weight * o_.temperature * o_.temperature * kl_;
+}
+
+#define SPARSIM_INSTANTIATE_DISTILL(E)  \
+  template class DistillLoss<E, float>; \
+  template class DistillLoss<E, double>;
+#ifdef KOKKOS_ENABLE_SERIAL
+SPARSIM_INSTANTIATE_DISTILL(Kokkos::Serial)
+#endif
+#ifdef KOKKOS_ENABLE_OPENMP
+SPARSIM_INSTANTIATE_DISTILL(Kokkos::OpenMP)
+#endif
+#ifdef KOKKOS_ENABLE_CUDA
+SPARSIM_INSTANTIATE_DISTILL(Kokkos::Cuda)
+#endif
+
+}  // namespace sparsim::recovery
