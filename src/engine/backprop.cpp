@@ -14,8 +14,15 @@ namespace sparsim {
 
 namespace {
 
-/// dx[n][in] = dy[n][out]·W[out][in] + beta·dx with BLAS, in fixed tiles of kTileRows input
-/// features × kTileTokens tokens on the host (each one single-threaded BLAS call), so every
+/// The host tile grid of the training products (forward and backward). Finer than the engine's:
+/// the projections of a small model have a few hundred rows (576, or 192 for K and V), which the
+/// engine's 512-row tiles would split into one large and one small tile (or a single one), leaving
+/// a thread idle; 64-row tiles of 128 tokens keep both cores busy. Fixed, like the engine's, so an
+/// element's summation does not depend on the thread count.
+constexpr detail::TileGrid kTrainTiles{64, 128};
+
+/// dx[n][in] = dy[n][out]·W[out][in] + beta·dx with BLAS, in the fixed tiles of kTrainTiles
+/// (input features × tokens) on the host (each one single-threaded BLAS call), so every
 /// element has the same summation whatever the thread count; one call on devices.
 template <class E>
 void blas_nn(const E& exec, const CMat<E>& dy, const CMat<E>& w, const Mat<E>& dx, float beta) {
@@ -38,16 +45,8 @@ void blas_nn(const E& exec, const CMat<E>& dy, const CMat<E>& w, const Mat<E>& d
   };
   exec.fence();
   if constexpr (bwd::on_host<E>()) {
-    const int rt = (in + detail::kTileRows - 1) / detail::kTileRows;
-    const int tt = (n + detail::kTileTokens - 1) / detail::kTileTokens;
-    Kokkos::parallel_for("sparsim::backprop::blas_nn_tiles",
-                         Kokkos::RangePolicy<E>(exec, 0, rt * tt), [=](const int i) {
-                           const int r0 = (i % rt) * detail::kTileRows;
-                           const int t0 = (i / rt) * detail::kTileTokens;
-                           call(r0, std::min(detail::kTileRows, in - r0), t0,
-                                std::min(detail::kTileTokens, n - t0));
-                         });
-    exec.fence();
+    detail::for_each_host_tile(exec, "sparsim::backprop::blas_nn_tiles", in, n, n, call,
+                               kTrainTiles);
   } else {
     call(0, in, 0, n);
   }
@@ -160,7 +159,8 @@ template <class E, class T>
 void mm_nt(const E& exec, const CMatT<E, T>& x, const CMatT<E, T>& w, const MatT<E, T>& y) {
   if constexpr (std::is_same_v<T, float>) {
     exec.fence();
-    detail::blas_linear<E>(exec, x, w, y, static_cast<int>(x.extent(0)));  // one sequence
+    detail::blas_linear<E>(exec, x, w, y, static_cast<int>(x.extent(0)),  // one sequence
+                           kTrainTiles);
   } else {
     matmul_nt_generic<E, T>(exec, x, w, y);
   }

@@ -97,25 +97,33 @@ void widen(const E& exec, const Kokkos::View<T**, Layout, DeviceOf<E>>& w, const
 inline constexpr int kTileRows = 512;
 inline constexpr int kTileTokens = 256;
 
+/// A host tile grid: output rows × tokens of one single-threaded BLAS call.
+struct TileGrid {
+  int rows = kTileRows;
+  int tokens = kTileTokens;
+};
+
 /// The host tiles of an (out × n) product whose n rows are sequences of `seg` rows: f(r0, nr, t0,
 /// nt) once per tile (output rows r0 … r0+nr−1, rows t0 … t0+nt−1), tiles in parallel, then a
 /// fence.
 template <class E, class F>
-void for_each_host_tile(const E& exec, const char* label, int out, int n, int seg, const F& f) {
+void for_each_host_tile(const E& exec, const char* label, int out, int n, int seg, const F& f,
+                        TileGrid g = {}) {
   const int n_seq = n / seg;
-  const int rt = (out + kTileRows - 1) / kTileRows;
-  const int ts = (seg + kTileTokens - 1) / kTileTokens;  // token tiles per sequence
+  const int rt = (out + g.rows - 1) / g.rows;
+  const int ts = (seg + g.tokens - 1) / g.tokens;  // token tiles per sequence
   Kokkos::parallel_for(label, light(Kokkos::RangePolicy<E>(exec, 0, rt * ts * n_seq)), [=](const int i) {
-    const int r0 = (i % rt) * kTileRows;
+    const int r0 = (i % rt) * g.rows;
     const int tile = (i / rt) % ts, s = i / (rt * ts);
-    const int t0 = tile * kTileTokens;
-    f(r0, std::min(kTileRows, out - r0), s * seg + t0, std::min(kTileTokens, seg - t0));
+    const int t0 = tile * g.tokens;
+    f(r0, std::min(g.rows, out - r0), s * seg + t0, std::min(g.tokens, seg - t0));
   });
   exec.fence();
 }
 
 template <class E>
-void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y, int seg) {
+void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>& y, int seg,
+                 TileGrid grid = {}) {
   using LL = Kokkos::View<const float**, Kokkos::LayoutLeft, DeviceOf<E>,
                           Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
   using LLout = Kokkos::View<float**, Kokkos::LayoutLeft, DeviceOf<E>,
@@ -141,7 +149,7 @@ void blas_linear(const E& exec, const CMat<E>& x, const CMat<E>& w, const Mat<E>
   };
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    for_each_host_tile(exec, "sparsim::kernels::linear_blas_tiles", out, n, seg, call);
+    for_each_host_tile(exec, "sparsim::kernels::linear_blas_tiles", out, n, seg, call, grid);
   } else {
     const int n_seq = n / seg;
     // One call per sequence: the vendor library picks its kernel from the call's shape, which
