@@ -200,6 +200,7 @@ LoraHook<E, T>::LoraHook(const std::vector<Adapter>& adapters, int n_layer, doub
   require(std::isfinite(dropout) && dropout >= 0 && dropout <= 0.9, "LoRA dropout {} invalid",
           dropout);
   int max_rank = 1, max_in = 1;
+  std::size_t max_size = 1;
   for (const Adapter& a : adapters) {
     require(a.layer >= 0 && a.layer < n_layer, "adapter {}: layer outside the model", a.name());
     int& ix = index_[static_cast<std::size_t>(a.layer) * kNumProj + static_cast<int>(a.proj)];
@@ -217,8 +218,10 @@ LoraHook<E, T>::LoraHook(const std::vector<Adapter>& adapters, int n_layer, doub
     slots_.push_back(s);
     max_rank = std::max(max_rank, a.rank);
     max_in = std::max(max_in, a.in);
+    max_size = std::max(max_size, static_cast<std::size_t>(a.rank) * std::max(a.in, a.out));
   }
   g_ = MatT<E, T>("sparsim::lora::g", max_tokens, max_rank);
+  acc_ = Kokkos::View<double*, DeviceOf<E>>("sparsim::lora::grad_sums", max_size);
   if (dropout > 0) xd_ = MatT<E, T>("sparsim::lora::dropped_x", max_tokens, max_in);
   upload(adapters);
 }
@@ -353,22 +356,41 @@ void LoraHook<E, T>::backward(const E& exec, int layer, Proj p, const CMatT<E, T
         for (int o = 0; o < out; ++o) acc += dy(t, o) * B(o, j);
         g(t, j) = acc;
       });
+  // The weight gradients are sums over the tokens, each element's in token order (0 … n−1) in
+  // double. A work item owns a block of kBlock rows of ∂L/∂B (columns of ∂L/∂A) and walks the
+  // tokens once, reading each token's row segment of dy (of drop(x)) contiguously.
+  constexpr int kBlock = 16;
+  const auto sums = acc_;
   // ∂L/∂B += s·dyᵀ·u
   Kokkos::parallel_for(
-      "sparsim::lora::grad_B", R2(exec, {0, 0}, {out, r}), KOKKOS_LAMBDA(int o, int j) {
-        double acc = 0;
+      "sparsim::lora::grad_B", Kokkos::RangePolicy<E>(exec, 0, (out + kBlock - 1) / kBlock),
+      KOKKOS_LAMBDA(int blk) {
+        const int o0 = blk * kBlock, o1 = o0 + kBlock < out ? o0 + kBlock : out;
+        for (int i = o0 * r; i < o1 * r; ++i) sums(i) = 0;
         for (int t = 0; t < n; ++t)
-          acc += static_cast<double>(dy(t, o)) * static_cast<double>(u(t, j));
-        gb(o, j) += scd * acc;
+          for (int o = o0; o < o1; ++o) {
+            const double d = static_cast<double>(dy(t, o));
+            for (int j = 0; j < r; ++j) sums(o * r + j) += d * static_cast<double>(u(t, j));
+          }
+        for (int o = o0; o < o1; ++o)
+          for (int j = 0; j < r; ++j) gb(o, j) += scd * sums(o * r + j);
       });
   // ∂L/∂A += s·gᵀ·drop(x)
   const CMatT<E, T> xd = dropped_input(exec, ix, x);
   Kokkos::parallel_for(
-      "sparsim::lora::grad_A", R2(exec, {0, 0}, {r, in}), KOKKOS_LAMBDA(int j, int i) {
-        double acc = 0;
+      "sparsim::lora::grad_A", Kokkos::RangePolicy<E>(exec, 0, (in + kBlock - 1) / kBlock),
+      KOKKOS_LAMBDA(int blk) {
+        const int i0 = blk * kBlock, i1 = i0 + kBlock < in ? i0 + kBlock : in;
+        for (int j = 0; j < r; ++j)
+          for (int i = i0; i < i1; ++i) sums(static_cast<std::size_t>(j) * in + i) = 0;
         for (int t = 0; t < n; ++t)
-          acc += static_cast<double>(g(t, j)) * static_cast<double>(xd(t, i));
-        ga(j, i) += scd * acc;
+          for (int j = 0; j < r; ++j) {
+            const double gj = static_cast<double>(g(t, j));
+            for (int i = i0; i < i1; ++i)
+              sums(static_cast<std::size_t>(j) * in + i) += gj * static_cast<double>(xd(t, i));
+          }
+        for (int j = 0; j < r; ++j)
+          for (int i = i0; i < i1; ++i) ga(j, i) += scd * sums(static_cast<std::size_t>(j) * in + i);
       });
   // ∂L/∂x += s·(g·A) ⊙ keep / (1 − p)
   Kokkos::parallel_for(

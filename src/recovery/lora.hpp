@@ -115,6 +115,7 @@ class LoraHook : public ProjectionHook<E, T> {
   std::vector<Slot> slots_;
   MatT<E, T> g_;   // scratch [max_tokens][rank]
   MatT<E, T> xd_;  // scratch [max_tokens][widest input]: drop(x)
+  Kokkos::View<double*, DeviceOf<E>> acc_;  // scratch: the weight-gradient sums of one adapter
   double scale_, dropout_;
   std::uint64_t key_ = 0;
   bool training_ = true;
