@@ -1230,6 +1230,28 @@ def block_llamacpp_agreement():
                      "greedy tokens", "file"], out)
 
 
+def block_recovery_step_cost():
+    j = _results("recovery_step_timing.json")
+    st, m = j["settings"], j["median"]
+    rows = []
+    for i, r in enumerate(j["runs"]):
+        t = r["timing"]
+        rows.append([str(i + 1), f"{t['median_step_seconds']:.3f}", f"{t['teacher_seconds']:.3f}",
+                     f"{t['forward_seconds']:.3f}", f"{t['backward_seconds']:.3f}",
+                     f"{t['update_seconds']:.3f}", f"{t['forward_seconds_per_step_tokens']:.3f}",
+                     f"{t['step_over_forward']:.2f}",
+                     f"{r['load_average_before'][0]:.2f} → {r['load_average_after'][0]:.2f}"])
+    table = md_table(["run", "step s (median)", "teacher s", "student forward s", "backward s",
+                      "update s", "forward of the same tokens s", "step / forward",
+                      "load (1 min) before → after"], rows)
+    return (table + "\n" +
+            f"Median over {len(j['runs'])} runs of {st['steps']} steps ({st['batch']} × {st['seq_len']} tokens, "
+            f"LoRA rank {st['lora_rank']}, {st['student']}, {st['threads']} threads, {j['machine']['model']}): "
+            f"**{m['step_over_forward']:.2f}×** the forward pass (goal ≤ 4×); peak memory "
+            f"{j['peak_rss_bytes'] / 2**20:.0f} MiB. `{j['command']}`, "
+            "[results/recovery_step_timing.json](results/recovery_step_timing.json).\n")
+
+
 BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_bench_vs_llamacpp,
           "decode-methods": block_decode_methods, "sparse-gemv": block_sparse_gemv,
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
@@ -1238,7 +1260,7 @@ BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_ben
           "kept-runs": block_kept_runs, "teal-mask-runs": block_teal_mask_runs,
           "decode-projections": block_decode_projections,
           "cost-validation-summary": block_cost_validation_summary, "decode-methods-7b": block_decode_methods_7b,
-          "portable-build": block_portable_build}
+          "portable-build": block_portable_build, "recovery-step-cost": block_recovery_step_cost}
 
 
 def cmd_docs_blocks(a):
