@@ -103,7 +103,9 @@ TEST(HostGemv, ReportsAnIsaTheCpuHas) {
       isa.size() > mark.size() && isa.compare(isa.size() - mark.size(), mark.size(), mark) == 0;
   if (fixed) isa.resize(isa.size() - mark.size());
   ASSERT_TRUE(isa == "x86-64-v4" || isa == "x86-64-v3" || isa == "baseline") << isa;
-  if (SPARSIM_HAS_CLONES) EXPECT_FALSE(fixed) << host::gemv_isa();
+  if (SPARSIM_HAS_CLONES) {
+    EXPECT_FALSE(fixed) << host::gemv_isa();
+  }
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
   if (isa == "x86-64-v4") {

@@ -1,7 +1,8 @@
 #pragma once
 /// View aliases used by the kernels: row-major, in the memory space of the execution space.
 #include "core/compat.hpp"
-#include "model/weights.hpp"
+#include "core/matrix.hpp"
+#include "core/rope_units.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -1,5 +1,7 @@
 #pragma once
 /// Llama hyper-parameters, as read from a model file's metadata.
+#include "core/rope_units.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -45,16 +47,6 @@ struct PruneRecord {
   int flops_context = 0;           ///< context the attention FLOP fraction is reported at
   std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
   std::string calibration;         ///< model and corpus fingerprints of the Fisher scores
-};
-
-/// The RoPE rotations of one layer, per KV head (query heads use their KV head's): each unit is
-/// either a pair (i0, i1) of channels of the (possibly reduced) head rotated together by the
-/// angle pos·θ_freq, i0 the first member: (a, b) → (a·cos − b·sin, a·sin + b·cos); or a single
-/// channel i0 (i1 = −1) whose RoPE partner was pruned: it is rotated with a zero partner and
-/// keeps its own component, x → x·cos. Heads are padded to the same unit count with i0 = −1.
-struct RopeUnits {
-  int units = 0;                  ///< units per KV head (after padding)
-  std::vector<int> i0, i1, freq;  ///< [n_kv_head][units]
 };
 
 struct Config {

@@ -2,6 +2,7 @@
 /// Model weights on the device. Shapes follow the model file: a projection W is [out][in]
 /// row-major, so the weights feeding one output are contiguous.
 #include "core/compat.hpp"
+#include "core/matrix.hpp"
 #include "core/types.hpp"
 #include "model/config.hpp"
 
@@ -10,24 +11,6 @@
 #include <vector>
 
 namespace sparsim {
-
-template <class ExecSpace>
-using DeviceOf = Kokkos::Device<ExecSpace, typename ExecSpace::memory_space>;
-
-/// A 2-D weight matrix in one of the storage types; exactly one of the views is allocated.
-template <class ExecSpace>
-struct Matrix {
-  using Dev = DeviceOf<ExecSpace>;
-  DType dtype = DType::F32;
-  int rows = 0;  ///< output features
-  int cols = 0;  ///< input features
-  Kokkos::View<float**, Layout, Dev> f32;
-  Kokkos::View<bf16_t**, Layout, Dev> bf16;
-  Kokkos::View<f16_t**, Layout, Dev> f16;
-
-  std::size_t bytes() const { return static_cast<std::size_t>(rows) * cols * dtype_size(dtype); }
-  bool empty() const { return rows == 0; }
-};
 
 /// The projections of one block, in a fixed order used by ledgers and records.
 enum class Proj { Q, K, V, O, Gate, Up, Down };

@@ -1,13 +1,16 @@
 #pragma once
 /// Fisher scores (fisher_scores.hpp) from backward passes over calibration sequences.
+#include "calibration/fisher_scores.hpp"
 #include "engine/backprop.hpp"
-#include "pruning/fisher_scores.hpp"
 
 #include <functional>
 #include <memory>
 #include <vector>
 
 namespace sparsim::pruning {
+
+using calibration::FisherScores;
+using calibration::rope_layout_name;
 
 /// Progress: (sequences done, total).
 using FisherProgress = std::function<void(int, int)>;

@@ -13,9 +13,9 @@
 /// group), W_k, W_v of the kept channels and the matching columns of W_o; RoPE rotates each kept
 /// pair by its original frequency, and an orphan with a zero partner (engine: RopeUnits); the
 /// softmax scale stays 1/√D.
+#include "calibration/fisher_scores.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
-#include "pruning/fisher_scores.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -24,6 +24,9 @@
 #include <vector>
 
 namespace sparsim::pruning {
+
+using calibration::FisherScores;
+using calibration::rope_layout_name;
 
 enum class PruneMethod { Rap, KvPruner };
 const char* method_name(PruneMethod m);

@@ -390,7 +390,8 @@ void LoraHook<E, T>::backward(const E& exec, int layer, Proj p, const CMatT<E, T
               sums(static_cast<std::size_t>(j) * in + i) += gj * static_cast<double>(xd(t, i));
           }
         for (int j = 0; j < r; ++j)
-          for (int i = i0; i < i1; ++i) ga(j, i) += scd * sums(static_cast<std::size_t>(j) * in + i);
+          for (int i = i0; i < i1; ++i)
+            ga(j, i) += scd * sums(static_cast<std::size_t>(j) * in + i);
       });
   // ∂L/∂x += s·(g·A) ⊙ keep / (1 − p)
   Kokkos::parallel_for(

@@ -470,7 +470,7 @@ void write_variant(io::Group g, const Calibration& c, const CalibrationVariant& 
   }
 }
 
-void write_fisher(io::Group g, const pruning::FisherScores& f) {
+void write_fisher(io::Group g, const calibration::FisherScores& f) {
   const auto S = static_cast<hsize_t>(f.sequences), L = static_cast<hsize_t>(f.n_layer),
              KV = static_cast<hsize_t>(f.kv_dim()), H = static_cast<hsize_t>(f.n_kv_head),
              P = static_cast<hsize_t>(f.head_dim / 2);
@@ -683,8 +683,8 @@ CalibrationVariant read_variant(const io::Group& g, const Calibration& c) {
   return v;
 }
 
-pruning::FisherScores read_fisher(const io::Group& g, const Calibration& c) {
-  pruning::FisherScores f;
+calibration::FisherScores read_fisher(const io::Group& g, const Calibration& c) {
+  calibration::FisherScores f;
   f.sequences = int_attr(g, "sequences");
   f.tokens = int_attr(g, "tokens");
   f.n_layer = c.n_layer;

@@ -3,9 +3,9 @@
 /// allocation (paper 000, Appendix D), the sensitivity-aware block budgets (Sec. 2.2, Eq. 5) and
 /// the calibration file `sparsim calibrate` writes (layout: docs/run-file-schema.md, "Calibration
 /// file"). Plain host code; the model enums come from model/weights.hpp.
+#include "calibration/fisher_scores.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
-#include "pruning/fisher_scores.hpp"
 #include "sparsity/histogram.hpp"
 
 #include <array>
@@ -198,7 +198,7 @@ struct Calibration {
   /// WINA-rotated model (WINA, TopK-Guided). Absent = not calibrated.
   std::optional<CalibrationVariant> rotated;
   /// Fisher scores of the K and V channels (RAP, KVPruner). Absent = not calibrated.
-  std::optional<pruning::FisherScores> fisher;
+  std::optional<calibration::FisherScores> fisher;
 
   /// Set by read_calibration to the path read (not stored in the file); used in messages.
   std::string file;

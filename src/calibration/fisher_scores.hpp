@@ -1,6 +1,7 @@
 #pragma once
 /// Fisher scores of the K and V projection output channels (METHODS.md §4, paper 003): the data
-/// `calibrate --fisher` writes and `prune` reads. Plain host code.
+/// `calibrate --fisher` writes (pruning/fisher.hpp computes them) and `prune` reads. Plain host
+/// code.
 ///
 /// A gate m_c multiplying channel c of the pre-RoPE key k (or the value v) has, at m = 1, the
 /// derivative G_c = Σ_t ∂L/∂k_{t,c}·k_{t,c} per sequence (L the next-token cross-entropy); its
@@ -14,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace sparsim::pruning {
+namespace sparsim::calibration {
 
 struct FisherScores {
   int sequences = 0;  ///< calibration sequences
@@ -44,7 +45,4 @@ struct FisherScores {
 /// RoPE layout name of a config ("adjacent" / "half").
 std::string rope_layout_name(RopeLayout l);
 
-/// RoPE layout name of a config ("adjacent" / "half").
-std::string rope_layout_name(RopeLayout l);
-
-}  // namespace sparsim::pruning
+}  // namespace sparsim::calibration
