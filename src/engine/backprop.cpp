@@ -1,5 +1,6 @@
 #include "engine/backprop.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
 #include "kernels/linear.hpp"
@@ -405,14 +406,6 @@ std::vector<double> Backprop<E, T>::input_grad() const {
 #define SPARSIM_INSTANTIATE_BACKPROP(E) \
   template class Backprop<E, float>;    \
   template class Backprop<E, double>;
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_BACKPROP(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_BACKPROP(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_BACKPROP(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_BACKPROP)
 
 }  // namespace sparsim

@@ -1,5 +1,6 @@
 #include "engine/engine.hpp"
 
+#include "core/backends.hpp"
 #include "core/device_blas.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
@@ -87,12 +88,13 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
       kv += 4.0 * max_seqs * static_cast<double>(max_ctx) * (sh.k_width() + sh.v_width());
     }
     if (device_blas::memory_info(free_b, total_b))
-      require(kv <= free_b,
-              "out of device memory: the KV cache of {} sequence{} x {} positions needs {:.2f} GiB, "
-              "{:.2f} GiB of the GPU's {:.2f} GiB are free (fewer sequences or a shorter context "
-              "need less)",
-              max_seqs, max_seqs == 1 ? "" : "s", max_ctx, kv / (1 << 30), free_b / (1 << 30),
-              total_b / (1 << 30));
+      require(
+          kv <= free_b,
+          "out of device memory: the KV cache of {} sequence{} x {} positions needs {:.2f} GiB, "
+          "{:.2f} GiB of the GPU's {:.2f} GiB are free (fewer sequences or a shorter context "
+          "need less)",
+          max_seqs, max_seqs == 1 ? "" : "s", max_ctx, kv / (1 << 30), free_b / (1 << 30),
+          total_b / (1 << 30));
   }
   cache_ = KVCache<E>(c, max_seqs, max_ctx);
   // a pruned layer that kept every channel rotates pair by pair, as a dense one (bitwise)
@@ -573,8 +575,8 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
   // Fused, each of these ops takes part in a projection's launch (launches) and owns no kernel
   // of its own (kernels 0).
   const bool rot = w_->rotated();
-  ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd,
-               2, fused ? 0 : 2);
+  ledger_->add(flops::Op::RMSNorm, l, ph, 2 * 4.0 * nd, 2 * 4.0 * nd, 2 * 8.0 * nd, 2 * 8.0 * nd, 2,
+               fused ? 0 : 2);
   const double qw = sh.q_width(), kw = sh.k_width();
   const double rf = 6.0 * n * (qw + kw) / 2, rr = 6.0 * (n_keep * qw + n * kw) / 2;
   const int rope_launches = fused || !(gated && n_keep > 0) ? 1 : 2;
@@ -636,8 +638,8 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
 }
 
 template <class E>
-void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0,
-                                 const int* skip, int kernels) {
+void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip,
+                                 int kernels) {
   const AttnShape& sh = cache_.shape(l);
   const KVLayer<E>& kv = cache_.layer(l);
   const int base = kv.k_base;
@@ -882,8 +884,8 @@ bool Engine<E>::fusable(int l) const {
   const bool widths =
       pruned_rope(l) ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
   (void)kv;  // compacted prompt keys and dropped positions: the split kernel reads them
-  return !(tgate_ && tgate_->active(l)) && widths &&
-         sh.v_dim <= c.head_dim && (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
+  return !(tgate_ && tgate_->active(l)) && widths && sh.v_dim <= c.head_dim &&
+         (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
          lw.w_up.dtype == lw.w_gate.dtype;
 }
@@ -1024,14 +1026,7 @@ bool Engine<E>::graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits) {
   return false;
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template class Engine<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template class Engine<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template class Engine<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_ENGINE(E) template class Engine<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_ENGINE)
 
 }  // namespace sparsim

@@ -1,5 +1,6 @@
 #include "engine/kv_cache.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 
 #include <algorithm>
@@ -161,14 +162,7 @@ std::size_t KVCache<E>::bytes() const {
   return b;
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template class KVCache<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template class KVCache<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template class KVCache<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_K_V_CACHE(E) template class KVCache<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_K_V_CACHE)
 
 }  // namespace sparsim

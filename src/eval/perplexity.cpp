@@ -1,5 +1,6 @@
 #include "eval/perplexity.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
 #include "kernels/loss.hpp"
@@ -168,14 +169,6 @@ double loglikelihood(Engine<E>& eng, const std::vector<int>& context,
                                    const Progress&, PplResume*);                                 \
   template double loglikelihood<E>(Engine<E>&, const std::vector<int>&, const std::vector<int>&, \
                                    bool*);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_EVAL(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_EVAL(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_EVAL(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_EVAL)
 
 }  // namespace sparsim

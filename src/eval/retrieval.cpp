@@ -1,5 +1,6 @@
 #include "eval/retrieval.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "model/synth.hpp"
 
@@ -197,14 +198,6 @@ RetrievalResult run_retrieval(Engine<E>& eng, const Tokenizer& tok,
   template RetrievalResult run_retrieval<E>(                                                    \
       Engine<E>&, const Tokenizer&, const std::vector<RetrievalItem>&, const RetrievalOptions&, \
       const std::function<void(int, int)>&);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_RETRIEVAL(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_RETRIEVAL(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_RETRIEVAL(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_RETRIEVAL)
 
 }  // namespace sparsim

@@ -1,5 +1,6 @@
 #include "eval/tasks.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "eval/corpus.hpp"
 #include "eval/perplexity.hpp"
@@ -93,20 +94,9 @@ TaskResult score_tasks(Engine<E>& eng, const Tokenizer& tok, const std::vector<T
   return r;
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template TaskResult score_tasks<Kokkos::Serial>(Engine<Kokkos::Serial>&, const Tokenizer&,
-                                                const std::vector<TaskItem>&, bool,
-                                                const std::function<void(int, int)>&);
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template TaskResult score_tasks<Kokkos::OpenMP>(Engine<Kokkos::OpenMP>&, const Tokenizer&,
-                                                const std::vector<TaskItem>&, bool,
-                                                const std::function<void(int, int)>&);
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template TaskResult score_tasks<Kokkos::Cuda>(Engine<Kokkos::Cuda>&, const Tokenizer&,
-                                              const std::vector<TaskItem>&, bool,
-                                              const std::function<void(int, int)>&);
-#endif
+#define SPARSIM_INSTANTIATE_TASKS(E)                                                             \
+  template TaskResult score_tasks<E>(Engine<E>&, const Tokenizer&, const std::vector<TaskItem>&, \
+                                     bool, const std::function<void(int, int)>&);
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_TASKS)
 
 }  // namespace sparsim

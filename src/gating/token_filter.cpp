@@ -1,5 +1,6 @@
 #include "gating/token_filter.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "io/hdf5.hpp"
 
@@ -449,14 +450,7 @@ void TokenFilter<E>::write(io::Group& g) const {
   }
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template class TokenFilter<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template class TokenFilter<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template class TokenFilter<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_TOKEN_FILTER(E) template class TokenFilter<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_TOKEN_FILTER)
 
 }  // namespace sparsim::gating

@@ -1,5 +1,6 @@
 #include "model/loader.hpp"
 
+#include "core/backends.hpp"
 #include "core/device_blas.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
@@ -175,14 +176,6 @@ std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOption
                                                     ModelInfo*);                             \
   template std::shared_ptr<Weights<E>> load_model<E>(const std::string&, const LoadOptions&, \
                                                      ModelInfo*);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_LOADER(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_LOADER(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_LOADER(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_LOADER)
 
 }  // namespace sparsim

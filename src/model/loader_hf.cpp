@@ -1,4 +1,5 @@
 // Hugging Face Llama checkpoints: config.json + safetensors weights (one file or shards).
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "model/consistency.hpp"
@@ -382,14 +383,6 @@ std::shared_ptr<Weights<E>> load_safetensors(const std::string& path, const Load
 #define SPARSIM_INSTANTIATE_HF_LOADER(E)                                                           \
   template std::shared_ptr<Weights<E>> load_safetensors<E>(const std::string&, const LoadOptions&, \
                                                            ModelInfo*);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_HF_LOADER(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_HF_LOADER(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_HF_LOADER(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_HF_LOADER)
 
 }  // namespace sparsim

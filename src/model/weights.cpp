@@ -1,4 +1,5 @@
 #include "model/weights.hpp"
+#include "core/backends.hpp"
 
 namespace sparsim {
 
@@ -52,14 +53,7 @@ std::size_t Weights<E>::bytes() const {
   return b;
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template struct Weights<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template struct Weights<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template struct Weights<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_WEIGHTS(E) template struct Weights<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_WEIGHTS)
 
 }  // namespace sparsim

@@ -1,5 +1,6 @@
 #include "pruning/fisher.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 
@@ -54,14 +55,6 @@ FisherScores fisher_scores(std::shared_ptr<const Weights<E>> w,
   template FisherScores fisher_scores<E>(std::shared_ptr<const Weights<E>>,    \
                                          const std::vector<std::vector<int>>&, \
                                          const FisherProgress&);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_FISHER(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_FISHER(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_FISHER(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_FISHER)
 
 }  // namespace sparsim::pruning

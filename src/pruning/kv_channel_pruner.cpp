@@ -1,5 +1,6 @@
 #include "pruning/kv_channel_pruner.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "io/hdf5.hpp"
@@ -278,14 +279,7 @@ void KvChannelPruner<E>::write(io::Group& g) const {
   }
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template class KvChannelPruner<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template class KvChannelPruner<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template class KvChannelPruner<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_KV_CHANNEL_PRUNER(E) template class KvChannelPruner<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_KV_CHANNEL_PRUNER)
 
 }  // namespace sparsim::pruning

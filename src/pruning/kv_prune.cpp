@@ -1,5 +1,6 @@
 #include "pruning/kv_prune.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 
 #include <fmt/format.h>
@@ -358,14 +359,6 @@ std::string PruneReport::table() const {
 
 #define SPARSIM_INSTANTIATE_PRUNE(E) \
   template std::shared_ptr<Weights<E>> fuse_pruned<E>(const Weights<E>&, const Config&);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_PRUNE(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_PRUNE(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_PRUNE(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_PRUNE)
 
 }  // namespace sparsim::pruning

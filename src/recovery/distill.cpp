@@ -1,5 +1,6 @@
 #include "recovery/distill.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 
 #include <cmath>
@@ -145,14 +146,6 @@ double DistillLoss<E, T>::loss_and_gradient(const E& exec, const MatT<E, T>& z,
 #define SPARSIM_INSTANTIATE_DISTILL(E)  \
   template class DistillLoss<E, float>; \
   template class DistillLoss<E, double>;
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_DISTILL(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_DISTILL(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_DISTILL(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_DISTILL)
 
 }  // namespace sparsim::recovery

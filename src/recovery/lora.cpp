@@ -1,5 +1,6 @@
 #include "recovery/lora.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "model/synth.hpp"
 #include "recovery/hash.hpp"
@@ -409,14 +410,6 @@ void LoraHook<E, T>::backward(const E& exec, int layer, Proj p, const CMatT<E, T
                                                          const std::vector<Adapter>&, double); \
   template class LoraHook<E, float>;                                                           \
   template class LoraHook<E, double>;
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_LORA(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_LORA(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_LORA(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_LORA)
 
 }  // namespace sparsim::recovery

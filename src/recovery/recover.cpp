@@ -1,5 +1,6 @@
 #include "recovery/recover.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/interrupt.hpp"
 #include "core/timer.hpp"
@@ -273,14 +274,7 @@ std::vector<float> Recoverer<E>::student_logits(const std::vector<int>& tokens) 
   return cap.logits;
 }
 
-#ifdef KOKKOS_ENABLE_SERIAL
-template class Recoverer<Kokkos::Serial>;
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-template class Recoverer<Kokkos::OpenMP>;
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-template class Recoverer<Kokkos::Cuda>;
-#endif
+#define SPARSIM_INSTANTIATE_RECOVERER(E) template class Recoverer<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_RECOVERER)
 
 }  // namespace sparsim::recovery

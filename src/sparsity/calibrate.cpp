@@ -1,5 +1,6 @@
 #include "sparsity/calibrate.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -275,14 +276,6 @@ void calibrate_variant(std::shared_ptr<const Weights<E>> w, const std::vector<in
                                      const CalibrateOptions&, ProbeMasking, CalibrationVariant&,  \
                                      const CalibrateProgress&, std::vector<Calibration::Timing>*, \
                                      const std::string&);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_CALIBRATE(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_CALIBRATE(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_CALIBRATE(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_CALIBRATE)
 
 }  // namespace sparsim::sparsity

@@ -1,5 +1,6 @@
 #include "sparsity/rotation.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 
 #include <cblas.h>
@@ -470,14 +471,6 @@ std::shared_ptr<Weights<E>> apply_rotation(const Weights<E>& w, const Rotation& 
   template Rotation compute_rotation<E>(const Weights<E>&);                                  \
   template std::shared_ptr<Weights<E>> apply_rotation<E>(const Weights<E>&, const Rotation&, \
                                                          DType, DType);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_ROTATION(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_ROTATION(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_ROTATION(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_ROTATION)
 
 }  // namespace sparsim::sparsity
