@@ -138,6 +138,8 @@ int cmd_eval(int argc, char** argv) {
              ma.cal ? ma.cal->n_layer : (check_only ? std::numeric_limits<int>::max() : 0));
   const bool ruler = task == "ruler" || task.rfind("ruler:", 0) == 0;
   const bool retrieval = !task.empty() && !ruler;
+  for (const char* o : {"ruler-lengths", "ruler-depths", "ruler-samples", "ruler-seed"})
+    require(ruler || !vm.count(o) || vm[o].defaulted(), "--{} needs --task ruler[:subset]", o);
   if (ruler) {
     ruo.tasks = parse_ruler_subset(task.size() > 6 ? task.substr(6) : "");
     for (double x :

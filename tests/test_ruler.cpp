@@ -351,6 +351,7 @@ TEST_F(CliRuler, BadInputFailsWithoutOutput) {
       {"--task ruler --ruler-lengths 100", "too short"},
       {"--task ruler --ruler-lengths 1024 --ruler-depths 0,2", "outside"},
       {"--task ruler:vt,vt --ruler-lengths 1024", "named twice"},
+      {"--task passkey --ruler-samples 5", "--ruler-samples needs --task ruler"},
   };
   for (const auto& [args, msg] : cases) {
     const RunResult r = run_cmd(eval(args + sink));
