@@ -9,6 +9,7 @@
 #include "eval/corpus.hpp"
 #include "eval/perplexity.hpp"
 #include "eval/retrieval.hpp"
+#include "eval/ruler.hpp"
 #include "eval/tasks.hpp"
 #include "eval_checkpoint.hpp"
 #include "io/run_file.hpp"
@@ -55,6 +56,8 @@ int cmd_eval(int argc, char** argv) {
   bool strict = false, bf16_compute = false, no_ppl = false, save_tokens = false, tf_mass = false;
   std::string task, ret_lengths = "2048,4096,8192", ret_depths = "0,0.25,0.5,0.75,1";
   RetrievalOptions ro;
+  RulerOptions ruo;
+  std::string ruler_lengths, ruler_depths = "0,0.25,0.5,0.75,1";
   MethodArgs ma;
   DumpArgs da;
   po::options_description d("sparsim eval options");
@@ -77,9 +80,12 @@ int cmd_eval(int argc, char** argv) {
       "tasks", po::value(&tasks_path), "multiple-choice tasks: JSONL {context, choices, gold}")(
       "task", po::value(&task),
       "generated long-context retrieval task: passkey (a number hidden in corpus text) or "
-      "kv-needle (the value of a named key); scored by exact match of the greedy answer")(
-      "retrieval-lengths", po::value(&ret_lengths)->default_value(ret_lengths),
-      "retrieval prompt lengths in tokens, comma separated")(
+      "kv-needle (the value of a named key); scored by exact match of the greedy answer; or "
+      "ruler[:subset], the generated suite (docs/eval.md): subset is a comma list of "
+      "niah_single, niah_multikey, niah_multivalue, niah_multiquery, niah (those four), vt, cwe, "
+      "fwe; all when omitted")("retrieval-lengths",
+                               po::value(&ret_lengths)->default_value(ret_lengths),
+                               "retrieval prompt lengths in tokens, comma separated")(
       "retrieval-depths", po::value(&ret_depths)->default_value(ret_depths),
       "retrieval needle depths in [0, 1], comma separated")(
       "retrieval-samples", po::value(&ro.samples)->default_value(1),
@@ -87,7 +93,17 @@ int cmd_eval(int argc, char** argv) {
                                                     po::value(&ro.seed)->default_value(1),
                                                     "retrieval keys, names and filler offsets")(
       "retrieval-digits", po::value(&ro.digits)->default_value(5),
-      "digits of the retrieved number");
+      "digits of the retrieved number")(
+      "ruler-lengths", po::value(&ruler_lengths),
+      "ruler: lengths in tokens (prompt + generation budget), comma separated (default: 1024, "
+      "2048, … up to the model's context)")(
+      "ruler-depths", po::value(&ruler_depths)->default_value(ruler_depths),
+      "ruler: needle depths in [0, 1] of the niah tasks, cycled over a cell's samples")(
+      "ruler-samples", po::value(&ruo.samples)->default_value(20),
+      "ruler: prompts per (task, length) cell")(
+      "ruler-seed", po::value(&ruo.seed)->default_value(1),
+      "ruler: seed of the generated prompts (an item depends on seed, task, length and sample "
+      "only, so a subset builds the same prompts)");
   ma.add_options(d);
   d.add_options()("tf-attention-mass", po::bool_switch(&tf_mass),
                   "Token Filtering: also run the dense model over the first window and record, "
@@ -120,10 +136,26 @@ int cmd_eval(int argc, char** argv) {
   // Without the calibration file (--check-options) the layer count is not known yet.
   da.resolve(vm, ma.sparse(), !out.empty(),
              ma.cal ? ma.cal->n_layer : (check_only ? std::numeric_limits<int>::max() : 0));
-  const bool retrieval = !task.empty();
+  const bool ruler = task == "ruler" || task.rfind("ruler:", 0) == 0;
+  const bool retrieval = !task.empty() && !ruler;
+  for (const char* o : {"ruler-lengths", "ruler-depths", "ruler-samples", "ruler-seed"})
+    require(ruler || !vm.count(o) || vm[o].defaulted(), "--{} needs --task ruler[:subset]", o);
+  if (ruler) {
+    ruo.tasks = parse_ruler_subset(task.size() > 6 ? task.substr(6) : "");
+    for (double x :
+         parse_double_list(ruler_lengths.empty() ? "1024" : ruler_lengths, "--ruler-lengths")) {
+      require(x == std::floor(x) && x >= 1 && x < 1e9, "--ruler-lengths: {} is not a token count",
+              x);
+      ruo.lengths.push_back(static_cast<int>(x));
+    }
+    ruo.depths = parse_double_list(ruler_depths, "--ruler-depths");
+    ruo.batch = po_.batch;
+    ruo.validate(1 << 30);  // the model's context is checked once it is loaded
+    if (ruler_lengths.empty()) ruo.lengths.clear();
+  }
   if (retrieval) {
     require(task == "passkey" || task == "kv-needle",
-            "--task must be passkey or kv-needle, got '{}'", task);
+            "--task must be passkey, kv-needle or ruler[:subset], got '{}'", task);
     ro.kind = task == "passkey" ? "passkey" : "kv";
     ro.lengths.clear();
     for (double x : parse_double_list(ret_lengths, "--retrieval-lengths")) {
@@ -143,7 +175,8 @@ int cmd_eval(int argc, char** argv) {
           "--bos must be auto, yes or no, got '{}'", bos_mode);
   require(progress_mode == "auto" || progress_mode == "always" || progress_mode == "never",
           "--progress must be auto, always or never, got '{}'", progress_mode);
-  require(!(no_ppl && tasks_path.empty() && !retrieval), "--no-perplexity needs --tasks or --task");
+  require(!(no_ppl && tasks_path.empty() && !retrieval && !ruler),
+          "--no-perplexity needs --tasks or --task");
   if (!no_ppl)
     require(po_.context >= 2, "--context must be at least 2 tokens (one predicts the next), got {}",
             po_.context);
@@ -185,7 +218,7 @@ int cmd_eval(int argc, char** argv) {
   if (options_checked(vm)) return 0;
   const ResolvedModel rm = resolve_model(model_arg);
   io::guard_run({{"--model", rm.path},
-                 {"--corpus", no_ppl && !retrieval ? "" : corpus_input_path(corpus_arg)},
+                 {"--corpus", no_ppl && !retrieval && !ruler ? "" : corpus_input_path(corpus_arg)},
                  {"--tasks", tasks_path},
                  {"--calibration", calib_path}},
                 {{"--out", out},
@@ -196,7 +229,7 @@ int cmd_eval(int argc, char** argv) {
   Stopwatch wall;
   Corpus corpus;
   std::vector<TaskItem> tasks;
-  if (!no_ppl || retrieval) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
+  if (!no_ppl || retrieval || ruler) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
   if (!tasks_path.empty()) tasks = load_tasks(tasks_path);
 
   Runtime rt(co);
@@ -220,6 +253,10 @@ int cmd_eval(int argc, char** argv) {
     po_.bos_id = add_bos ? tok.bos_id() : -1;
     if (!no_ppl) po_.validate(c.context_length);
     if (retrieval) ro.validate(c.context_length);
+    if (ruler) {
+      if (ruo.lengths.empty()) ruo.lengths = RulerOptions::default_lengths(c.context_length);
+      ruo.validate(c.context_length);
+    }
     if (ma.token_filter) ma.tf.validate(c.n_layer);
     if (ma.kv_prune) {
       require_uniform_key_width(c);
@@ -238,12 +275,14 @@ int cmd_eval(int argc, char** argv) {
     sw.reset();
     std::vector<int> stream;
     std::uint64_t corpus_tokens = 0;
-    if (!no_ppl || retrieval) {
+    if (!no_ppl || retrieval || ruler) {
       stream = corpus_stream(corpus, tok);
       corpus_tokens = stream.size();
     }
     std::vector<RetrievalItem> ritems;
     if (retrieval) ritems = build_retrieval(ro, tok, stream, add_bos);
+    std::vector<RulerItem> ruitems;
+    if (ruler) ruitems = build_ruler(ruo, tok, stream, ruler_words(corpus.documents), add_bos);
     const double t_tok = sw.seconds();
 
     // The cache must hold a whole window, and the longest context + choice of any task item.
@@ -270,10 +309,24 @@ int cmd_eval(int argc, char** argv) {
       shortest = shortest ? std::min(shortest, mn) : mn;
       shortest_prefill = std::min(shortest_prefill, mn);
     }
+    if (ruler) {
+      int mn = std::numeric_limits<int>::max();
+      for (const auto& it : ruitems) {
+        ctx_needed = std::max(ctx_needed, static_cast<int>(it.prompt.size()) + it.gen_tokens);
+        mn = std::min(mn, static_cast<int>(it.prompt.size()));
+      }
+      if (ma.kv_prune)
+        require(ma.kv.window <= mn,
+                "--kv-window {}: the observation window is longer than the shortest ruler prompt "
+                "({} tokens)",
+                ma.kv.window, mn);
+      shortest = shortest ? std::min(shortest, mn) : mn;
+      shortest_prefill = std::min(shortest_prefill, mn);
+    }
     if (shortest == 0) shortest = ctx_needed;  // tasks only: the longest item
     flops::Ledger ledger(c.n_layer);
-    Engine<E> eng(w, (no_ppl && !retrieval) ? 1 : po_.batch, std::max(ctx_needed, 2), &ledger,
-                  exec);
+    Engine<E> eng(w, (no_ppl && !retrieval && !ruler) ? 1 : po_.batch, std::max(ctx_needed, 2),
+                  &ledger, exec);
     std::unique_ptr<gating::TokenFilter<E>> tfg = make_token_filter(ma, eng, shortest);
     std::unique_ptr<pruning::KvChannelPruner<E>> kvp = make_kv_pruner(ma, eng, shortest_prefill);
     sparsity::ActivationMasker<E> masker(c.n_layer);
@@ -346,7 +399,7 @@ int cmd_eval(int argc, char** argv) {
         throw;
       }
       bar.finish();
-      if (ckpt && (!tasks.empty() || retrieval) && ppl.window_nll.size() > saved) {
+      if (ckpt && (!tasks.empty() || retrieval || ruler) && ppl.window_nll.size() > saved) {
         last.ppl = ppl;
         last.ledger = ledger;
         if (ma.sparse()) last.masker = masker.snapshot();
@@ -372,6 +425,15 @@ int cmd_eval(int argc, char** argv) {
       bar.finish();
     }
     const double t_ret = sw.seconds();
+    RulerResult rur;
+    sw.reset();
+    if (ruler) {
+      ProgressBar bar("ruler", show_progress);
+      rur =
+          run_ruler(eng, tok, ruitems, ruo, [&](int done, int total) { bar.update(done, total); });
+      bar.finish();
+    }
+    const double t_ruler = sw.seconds();
     // The dense model's similarity and received attention over the first window (Figure 2).
     std::vector<float> fig_s, fig_mass;
     if (tf_mass) {
@@ -462,6 +524,17 @@ int cmd_eval(int argc, char** argv) {
     if (retrieval)
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", fmt::format("{} accuracy", task),
                                rr.accuracy);
+    nlohmann::json rj;
+    if (ruler) {
+      rj = ruler_json(ruo, ruitems, rur);
+      for (const auto& t : ruo.tasks)
+        std::cout << fmt::format(
+            "  {:<22} {:>14}\n", fmt::format("ruler {}", t),
+            fmt::format("{:.4f} ({})", rj["by_task"][t]["accuracy"].get<double>(),
+                        rj["by_task"][t]["items"].get<int>()));
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "ruler accuracy",
+                               rj["accuracy"].get<double>());
+    }
     if (!tasks.empty()) {
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc", tr.acc);
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", "tasks acc_norm", tr.acc_norm);
@@ -523,6 +596,7 @@ int cmd_eval(int argc, char** argv) {
           {"lengths", ro.lengths}, {"depths", ro.depths},     {"samples", ro.samples},
           {"seed", ro.seed},       {"digits", ro.digits},     {"cells", cells}};
     }
+    if (ruler) j["ruler"] = rj;
     if (!tasks.empty())
       j["tasks"] = {
           {"file", tasks_path}, {"items", tr.items}, {"acc", tr.acc}, {"acc_norm", tr.acc_norm}};
@@ -607,6 +681,10 @@ int cmd_eval(int argc, char** argv) {
         rg.write_strings("item_output", outp, {"", "greedy continuation"});
         if (ro.kind == "kv") rg.write_strings("item_key", keys, {"", "the key asked for"});
       }
+      if (ruler) {
+        io::Group rg = res.create_group("ruler");
+        write_ruler(rg, ruo, ruitems, rur);
+      }
       if (tfg) {
         io::Group tg = root.create_group("token_filter");
         tfg->write(tg);
@@ -642,6 +720,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("perplexity_seconds", t_ppl, {"s", "perplexity forward passes"});
       tm.write_scalar("tasks_seconds", t_tasks, {"s", "task scoring"});
       tm.write_scalar("retrieval_seconds", t_ret, {"s", "retrieval task"});
+      tm.write_scalar("ruler_seconds", t_ruler, {"s", "ruler suite"});
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
       tm.set_attr("resumed_windows", static_cast<std::int64_t>(resumed));
       if (sparse) report.write(root);

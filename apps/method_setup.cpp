@@ -53,21 +53,26 @@ void MethodArgs::add_options(po::options_description& d) {
       "tf-layers", po::value(&tf_layers)->default_value("tail"),
       "Token Filtering gated layers: tail (the last N), head (the first N) or uniform")(
       "tf-num-layers", po::value(&tf.num_layers)->default_value(0),
-      "Token Filtering gated layer count N (0: 3/4 of the layers, rounded up); each aims at "
+      "Token Filtering gated layer count N (0: 3/4 of the layers, rounded up, sparsim's choice: "
+      "the paper gives no default count); each aims at "
       "r·L/N")("tf-drop-skipped", po::bool_switch(&tf.drop_skipped),
                "Token Filtering: skipped tokens also leave the KV cache and the anchor")(
       "tf-trace", po::value(&tf.trace_sequences)->default_value(4),
       "Token Filtering: sequences whose per-token similarity, threshold and decisions go to the "
       "run file")("kv-prune", po::value(&kv.lambda)->default_value(0.5),
                   "ThinK / GRACE: pruned fraction λ in [0, 1) of every head's key channels "
-                  "(⌈λ·d⌉ channels pruned per head)")(
+                  "(⌊λ·d⌋ channels pruned per head, as ThinK's reference code)")(
       "kv-window", po::value(&kv.window)->default_value(32),
       "ThinK / GRACE: observation window w, the last w queries of the prompt")(
       "kv-protect", po::value(&kv_protect)->default_value(kv_protect),
       "GRACE: bounds a,b of the share of salient key channels protected from pruning "
       "(0 <= a <= b < 1)")("kv-guard", po::value(&kv_guard)->default_value(kv_guard),
-                           "GRACE: on (take ThinK's choice among the unprotected channels when "
-                           "it scores lower than MIES on the objective) or off (MIES alone)")(
+                           "GRACE: off (MIES alone, the published method) or on (take ThinK's "
+                           "choice among the unprotected channels when it scores lower than MIES "
+                           "on the objective)")(
+      "kv-recent", po::value(&kv.recent)->default_value(32),
+      "ThinK / GRACE: the last N prompt keys stay at full width, only the keys before them are "
+      "compacted (ThinK's reference code keeps recent_size = 32; 0: compact the whole prompt)")(
       "kv-trace", po::value(&kv_trace)->default_value(1),
       "ThinK / GRACE: sequences whose kept channels go to the run file");
 }
@@ -115,6 +120,7 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
             "--kv-prune must be in [0, 1) (the pruned fraction of key channels), got {}",
             kv.lambda);
     require(kv.window >= 1, "--kv-window must be at least 1 query, got {}", kv.window);
+    require(kv.recent >= 0, "--kv-recent must be non-negative, got {}", kv.recent);
     require(std::isfinite(kv.protect_lo) && std::isfinite(kv.protect_hi) && kv.protect_lo >= 0 &&
                 kv.protect_lo <= kv.protect_hi && kv.protect_hi < 1,
             "--kv-protect a,b must satisfy 0 <= a <= b < 1, got [{}, {}]", kv.protect_lo,

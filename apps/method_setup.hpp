@@ -35,7 +35,7 @@ struct MethodArgs {
   std::string tf_criterion, tf_anchor, tf_keys, tf_layers;
   bool kv_prune = false;  ///< --method includes think or grace
   pruning::KvPruneOptions kv;
-  std::string kv_protect = "0.05,0.25", kv_guard = "on";
+  std::string kv_protect = "0.05,0.25", kv_guard = "off";
   int kv_trace = 1;
 
   /// Adds the options to `d` (in the order eval's --help lists them).
@@ -140,6 +140,7 @@ nlohmann::json kv_prune_json(const pruning::KvChannelPruner<E>& p, const Engine<
   return {{"method", pruning::to_string(o.method)},
           {"lambda", o.lambda},
           {"window", o.window},
+          {"recent", o.recent},
           {"head_dim", p.head_dim()},
           {"pruned_per_head", pruning::prune_count(o.lambda, p.head_dim())},
           {"kept_per_head", p.kept_per_head()},

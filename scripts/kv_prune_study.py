@@ -171,7 +171,8 @@ def collect(args):
         "stride": args.context, "score": args.score, "windows": args.windows,
         "prefill_per_window": args.context - args.score - 1, "threads": args.threads,
         "kv_window": args.window, "lambdas": lambdas(args), "protect": "0.05,0.25 (default)",
-        "guard": "on (default)", "retrieval_lengths": args.retrieval_lengths,
+        "guard": "off (default)", "recent": "32 (default)", "pruned_per_head": "⌊λd⌋",
+        "retrieval_lengths": args.retrieval_lengths,
         "retrieval_depths": args.retrieval_depths, "retrieval_samples": args.retrieval_samples,
         "bench_lambda": args.bench_lambda, "bench_contexts": args.bench_contexts,
         "bench_batches": args.bench_batches, "bench_reps": args.bench_reps},
@@ -248,7 +249,12 @@ def page(args, res):
          f"the first {s['prefill_per_window']} tokens are the prefill whose keys are pruned; the "
          "scored rows run against the compacted cache (see kv-prune.md, Protocols);",
          f"- ThinK / GRACE: observation window w = {s['kv_window']}, GRACE protection "
-         f"[a, b] = {s['protect']}, guard {s['guard']}; λ ∈ {s['lambdas']};",
+         f"[a, b] = {s['protect']}, guard {s['guard']}; λ ∈ {s['lambdas']}; "
+         + (f"last {s['recent']} prompt keys at full width, {s['pruned_per_head']} channels "
+            "pruned per head;" if "recent" in s else
+            "every prompt key compacted, ⌈λd⌉ channels pruned per head (the defaults of the "
+            "build that made these runs; since then `--kv-recent 32`, ⌊λd⌋ and `--kv-guard off` "
+            "follow ThinK's reference code and GRACE as published, see kv-prune.md);"),
          f"- retrieval: `--task passkey`, lengths {s['retrieval_lengths']}, depths "
          f"{s['retrieval_depths']}, {s['retrieval_samples']} prompt(s) per cell, greedy, exact "
          "match; the prompt is the prefill, the answer decodes against the compacted cache.", "",

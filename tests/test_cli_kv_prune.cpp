@@ -61,10 +61,13 @@ TEST_F(CliKvPrune, EvalRecordsBytesErrorsAndPerHeadTables) {
     // 3 windows × 2 layers × 2 KV heads
     EXPECT_EQ(k.at("selections").get<int>(), 12);
     EXPECT_EQ(k.at("prefills").get<int>(), 3);
-    // the cache of the last window: 95 compacted positions at half width, 33 full
+    // the cache of the last window: of the 95 prefilled positions the first 63 compacted to
+    // half width, the last 32 (--kv-recent's default) and the 33 after them full
     const double dense = k.at("k_bytes_dense").get<double>(), real = k.at("k_bytes").get<double>();
     EXPECT_DOUBLE_EQ(dense, 2 * 4.0 * 128 * 32);
-    EXPECT_DOUBLE_EQ(real, 2 * (4.0 * (95 * 16 + 33 * 32) + 4.0 * (16 + 3)));
+    EXPECT_DOUBLE_EQ(real, 2 * (4.0 * (63 * 16 + 65 * 32) + 4.0 * (16 + 3)));
+    EXPECT_EQ(k.at("recent").get<int>(), 32);
+    EXPECT_FALSE(k.at("guard").get<bool>());  // GRACE as published: MIES alone
     EXPECT_GT(k.at("recon_error_mean").get<double>(), 0.0);
     EXPECT_LT(k.at("recon_error_mean").get<double>(), 1.0);
     EXPECT_GT(k.at("protected_share_mean").get<double>(), 0.0);
@@ -93,6 +96,12 @@ TEST_F(CliKvPrune, EvalRecordsBytesErrorsAndPerHeadTables) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), "channel_select"), ops.end());
   }
   EXPECT_NE(ppl_think, ppl_grace);
+  // --kv-recent 0 compacts the whole prefill: 95 positions at half width, 33 full
+  const std::string zj = dir_->file("recent0.json");
+  r = run_cmd(eval("--method think --kv-prune 0.5 --kv-recent 0 --json " + zj));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_DOUBLE_EQ(read_json(zj).at("kv_prune").at("k_bytes").get<double>(),
+                   2 * (4.0 * (95 * 16 + 33 * 32) + 4.0 * (16 + 3)));
 }
 
 TEST_F(CliKvPrune, LambdaZeroEqualsDenseBitForBit) {
@@ -128,8 +137,8 @@ TEST_F(CliKvPrune, ComposesWithActivationSparsityTokenFilterAndRetrieval) {
   EXPECT_GT(j.at("token_filter").at("realised").get<double>(), 0.05);
   const auto& k = j.at("kv_prune");
   EXPECT_EQ(k.at("method"), "grace");
-  EXPECT_EQ(k.at("kept_per_head").get<int>(), 16 - 7);
-  EXPECT_EQ(k.at("prefills").get<int>(), 3 + 2);  // three windows, two retrieval prompts
+  EXPECT_EQ(k.at("kept_per_head").get<int>(), 16 - 6);  // ⌊0.4·16⌋ pruned
+  EXPECT_EQ(k.at("prefills").get<int>(), 3 + 2);        // three windows, two retrieval prompts
   EXPECT_EQ(j.at("retrieval").at("items").get<int>(), 2);
 }
 
@@ -170,7 +179,7 @@ TEST_F(CliKvPrune, BadInputFailsWithoutOutput) {
       {"--method think --kv-prune 1", "--kv-prune"},
       {"--method think --kv-prune -0.1", "--kv-prune"},
       {"--method think --kv-prune nan", "--kv-prune"},
-      {"--method think --kv-prune 0.97", "no channel would be left"},
+      {"--method think --kv-recent -1", "--kv-recent"},
       {"--method grace --kv-protect 0.3,0.2", "--kv-protect"},
       {"--method grace --kv-protect 0.2,1", "--kv-protect"},
       {"--method grace --kv-protect 0.2", "two numbers"},

@@ -160,8 +160,9 @@ TEST(KvPrune, MiesAgainstBruteForceAndThink) {
         }
         KvPruneOptions o;
         o.method = KvMethod::Grace;
-        o.lambda = (k - 0.5) / d;
+        o.lambda = (k + 0.5) / d;         // ⌊λd⌋ = k
         o.protect_lo = o.protect_hi = 0;  // no protection: GRACE against ThinK itself
+        o.guard = true;
         const auto c = pruning::choose_channels(g, o);
         ASSERT_EQ(static_cast<int>(c.pruned.size()), k);
         EXPECT_LE(c.err_grace, c.err_think * (1 + 1e-12) + 1e-300);
@@ -267,18 +268,22 @@ TEST(KvPrune, OptionsRejectBadValues) {
   bad(-0.1, 0.05, 0.25, 32);
   bad(1.0, 0.05, 0.25, 32);
   bad(std::nan(""), 0.05, 0.25, 32);
-  bad(0.99, 0.05, 0.25, 32, KvMethod::Think);  // ⌈0.99·64⌉ = 64: no channel left
-  bad(0.5, 0.3, 0.2, 32);                      // a > b
+  bad(0.5, 0.3, 0.2, 32);  // a > b
   bad(0.5, -0.1, 0.2, 32);
   bad(0.5, 0.05, 1.0, 32);
   bad(0.9, 0.2, 0.25, 32);  // 13 protected at least, but only 6 channels stay
   bad(0.5, 0.05, 0.25, 0);
+  KvPruneOptions neg;
+  neg.recent = -1;
+  EXPECT_THROW(neg.validate(64), Error);
   KvPruneOptions ok;
-  ok.lambda = 0.98;  // ⌈62.72⌉ = 63: one channel left
+  ok.lambda = 0.99;  // ⌊63.36⌋ = 63: one channel left (λ < 1 always leaves one)
   ok.protect_lo = 0;
   EXPECT_NO_THROW(ok.validate(64));
-  EXPECT_EQ(pruning::prune_count(0.3, 10), 3);  // 0.3·10 is not rounded up to 4
-  EXPECT_EQ(pruning::prune_count(0.3, 64), 20);
+  EXPECT_EQ(pruning::prune_count(0.3, 10), 3);     // 0.3·10 is not rounded up to 4
+  EXPECT_EQ(pruning::prune_count(0.29, 100), 29);  // 28.999999999999996 is 29
+  EXPECT_EQ(pruning::prune_count(0.3, 64), 19);    // ⌊19.2⌋, as ThinK's int(λ·d)
+  EXPECT_EQ(pruning::prune_count(0.99, 64), 63);
   EXPECT_EQ(pruning::prune_count(0.5, 64), 32);
   EXPECT_EQ(pruning::prune_count(0.0, 64), 0);
 }
@@ -314,11 +319,27 @@ TYPED_TEST(KvPruneEngine, DeviceGramsMatchReference) {
     o.method = m;
     o.lambda = 0.4;
     o.window = w;
+    o.recent = 0;
     pruning::KvChannelPruner<E> sel(o, 1, nkv, d, n_seq, n_seq);
     const KeptChannels kept = sel.select(E(), 0, cache.layer(0), cache.shape(0),
                                          CMat<E>(to_device<E>(Q, n_seq * w, nh * d)), n_seq, T);
     ASSERT_EQ(kept.idx.size(), static_cast<std::size_t>(n_seq));
     EXPECT_EQ(kept.positions, T);
+    {  // ThinK's recent window: the same channels, the last 8 prompt keys left at full width;
+       // a window covering the prompt leaves the layer dense
+      KvPruneOptions r = o;
+      r.recent = 8;
+      pruning::KvChannelPruner<E> rs(r, 1, nkv, d, n_seq, n_seq);
+      const KeptChannels kr = rs.select(E(), 0, cache.layer(0), cache.shape(0),
+                                        CMat<E>(to_device<E>(Q, n_seq * w, nh * d)), n_seq, T);
+      EXPECT_EQ(kr.positions, T - 8);
+      EXPECT_EQ(kr.idx, kept.idx);
+      r.recent = T;
+      pruning::KvChannelPruner<E> all(r, 1, nkv, d, n_seq, n_seq);
+      EXPECT_TRUE(all.select(E(), 0, cache.layer(0), cache.shape(0),
+                             CMat<E>(to_device<E>(Q, n_seq * w, nh * d)), n_seq, T)
+                      .empty());
+    }
     EXPECT_GT(kept.flops, 0.0);
     double rel_think = 0, rel_grace = 0;
     for (int s = 0; s < n_seq; ++s)
@@ -348,7 +369,7 @@ TYPED_TEST(KvPruneEngine, DeviceGramsMatchReference) {
     EXPECT_NEAR(sel.rel_error_mean(KvMethod::Think), rel_think / (n_seq * nkv), 1e-9);
     EXPECT_NEAR(sel.rel_error_mean(KvMethod::Grace), rel_grace / (n_seq * nkv), 1e-9);
     EXPECT_EQ(sel.selections(), static_cast<std::uint64_t>(n_seq * nkv));
-    EXPECT_EQ(sel.kept_per_head(), d - 7);  // ⌈0.4·16⌉ = 7 pruned
+    EXPECT_EQ(sel.kept_per_head(), d - 6);  // ⌊0.4·16⌋ = 6 pruned
   }
   // an observation window longer than the prompt is refused
   KvPruneOptions o;
@@ -385,7 +406,8 @@ double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
 
 // Prefill with ThinK / GRACE (the layers compacted by the hook), then decode; against a dense
 // engine whose cached prompt keys have the pruned channels zeroed, and against the reference
-// model that leaves them out of every score.
+// model that leaves them out of every score. With a recent window R, the last R prompt keys
+// keep every channel (ThinK's reference code).
 TYPED_TEST(KvPruneEngine, CompactedDecodeEqualsMaskedFullWidthDecode) {
   using E = TypeParam;
   TempDir dir;
@@ -395,53 +417,57 @@ TYPED_TEST(KvPruneEngine, CompactedDecodeEqualsMaskedFullWidthDecode) {
   const int n_seq = 2, P = 40, D = 6, V = c.vocab, d = c.head_dim, kw = c.kv_dim();
   const auto s0 = tokens(P + D, V, 1), s1 = tokens(P + D, V, 2);
   auto head = [&](const std::vector<int>& s) { return std::vector<int>(s.begin(), s.begin() + P); };
-  for (KvMethod m : {KvMethod::Think, KvMethod::Grace}) {
-    KvPruneOptions o;
-    o.method = m;
-    o.lambda = 0.5;
-    o.window = 8;
-    pruning::KvChannelPruner<E> sel(o, c.n_layer, c.n_kv_head, d, n_seq, n_seq);
-    Engine<E> comp(w, n_seq, 64), mask(w, n_seq, 64);
-    comp.set_channel_selector(&sel);
-    const std::size_t dense_bytes = comp.cache().k_bytes(0);
-    comp.forward({head(s0), head(s1)}, 0, false);
-    mask.forward({head(s0), head(s1)}, 0, false);
-    for (int l = 0; l < c.n_layer; ++l) {
-      EXPECT_TRUE(comp.cache().layer(l).compacted());
-      // compacted prompt: n_seq·P·(kept of both heads) floats, the rest full width, the tables
-      const std::size_t cap = static_cast<std::size_t>(c.n_kv_head) * (d - 8);
-      EXPECT_EQ(comp.cache().k_bytes(l),
-                sizeof(float) * (n_seq * P * cap + n_seq * (64 - P) * kw) +
-                    sizeof(int) * (n_seq * cap + n_seq * (c.n_kv_head + 1)));
-      EXPECT_LT(comp.cache().k_bytes(l), dense_bytes);
-      const auto& kl = mask.cache().layer(l);
-      auto hk = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kl.k);
-      for (int s = 0; s < n_seq; ++s)
-        for (int p = 0; p < P; ++p)
-          for (int j = 0; j < kw; ++j)
-            if (!sel.kept_mask(s)[(l * c.n_kv_head + j / d) * d + j % d]) hk(s, p, j) = 0.0f;
-      Kokkos::deep_copy(kl.k, hk);
-    }
-    ReferenceLlama r0(path), r1(path);
-    for (int t = 0; t < P; ++t) r0.step(s0[t]), r1.step(s1[t]);
-    auto keep = [&](int s) {
-      return [&, s](int l, int t, int h, int j) {
-        return t >= P || sel.kept_mask(s)[(l * c.n_kv_head + h) * d + j] != 0;
+  for (const int R : {0, 12})
+    for (KvMethod m : {KvMethod::Think, KvMethod::Grace}) {
+      SCOPED_TRACE("recent " + std::to_string(R));
+      const int PC = P - R;  // compacted prompt positions
+      KvPruneOptions o;
+      o.method = m;
+      o.lambda = 0.5;
+      o.window = 8;
+      o.recent = R;
+      pruning::KvChannelPruner<E> sel(o, c.n_layer, c.n_kv_head, d, n_seq, n_seq);
+      Engine<E> comp(w, n_seq, 64), mask(w, n_seq, 64);
+      comp.set_channel_selector(&sel);
+      const std::size_t dense_bytes = comp.cache().k_bytes(0);
+      comp.forward({head(s0), head(s1)}, 0, false);
+      mask.forward({head(s0), head(s1)}, 0, false);
+      for (int l = 0; l < c.n_layer; ++l) {
+        EXPECT_TRUE(comp.cache().layer(l).compacted());
+        // compacted prompt: n_seq·P·(kept of both heads) floats, the rest full width, the tables
+        const std::size_t cap = static_cast<std::size_t>(c.n_kv_head) * (d - 8);
+        EXPECT_EQ(comp.cache().k_bytes(l),
+                  sizeof(float) * (n_seq * PC * cap + n_seq * (64 - PC) * kw) +
+                      sizeof(int) * (n_seq * cap + n_seq * (c.n_kv_head + 1)));
+        EXPECT_LT(comp.cache().k_bytes(l), dense_bytes);
+        const auto& kl = mask.cache().layer(l);
+        auto hk = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), kl.k);
+        for (int s = 0; s < n_seq; ++s)
+          for (int p = 0; p < PC; ++p)
+            for (int j = 0; j < kw; ++j)
+              if (!sel.kept_mask(s)[(l * c.n_kv_head + j / d) * d + j % d]) hk(s, p, j) = 0.0f;
+        Kokkos::deep_copy(kl.k, hk);
+      }
+      ReferenceLlama r0(path), r1(path);
+      for (int t = 0; t < P; ++t) r0.step(s0[t]), r1.step(s1[t]);
+      auto keep = [&](int s) {
+        return [&, s](int l, int t, int h, int j) {
+          return t >= PC || sel.kept_mask(s)[(l * c.n_kv_head + h) * d + j] != 0;
+        };
       };
-    };
-    r0.keep = keep(0);
-    r1.keep = keep(1);
-    for (int t = P; t < P + D; ++t) {
-      const auto a = to_host(comp.forward({{s0[t]}, {s1[t]}}, t, false));
-      const auto b = to_host(mask.forward({{s0[t]}, {s1[t]}}, t, false));
-      EXPECT_LE(rel_err(a, b), 1e-5) << pruning::to_string(m) << " position " << t;
-      EXPECT_LE(rel_err(std::vector<float>(a.begin(), a.begin() + V), r0.step(s0[t])), 2e-5);
-      EXPECT_LE(rel_err(std::vector<float>(a.begin() + V, a.end()), r1.step(s1[t])), 2e-5);
+      r0.keep = keep(0);
+      r1.keep = keep(1);
+      for (int t = P; t < P + D; ++t) {
+        const auto a = to_host(comp.forward({{s0[t]}, {s1[t]}}, t, false));
+        const auto b = to_host(mask.forward({{s0[t]}, {s1[t]}}, t, false));
+        EXPECT_LE(rel_err(a, b), 1e-5) << pruning::to_string(m) << " position " << t;
+        EXPECT_LE(rel_err(std::vector<float>(a.begin(), a.begin() + V), r0.step(s0[t])), 2e-5);
+        EXPECT_LE(rel_err(std::vector<float>(a.begin() + V, a.end()), r1.step(s1[t])), 2e-5);
+      }
+      EXPECT_GT(sel.recon_error_mean(), 0.0);
+      EXPECT_LT(sel.recon_error_mean(), 1.0);
+      EXPECT_EQ(sel.prefills(), 1u);
     }
-    EXPECT_GT(sel.recon_error_mean(), 0.0);
-    EXPECT_LT(sel.recon_error_mean(), 1.0);
-    EXPECT_EQ(sel.prefills(), 1u);
-  }
 }
 
 // λ = 0: the selector scores every head but prunes nothing; prefill, decode and the perplexity

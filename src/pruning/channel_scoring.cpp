@@ -45,7 +45,7 @@ double total_energy(const HeadGram& g) {
 }
 
 int prune_count(double lambda, int d) {
-  return static_cast<int>(std::ceil(lambda * d - 1e-9));
+  return static_cast<int>(std::floor(lambda * d + 1e-9));
 }
 
 void KvPruneOptions::validate(int head_dim) const {
@@ -53,10 +53,11 @@ void KvPruneOptions::validate(int head_dim) const {
           "--kv-prune must be in [0, 1) (the pruned fraction of key channels), got {}", lambda);
   const int n = prune_count(lambda, head_dim);
   require(n < head_dim,
-          "--kv-prune {} prunes ⌈λ·d⌉ = {} of the {} key channels of a head: no channel would be "
+          "--kv-prune {} prunes ⌊λ·d⌋ = {} of the {} key channels of a head: no channel would be "
           "left",
           lambda, n, head_dim);
   require(window >= 1, "--kv-window must be at least 1 query, got {}", window);
+  require(recent >= 0, "--kv-recent must be non-negative, got {}", recent);
   require(std::isfinite(protect_lo) && std::isfinite(protect_hi) && protect_lo >= 0 &&
               protect_lo <= protect_hi && protect_hi < 1,
           "--kv-protect a,b must satisfy 0 <= a <= b < 1, got [{}, {}]", protect_lo, protect_hi);

@@ -10,11 +10,13 @@
 /// attention logits Q Kᵀ by exactly Q_P K_Pᵀ, and
 ///   ‖Q_P K_Pᵀ‖_F² = Σ_{i∈P} w_i + Σ_{i<j∈P} w_ij = Σ_{i,j∈P} G_Q[i,j]·G_K[i,j].
 ///
-/// - ThinK prunes the ⌈λd⌉ channels of lowest node weight (independent scores).
+/// - ThinK prunes the ⌊λd⌋ channels of lowest node weight (independent scores; ThinK's reference
+///   code prunes int(λ·d) channels).
 /// - GRACE protects the salient channels (‖k_i‖ > mean + std of the d key-channel norms; their
 ///   share clamped to [a, b]) and runs MIES on the others: greedily add to P the candidate of
 ///   smallest s_k = w_k + Σ_{j∈P} w_kj, updating every s_k by w_km after m joins P (O(d) per
-///   step, O(d²) per head). MIES is greedy; with the guard on (the default) GRACE then takes
+///   step, O(d²) per head): the published method. MIES is greedy; with the guard on (an option,
+///   off by default) GRACE then takes
 ///   ThinK's choice among the same candidates when that scores lower on the objective, so GRACE
 ///   is never worse than ThinK restricted to the unprotected channels (and never worse than
 ///   ThinK itself whenever ThinK's choice prunes no protected channel).
@@ -48,7 +50,8 @@ double pruned_error(const HeadGram& g, const std::vector<int>& pruned);
 /// ‖Q Kᵀ‖_F²: the error of pruning every channel.
 double total_energy(const HeadGram& g);
 
-/// Channels pruned per head: ⌈λd⌉ (λd within 1e−9 of an integer counts as that integer).
+/// Channels pruned per head: ⌊λd⌋, as ThinK's reference code (λd within 1e−9 of an integer
+/// counts as that integer).
 int prune_count(double lambda, int d);
 
 /// Options of ThinK / GRACE.
@@ -58,7 +61,10 @@ struct KvPruneOptions {
   int window = 32;           ///< w: observed queries (the last w of the prompt)
   double protect_lo = 0.05;  ///< a: GRACE's lower bound on the protected share
   double protect_hi = 0.25;  ///< b: GRACE's upper bound on the protected share
-  bool guard = true;         ///< GRACE: fall back to ThinK's choice on the candidates if lower
+  bool guard = false;        ///< GRACE: fall back to ThinK's choice on the candidates if lower
+  /// The last `recent` prompt keys stay at full width (ThinK's reference code: recent_size = 32);
+  /// only the keys before them are compacted. 0: the whole prompt is compacted.
+  int recent = 32;
   /// Throws sparsim::Error naming the option: λ outside [0, 1) or leaving a head of `head_dim`
   /// channels with none, w < 1, [a, b] not within 0 ≤ a ≤ b < 1, or a lower bound a that needs
   /// more protected channels than the ⌈λd⌉ pruned ones leave.

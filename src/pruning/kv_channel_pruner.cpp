@@ -154,7 +154,9 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
   out.bytes =
       4.0 * n_seq * (static_cast<double>(T) * nkv * d + static_cast<double>(w) * sh.q_width()) +
       heads * 2.0 * 8.0 * d * d;
-  if (prune_count(opt_.lambda, d) == 0) {  // nothing pruned: the cache stays dense
+  // ThinK's recent window: the last `recent` prompt keys keep their full width.
+  out.positions = T - std::min(opt_.recent, T);
+  if (prune_count(opt_.lambda, d) == 0 || out.positions < 1) {  // the cache stays dense
     KeptChannels none;
     return none;
   }
@@ -223,6 +225,7 @@ void KvChannelPruner<E>::write(io::Group& g) const {
   g.set_attr("protect_lo", opt_.protect_lo);
   g.set_attr("protect_hi", opt_.protect_hi);
   g.set_attr("guard", opt_.guard ? 1 : 0);
+  g.set_attr("recent", opt_.recent);
   g.set_attr("head_dim", d_);
   g.set_attr("pruned_per_head", prune_count(opt_.lambda, d_));
   g.set_attr("selections", static_cast<std::int64_t>(selections()));

@@ -7,7 +7,8 @@
 /// stacked as rows) are computed on the device in double precision, each element by one thread
 /// in a fixed order. The d×d Grams go to the host, where pruning/channel_scoring.hpp chooses
 /// the kept channels of every head (ThinK and GRACE both, for the records; the method's choice
-/// is returned). The engine then compacts the layer's prompt keys to those channels.
+/// is returned). The engine then compacts the layer's prompt keys to those channels, except
+/// the last `recent` ones (ThinK's recent window), which stay at full width.
 ///
 /// λ = 0 keeps every channel: nothing is returned and the cache stays dense (the run is the
 /// dense run, bit for bit).
