@@ -2,6 +2,7 @@
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
+#include "eval/greedy.hpp"
 #include "model/synth.hpp"
 
 #include <fmt/format.h>
@@ -129,18 +130,7 @@ RetrievalResult run_retrieval(Engine<E>& eng, const Tokenizer& tok,
   RetrievalResult res;
   res.correct.assign(items.size(), 0);
   res.output.assign(items.size(), "");
-  const int V = eng.config().vocab, G = o.answer_tokens();
-  auto argmax_rows = [&](const Mat<E>& logits, int nb) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
-    std::vector<int> best(static_cast<std::size_t>(nb));
-    for (int b = 0; b < nb; ++b) {
-      int bi = 0;
-      for (int v = 1; v < V; ++v)
-        if (h(b, v) > h(b, bi)) bi = v;
-      best[static_cast<std::size_t>(b)] = bi;
-    }
-    return best;
-  };
+  const int G = o.answer_tokens();
   std::size_t i = 0;
   while (i < items.size()) {
     std::size_t j = i;  // a batch: up to o.batch items of one length
@@ -153,20 +143,8 @@ RetrievalResult run_retrieval(Engine<E>& eng, const Tokenizer& tok,
             eng.max_ctx(), nb, L + G);
     std::vector<std::vector<int>> seqs;
     for (std::size_t k = i; k < j; ++k) seqs.push_back(items[k].prompt);
-    std::vector<int> next = argmax_rows(eng.forward(seqs, 0, false), nb);
-    std::vector<std::vector<int>> out(static_cast<std::size_t>(nb));
-    std::vector<bool> done(static_cast<std::size_t>(nb), false);
-    for (int g = 0; g < G; ++g) {
-      for (int b = 0; b < nb; ++b) {
-        const std::size_t bb = static_cast<std::size_t>(b);
-        if (next[bb] == tok.eos_id()) done[bb] = true;
-        if (!done[bb]) out[bb].push_back(next[bb]);
-      }
-      if (g + 1 == G) break;
-      std::vector<std::vector<int>> step;
-      for (int b = 0; b < nb; ++b) step.push_back({next[static_cast<std::size_t>(b)]});
-      next = argmax_rows(eng.forward(step, L + g, false), nb);
-    }
+    const std::vector<std::vector<int>> out = greedy_continuations(
+        eng, seqs, G, tok.eos_id(), [](std::size_t, const std::vector<int>&) { return false; });
     for (int b = 0; b < nb; ++b) {
       const std::size_t k = i + static_cast<std::size_t>(b);
       res.output[k] = tok.decode(out[static_cast<std::size_t>(b)]);

@@ -1,6 +1,7 @@
 #include "eval/ruler.hpp"
 
 #include "core/error.hpp"
+#include "eval/greedy.hpp"
 #include "io/hdf5.hpp"
 #include "model/synth.hpp"
 
@@ -495,18 +496,6 @@ RulerResult run_ruler(Engine<E>& eng, const Tokenizer& tok, const std::vector<Ru
   res.correct.assign(items.size(), 0);
   res.recall.assign(items.size(), 0.0);
   res.output.assign(items.size(), "");
-  const int V = eng.config().vocab;
-  auto argmax_rows = [&](const Mat<E>& logits, int nb) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), logits);
-    std::vector<int> best(static_cast<std::size_t>(nb));
-    for (int b = 0; b < nb; ++b) {
-      int bi = 0;
-      for (int v = 1; v < V; ++v)
-        if (h(b, v) > h(b, bi)) bi = v;
-      best[static_cast<std::size_t>(b)] = bi;
-    }
-    return best;
-  };
   auto found = [&](const RulerItem& it, const std::string& text) {
     int f = 0;
     for (const auto& a : it.answers) f += contains_word(text, a) ? 1 : 0;
@@ -526,27 +515,12 @@ RulerResult run_ruler(Engine<E>& eng, const Tokenizer& tok, const std::vector<Ru
             nb, P + G);
     std::vector<std::vector<int>> seqs;
     for (std::size_t k = i; k < j; ++k) seqs.push_back(items[k].prompt);
-    std::vector<int> next = argmax_rows(eng.forward(seqs, 0, false), nb);
-    std::vector<std::vector<int>> out(static_cast<std::size_t>(nb));
-    std::vector<bool> done(static_cast<std::size_t>(nb), false);
-    for (int g = 0; g < G; ++g) {
-      bool all = true;
-      for (int b = 0; b < nb; ++b) {
-        const std::size_t bb = static_cast<std::size_t>(b);
-        if (!done[bb] && next[bb] == tok.eos_id()) done[bb] = true;
-        if (!done[bb]) {
-          out[bb].push_back(next[bb]);
-          const RulerItem& it = items[i + bb];
-          if (found(it, tok.decode(out[bb])) == static_cast<int>(it.answers.size()))
-            done[bb] = true;
-        }
-        all = all && done[bb];
-      }
-      if (all || g + 1 == G) break;
-      std::vector<std::vector<int>> step;
-      for (int b = 0; b < nb; ++b) step.push_back({next[static_cast<std::size_t>(b)]});
-      next = argmax_rows(eng.forward(step, P + g, false), nb);
-    }
+    // a row stops once its output holds every answer
+    const std::vector<std::vector<int>> out = greedy_continuations(
+        eng, seqs, G, tok.eos_id(), [&](std::size_t b, const std::vector<int>& toks) {
+          const RulerItem& it = items[i + b];
+          return found(it, tok.decode(toks)) == static_cast<int>(it.answers.size());
+        });
     for (int b = 0; b < nb; ++b) {
       const std::size_t k = i + static_cast<std::size_t>(b);
       res.output[k] = tok.decode(out[static_cast<std::size_t>(b)]);
