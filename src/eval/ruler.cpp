@@ -1,5 +1,6 @@
 #include "eval/ruler.hpp"
 
+#include "core/backends.hpp"
 #include "core/error.hpp"
 #include "eval/greedy.hpp"
 #include "io/hdf5.hpp"
@@ -692,14 +693,6 @@ void write_ruler(io::Group& g, const RulerOptions& o, const std::vector<RulerIte
 #define SPARSIM_INSTANTIATE_RULER(E)                                                             \
   template RulerResult run_ruler<E>(Engine<E>&, const Tokenizer&, const std::vector<RulerItem>&, \
                                     const RulerOptions&, const std::function<void(int, int)>&);
-#ifdef KOKKOS_ENABLE_SERIAL
-SPARSIM_INSTANTIATE_RULER(Kokkos::Serial)
-#endif
-#ifdef KOKKOS_ENABLE_OPENMP
-SPARSIM_INSTANTIATE_RULER(Kokkos::OpenMP)
-#endif
-#ifdef KOKKOS_ENABLE_CUDA
-SPARSIM_INSTANTIATE_RULER(Kokkos::Cuda)
-#endif
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_RULER)
 
 }  // namespace sparsim
