@@ -376,9 +376,8 @@ int cmd_bench(int argc, char** argv) {
        kv_synthetic = false;
   MethodArgs ma;
   po::options_description d("sparsim bench options");
-  d.add_options()("model,m", po::value(&model)->required(),
-                  "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
-      "prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")(
+  add_model_option(d, model);
+  d.add_options()("prompt", po::value(&prompt)->default_value(512), "prefill length in tokens")(
       "decode", po::value(&decode)->default_value(128), "decode steps after the prefill")(
       "reps", po::value(&reps)->default_value(3), "repetitions (medians are reported)")(
       "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
@@ -422,8 +421,8 @@ int cmd_bench(int argc, char** argv) {
                   "prefill is too slow to run)");
   add_common_options(d, co);
   po::variables_map vm;
-  if (!parse(argc, argv, "usage: sparsim bench --model M [--method teal --calibration C] [options]",
-             d, vm))
+  if (!parse(argc, argv,
+             "usage: sparsim bench [--model M] [--method teal --calibration C] [options]", d, vm))
     return 0;
   require(prompt >= 1 && decode >= 1 && reps >= 1, "--prompt, --decode and --reps must be >= 1");
   require(clock_name == "wall" || clock_name == "cpu", "--clock must be wall or cpu, got '{}'",
@@ -604,22 +603,21 @@ int cmd_bench(int argc, char** argv) {
     if (host) std::ofstream("/proc/self/clear_refs") << "5";
     // decode's ideal: the faster of the copy kernel and the runtime's own copy
     const double bw = sb.reference();
-    const nlohmann::json bw_json = {{"array_bytes", sb.array_bytes},
-                                    {"reps", sb.reps},
-                                    {"copy_median", sb.copy.median},
-                                    {"copy_min", sb.copy.min},
-                                    {"copy_max", sb.copy.max},
-                                    {"read_median", sb.read.median},
-                                    {"read_min", sb.read.min},
-                                    {"read_max", sb.read.max},
-                                    {"runtime_copy_median", sb.runtime_copy.median},
-                                    {"runtime_copy_min", sb.runtime_copy.min},
-                                    {"runtime_copy_max", sb.runtime_copy.max},
-                                    {"copy_kernel_fraction_of_runtime_copy",
-                                     sb.runtime_copy.median > 0
-                                         ? sb.copy.median / sb.runtime_copy.median
-                                         : 0.0},
-                                    {"reference", bw}};
+    const nlohmann::json bw_json = {
+        {"array_bytes", sb.array_bytes},
+        {"reps", sb.reps},
+        {"copy_median", sb.copy.median},
+        {"copy_min", sb.copy.min},
+        {"copy_max", sb.copy.max},
+        {"read_median", sb.read.median},
+        {"read_min", sb.read.min},
+        {"read_max", sb.read.max},
+        {"runtime_copy_median", sb.runtime_copy.median},
+        {"runtime_copy_min", sb.runtime_copy.min},
+        {"runtime_copy_max", sb.runtime_copy.max},
+        {"copy_kernel_fraction_of_runtime_copy",
+         sb.runtime_copy.median > 0 ? sb.copy.median / sb.runtime_copy.median : 0.0},
+        {"reference", bw}};
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
     const Config& c = w->cfg;
@@ -683,10 +681,9 @@ int cmd_bench(int argc, char** argv) {
         eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps,
         batch > 1 ? fmt::format("{} x {}", batch, prompt) : std::to_string(prompt), reps, dec_tps,
         decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(), bw / 1e9,
-        sb.copy.median / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps, sb.array_bytes >> 20, sb.read.median / 1e9,
-        sb.runtime_copy.median / 1e9,
-        wbytes / 1e6, ideal_tps, dec_tps / ideal_tps, host::gemv_isa(),
-        *blas_core_name() ? blas_core_name() : "n/a");
+        sb.copy.median / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps, sb.array_bytes >> 20,
+        sb.read.median / 1e9, sb.runtime_copy.median / 1e9, wbytes / 1e6, ideal_tps,
+        dec_tps / ideal_tps, host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
     if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
 
     nlohmann::json prof, mj;

@@ -29,10 +29,9 @@ int cmd_calibrate(int argc, char** argv) {
   bool strict = false, fisher = false;
   int fisher_seqs = 32, fisher_tokens = 1024;
   po::options_description d("sparsim calibrate options");
-  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
-                  "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
-      "corpus,c", po::value(&corpus_arg)->default_value("default"),
-      "calibration text: a file, a directory, JSONL (see --text-field), or 'default'")(
+  add_model_option(d, model_arg);
+  d.add_options()("corpus,c", po::value(&corpus_arg)->default_value("default"),
+                  "calibration text: a file, a directory, JSONL (see --text-field), or 'default'")(
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
       "out,o", po::value(&out), "calibration file to write (HDF5; required)")(
       "variants", po::value(&variants)->default_value("plain,rotated"),

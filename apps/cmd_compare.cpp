@@ -92,8 +92,8 @@ int cmd_compare(int argc, char** argv) {
   int score = -1;
   bool strict = false, bf16_compute = false;
   po::options_description d("sparsim compare options");
-  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
-                  "model: a GGUF file, a Hugging Face directory, or the alias smollm2")(
+  add_model_option(d, model_arg);
+  d.add_options()(
       "corpus,c", po::value(&corpus_arg)->default_value("default"),
       "text for perplexity: a file, a directory of files, JSONL (see --text-field), or 'default'")(
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(

@@ -36,8 +36,9 @@ int cmd_forward(int argc, char** argv) {
   int greedy = 0;
   bool strict = false;
   po::options_description d("sparsim forward options");
-  d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
-      "tokens,t", po::value(&tokens_s)->required(), "prompt token ids, comma separated")(
+  add_model_option(d, model);
+  d.add_options()("tokens,t", po::value(&tokens_s)->required(),
+                  "prompt token ids, comma separated")(
       "mode", po::value(&mode)->default_value("prefill"),
       "prefill: the prompt in one pass; decode: one token at a time through the KV cache")(
       "greedy", po::value(&greedy)->default_value(0), "greedy decode steps after the prompt")(
@@ -46,12 +47,13 @@ int cmd_forward(int argc, char** argv) {
       "out,o", po::value(&out), "run file (HDF5) with logits, greedy tokens, timings and FLOPs");
   add_common_options(d, co);
   po::variables_map vm;
-  if (!parse(argc, argv, "usage: sparsim forward --model M --tokens 1,2,3 [options]", d, vm))
+  if (!parse(argc, argv, "usage: sparsim forward [--model M] --tokens 1,2,3 [options]", d, vm))
     return 0;
   require(mode == "prefill" || mode == "decode", "--mode must be prefill or decode, got '{}'",
           mode);
   require(greedy >= 0, "--greedy must be non-negative, got {}", greedy);
   const std::vector<int> prompt = parse_int_list(tokens_s, "--tokens");
+  model = resolve_model(model).path;
   LoadOptions lo;
   lo.storage = parse_dtype(storage);
   lo.strict = strict;

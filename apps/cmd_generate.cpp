@@ -65,9 +65,8 @@ int cmd_generate(int argc, char** argv) {
   bool chat = false, strict = false, bf16_compute = false;
   MethodArgs ma;
   po::options_description d("sparsim generate options");
-  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
-                  "model file, directory or alias")("prompt,p", po::value(&prompt)->required(),
-                                                    "prompt text")(
+  add_model_option(d, model_arg);
+  d.add_options()("prompt,p", po::value(&prompt)->required(), "prompt text")(
       "chat", po::bool_switch(&chat), "wrap the prompt in the ChatML template (instruct models)")(
       "max-tokens,n", po::value(&max_tokens)->default_value(64), "tokens to generate")(
       "temperature", po::value(&temperature)->default_value(0.0f), "0: greedy; > 0: sampling")(

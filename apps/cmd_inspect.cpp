@@ -17,13 +17,17 @@ int cmd_inspect(int argc, char** argv) {
   std::string model;
   bool all_meta = false;
   po::options_description d("sparsim inspect options");
-  d.add_options()("model,m", po::value(&model)->required(), "model file (GGUF)")(
+  add_model_option(d, model);
+  d.add_options()(
       "all", po::bool_switch(&all_meta),
       "print long metadata arrays in full (and, for a pruned model, every kept K channel)");
   po::positional_options_description pos;
   pos.add("model", 1);
   po::variables_map vm;
-  if (!parse(argc, argv, "usage: sparsim inspect MODEL [--all]", d, vm, &pos)) return 0;
+  if (!parse(argc, argv, "usage: sparsim inspect [MODEL] [--all]   (MODEL: a file or smollm2)", d,
+             vm, &pos))
+    return 0;
+  model = resolve_model(model).path;
 
   Config c;
   if (detect_model_format(model) == ModelFormat::HfDirectory) {

@@ -178,6 +178,13 @@ std::string corpus_input_path(const std::string& spec) {
   return spec;
 }
 
+void add_model_option(po::options_description& d, std::string& model, const std::string& role) {
+  d.add_options()("model,m", po::value(&model)->default_value("smollm2"),
+                  (role + ": a GGUF file, a Hugging Face directory, or the alias smollm2 "
+                          "(SmolLM2-135M-Instruct, installed by scripts/setup.sh)")
+                      .c_str());
+}
+
 ResolvedModel resolve_model(const std::string& spec) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -22,6 +22,12 @@ struct CommonOptions {
 
 void add_common_options(po::options_description& d, CommonOptions& c);
 
+/// The model option of every command that reads a model (-m/--model, default smollm2): a GGUF
+/// file, a Hugging Face directory or an alias, resolved by resolve_model. `role` names it in
+/// the help ("model", "the full model", ...).
+void add_model_option(po::options_description& d, std::string& model,
+                      const std::string& role = "model");
+
 /// Parses argv (after the subcommand name); prints help and returns false for --help.
 /// Throws sparsim::Error for unknown or malformed options.
 bool parse(int argc, char** argv, const std::string& usage, po::options_description& desc,

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <new>
 #include <string>
+#include <vector>
 
 namespace sparsim::app {
 int cmd_inspect(int argc, char** argv);
@@ -37,47 +38,90 @@ struct Command {
   const char* name;
   int (*run)(int, char**);
   const char* help;
+  const char* example;  ///< one command line that works after scripts/setup.sh
 };
 
-const Command kCommands[] = {
-    {"eval", sparsim::app::cmd_eval,
-     "perplexity over sliding windows and multiple-choice tasks (run file + JSON summary)"},
-    {"compare", sparsim::app::cmd_compare,
-     "perplexity of several sparsity configurations on the same windows, dense context shared"},
-    {"calibrate", sparsim::app::cmd_calibrate,
-     "activation statistics, greedy allocation, sensitivities and WINA rotation for sparsity"},
-    {"profile", sparsim::app::cmd_profile,
-     "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)"},
-    {"prune", sparsim::app::cmd_prune,
-     "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model"},
-    {"recover", sparsim::app::cmd_recover,
-     "LoRA recovery of a pruned model, distilled from the model it was pruned from (GGUF)"},
-    {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt"},
-    {"inspect", sparsim::app::cmd_inspect,
-     "show a model file's metadata, tensors and memory needs; check them against each other"},
-    {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file"},
-    {"forward", sparsim::app::cmd_forward,
-     "run the forward pass on token ids (prefill, decode, greedy steps) into a run file"},
-    {"bench", sparsim::app::cmd_bench,
-     "prefill and decode speed, and decode against memory bandwidth"},
-    {"flops", sparsim::app::cmd_flops,
-     "FLOP accounting of run files: dense vs realised FLOPs and bytes per phase, op and layer"},
-    {"predict", sparsim::app::cmd_predict,
-     "predicted time, tokens/s and speedup of a run on a hardware profile (roofline)"},
-    {"probe", sparsim::app::cmd_probe,
-     "measure this machine's bandwidth, GEMM/GEMV rates and launch cost: a hardware profile"},
-    {"sweep", sparsim::app::cmd_sweep,
-     "run a grid of evaluations from a spec: resumable, under MPI or as a Slurm job array"},
-    {"collect", sparsim::app::cmd_collect,
-     "merge a sweep's finished points into results.h5 and results.csv"},
+struct Group {
+  const char* title;
+  std::vector<Command> commands;
+};
+
+// The commands grouped by what a user wants to do, in the order of a first session.
+const std::vector<Group> kGroups = {
+    {"evaluate a method (perplexity, tasks, long context; realised against target, FLOPs, bytes)",
+     {{"eval", sparsim::app::cmd_eval,
+       "perplexity over sliding windows, tasks, retrieval; run file + JSON summary",
+       "sparsim eval --method token-filter --tf-ratio 0.3 --max-windows 4 --json tf.json"},
+      {"compare", sparsim::app::cmd_compare,
+       "several activation-sparsity configurations on the same windows, dense context shared",
+       "sparsim compare --calibration cal.h5 --config 'teal: --method teal --sparsity 0.5'"},
+      {"generate", sparsim::app::cmd_generate, "greedy or sampled text from a prompt",
+       "sparsim generate --chat --prompt 'Name three plays by Shakespeare.' -n 40"}}},
+    {"calibrate and profile",
+     {{"calibrate", sparsim::app::cmd_calibrate,
+       "activation statistics, allocation, sensitivities, WINA rotation; --fisher: KV Fisher "
+       "scores",
+       "sparsim calibrate --variants plain --out cal.h5"},
+      {"profile", sparsim::app::cmd_profile,
+       "block sensitivity profile e_i and the budgets it implies (run file, table, PNG plot)",
+       "sparsim profile --calibration cal.h5 --out p.h5 --plot p.png"}}},
+    {"prune and recover (smaller models every command runs)",
+     {{"prune", sparsim::app::cmd_prune,
+       "RAP / KVPruner KV pruning from Fisher scores, written as a smaller GGUF model",
+       "sparsim prune --method rap --retain 0.7 --calibration fisher.h5 --out rap.gguf"},
+      {"recover", sparsim::app::cmd_recover,
+       "LoRA recovery of a pruned model, distilled from the model it was pruned from",
+       "sparsim recover --model rap.gguf --teacher smollm2 --steps 100 --out rap-r.gguf"}}},
+    {"sweep a grid (resumable; MPI, Slurm)",
+     {{"sweep", sparsim::app::cmd_sweep,
+       "run a grid of evaluations from a TOML spec, under MPI or as a Slurm job array",
+       "sparsim sweep data/sweeps/demo.toml --plan"},
+      {"collect", sparsim::app::cmd_collect,
+       "merge a sweep's finished points into results.h5 and results.csv",
+       "sparsim collect data/sweeps/demo.toml"}}},
+    {"report (FLOPs, bytes, predicted time; pages: scripts/report.py)",
+     {{"flops", sparsim::app::cmd_flops,
+       "FLOP accounting of run files: dense vs realised FLOPs and bytes per phase, op, layer",
+       "sparsim flops out/eval.h5 --by layer"},
+      {"predict", sparsim::app::cmd_predict,
+       "predicted time, tokens/s and speedup of a run on a hardware profile (roofline)",
+       "sparsim predict out/eval.h5 --hardware a100-80gb"}}},
+    {"benchmark this machine",
+     {{"bench", sparsim::app::cmd_bench,
+       "prefill and decode speed, a method's decode against dense, decode against bandwidth",
+       "sparsim bench --prompt 512 --decode 64"},
+      {"probe", sparsim::app::cmd_probe,
+       "measure bandwidth, GEMM/GEMV rates and launch cost: a hardware profile for predict",
+       "sparsim probe --out local.json"}}},
+    {"model files",
+     {{"inspect", sparsim::app::cmd_inspect,
+       "a model file's metadata, tensors and memory needs, checked against each other",
+       "sparsim inspect smollm2"},
+      {"synth", sparsim::app::cmd_synth, "write a seeded random Llama model to a GGUF file",
+       "sparsim synth --preset tiny --out tiny.gguf"},
+      {"forward", sparsim::app::cmd_forward,
+       "the forward pass on token ids (prefill, decode, greedy steps) into a run file",
+       "sparsim forward --tokens 1,2,3 --greedy 4 --out f.h5"}}},
 };
 
 void usage(std::ostream& os) {
-  os << "usage: sparsim <command> [options]   (sparsim <command> --help for its options)\n\n"
-     << "commands:\n";
-  for (const auto& c : kCommands)
-    os << "  " << c.name << std::string(10 - std::strlen(c.name), ' ') << c.help << "\n";
+  os << "usage: sparsim <command> [options]   (sparsim <command> --help for its options)\n"
+     << "every command that reads a model takes --model (a GGUF file, a Hugging Face folder or\n"
+     << "the alias smollm2, the default)\n";
+  for (const auto& g : kGroups) {
+    os << "\n" << g.title << ":\n";
+    for (const auto& c : g.commands)
+      os << "  " << c.name << std::string(11 - std::strlen(c.name), ' ') << c.help << "\n"
+         << std::string(13, ' ') << "e.g. " << c.example << "\n";
+  }
   os << "\nsparsim " << SPARSIM_VERSION << "\n";
+}
+
+const Command* find_command(const std::string& name) {
+  for (const auto& g : kGroups)
+    for (const auto& c : g.commands)
+      if (name == c.name) return &c;
+  return nullptr;
 }
 
 }  // namespace
@@ -85,17 +129,16 @@ void usage(std::ostream& os) {
 namespace sparsim::app {
 /// The function of a subcommand, or null (sparsim sweep runs other subcommands' option checks).
 int (*command_function(const std::string& name))(int, char**) {
-  for (const auto& c : kCommands)
-    if (name == c.name) return c.run;
-  return nullptr;
+  const Command* c = find_command(name);
+  return c != nullptr ? c->run : nullptr;
 }
 }  // namespace sparsim::app
 
 int main(int argc, char** argv) {
   sparsim::select_blas_core(argv);
-  if (argc < 2) {
-    usage(std::cerr);
-    return 2;
+  if (argc < 2) {  // a first try: what sparsim does, grouped, with an example of each command
+    usage(std::cout);
+    return 0;
   }
   const std::string cmd = argv[1];
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
@@ -106,8 +149,8 @@ int main(int argc, char** argv) {
     std::cout << "sparsim " << SPARSIM_VERSION << "\n";
     return 0;
   }
-  for (const auto& c : kCommands) {
-    if (cmd != c.name) continue;
+  if (const Command* found = find_command(cmd)) {
+    const Command& c = *found;
     sparsim::install_interrupt_handlers("sparsim " + cmd);
     // Exit status: 0 done, 1 error, 2 unusable command line (e.g. an output that is an input),
     // 3 internal error, 128 + signal when interrupted (130 SIGINT, 143 SIGTERM).
@@ -138,8 +181,8 @@ int main(int argc, char** argv) {
         std::cerr << "sparsim " << cmd << ": error: out of memory: " << what;
         double free_b = 0, total_b = 0;
         if (sparsim::device_blas::memory_info(free_b, total_b))
-          std::cerr << fmt::format(" ({:.2f} GiB of the GPU's {:.2f} GiB free)",
-                                   free_b / (1 << 30), total_b / (1 << 30));
+          std::cerr << fmt::format(" ({:.2f} GiB of the GPU's {:.2f} GiB free)", free_b / (1 << 30),
+                                   total_b / (1 << 30));
         std::cerr << "\n";
         return 1;
       }

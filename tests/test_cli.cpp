@@ -5,6 +5,7 @@
 #include "io/hdf5.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_writer.hpp"
+#include "model/model_registry.hpp"
 
 #include <cmath>
 #include <cstdlib>
@@ -217,6 +218,54 @@ TEST_F(Cli, NonsenseOptions) {
   EXPECT_NE(v.output.find("600"), std::string::npos) << v.output;
   const RunResult u = run_cmd(sparsim_bin() + " frobnicate");
   EXPECT_EQ(u.exit_code, 2);
+}
+
+// `sparsim` alone shows every command once, under the group of what a user wants to do, each
+// with an example that is a command line of that very command.
+TEST(CliUsage, NoCommandListsEveryCommandGroupedWithAnExample) {
+  const RunResult r = run_cmd(sparsim_bin());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* g : {"evaluate", "calibrate and profile", "prune", "sweep", "report",
+                        "benchmark", "model files"})
+    EXPECT_NE(r.output.find(std::string("\n") + g), std::string::npos) << g << "\n" << r.output;
+  for (const char* c :
+       {"eval", "compare", "generate", "calibrate", "profile", "prune", "recover", "sweep",
+        "collect", "flops", "predict", "bench", "probe", "inspect", "synth", "forward"}) {
+    const std::string line = std::string("\n  ") + c + " ";
+    const auto at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << c;
+    EXPECT_EQ(r.output.find(line, at + 1), std::string::npos) << c << " listed twice";
+    const auto eg = r.output.find("e.g. ", at);
+    ASSERT_NE(eg, std::string::npos) << c;
+    EXPECT_EQ(r.output.compare(eg + 5, 8 + std::strlen(c) + 1, std::string("sparsim ") + c + " "),
+              0)
+        << c << ": its example runs another command";
+    // and the command knows the options its example uses
+    EXPECT_EQ(run_cmd(sparsim_bin() + " " + c + " --help").exit_code, 0) << c;
+  }
+  EXPECT_EQ(run_cmd(sparsim_bin() + " help").output, r.output);
+}
+
+// inspect and forward take the model the way eval does: the alias, positional or --model.
+TEST_F(Cli, InspectAndForwardTakeTheModelAlias) {
+  const RunResult missing = run_cmd(sparsim_bin() + " inspect " + dir_.file("nope.gguf"));
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.output.find("does not exist"), std::string::npos) << missing.output;
+  const RunResult alias = run_cmd(sparsim_bin() + " inspect frobnitz");
+  EXPECT_NE(alias.exit_code, 0);
+  EXPECT_NE(alias.output.find("known: smollm2"), std::string::npos) << alias.output;
+  const auto p = find_smollm2_gguf();
+  if (!p) GTEST_SKIP() << "SmolLM2-135M-Instruct GGUF not found (scripts/setup.sh installs it)";
+  const RunResult by_alias = run_cmd(sparsim_bin() + " inspect smollm2");
+  ASSERT_EQ(by_alias.exit_code, 0) << by_alias.output;
+  EXPECT_EQ(by_alias.output, run_cmd(sparsim_bin() + " inspect " + *p).output);
+  EXPECT_EQ(run_cmd(sparsim_bin() + " inspect --model smollm2").output, by_alias.output);
+  const std::string out = dir_.file("alias.h5");
+  const RunResult fw = run_cmd(sparsim_bin() + " forward --model smollm2 --tokens 1,2,3 --out " +
+                               out + " --log-level error");
+  ASSERT_EQ(fw.exit_code, 0) << fw.output;
+  auto f = io::H5File::open_read(out);
+  EXPECT_EQ(f.root().open_group("model").get_attr<std::string>("path"), *p);
 }
 
 TEST_F(Cli, InspectAndSynthQuantizedTypes) {
