@@ -39,6 +39,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_file import atomic_write, umask_mode  # noqa: E402
+import comparison  # noqa: E402
 
 try:
     import h5py
@@ -113,6 +114,8 @@ class Run:
 
     def __init__(self, path, label):
         self.path, self.label = path, label
+        if not os.path.exists(path):
+            raise InputError(f"run file '{path}' does not exist")
         try:
             f = h5py.File(path, "r")
         except OSError as e:
@@ -531,6 +534,7 @@ def cmd_page(a):
             warnings.append(f"{p}: run-file schema {r.schema} (older than 2); its ledger has no token counts")
         runs.append(r)
     sections = []
+    comparison_section(a, runs, outdir, sections, warnings)
     # FLOP accounting
     figs = []
     for key in ("flops", "bytes"):
@@ -614,6 +618,82 @@ def cmd_page(a):
     atomic_write(os.path.join(outdir, "index.html"), page)
     nfig = sum(len(sec["figures"]) for sec in sections)
     print(f"wrote {os.path.join(outdir, 'index.html')} with {nfig} figures")
+
+
+def comparison_section(a, runs, outdir, sections, warnings):
+    """The page's first section when it has a dense run and at least one method on the same model
+    and windows: the comparison table, quality against cost, realised against target per family."""
+    # eval runs: a ledger and perplexity windows (forward, bench and profile runs are not compared)
+    entries = [e for e in (comparison.Entry(r.path) for r in runs if r.ledger is not None)
+               if e.windows is not None]
+    for r in runs:
+        for e in entries:
+            if e.path == r.path:
+                e.label = f"{r.label}: {e.label}"
+    if len(entries) < 2:
+        return None
+    models = sorted({e.model_id for e in entries})
+    corpora = sorted({str(e.corpus) for e in entries})
+    if len(models) > 1:
+        warnings.append("the runs are of different models (fingerprints " + ", ".join(models) +
+                        "; a pruned model counts as the model it was cut from): only runs of the baseline's "
+                        "model are compared")
+    if len(corpora) > 1:
+        warnings.append("the runs scored different corpora (fingerprints " + ", ".join(corpora) +
+                        "): only runs on the baseline's corpus and windows are compared")
+    base = None
+    if a.baseline:
+        base = next((e for e in entries if os.path.samefile(e.path, a.baseline)), None)
+        if base is None:
+            raise InputError(f"--baseline {a.baseline} is not one of the run files")
+    elif not any(e.is_dense for e in entries):
+        return None
+    hw = (a.hardware or [None])[0]
+    try:
+        res = comparison.compare(entries, base, hw, a.sparsim or default_sparsim())
+    except comparison.CompareError as e:
+        raise InputError(str(e))
+    for sk in res["not_compared"]:
+        warnings.append(f"not compared with the baseline: {sk['label']} ({sk['path']}): {sk['why']}")
+    if len(res["rows"]) < 2:
+        return res
+    head, rows = comparison.table(res)
+    figs = []
+    f = comparison.fig_quality_cost(res, outdir, save_fig, plt)
+    if f:
+        figs.append({"file": f, "caption": "Quality against cost: each run's perplexity with its 95% interval over "
+                                           "windows, against " + (f"its predicted time on {hw}" if hw else "its realised FLOPs") +
+                                           " relative to dense (1.0). Lower and further left is better."})
+    for name, cap in comparison.fig_families(entries, res, outdir, save_fig, plt):
+        figs.append({"file": name, "caption": cap})
+    base_label = next(r["label"] for r in res["rows"] if r["baseline"])
+    sections.append({"title": "Methods against dense",
+                     "text": f"Every run against {base_label} on the same windows "
+                             f"({res['rows'][0]['windows']} windows, {res['rows'][0]['tokens_scored']} scored tokens each run). "
+                             "Δ NLL/token: paired over windows (t interval, exact sign-flip p). "
+                             "Target → realised: what each family aims at and what it did. FLOPs and bytes saved: "
+                             "against the dense run's ledger. KV cache: bytes per token over dense. "
+                             + (f"Speedup: sparsim predict on {hw} (prefill of these windows)." if hw else ""),
+                     "tables": [{"head": head, "rows": rows, "left": 1}], "figures": figs})
+    if a.comparison_json:
+        atomic_write(a.comparison_json, json.dumps(res, indent=1) + "\n")
+    return res
+
+
+def cmd_compare(a):
+    try:
+        entries = [comparison.Entry(p) for p in a.runs]
+        base = comparison.Entry(a.baseline) if a.baseline else None
+        if base is not None:
+            entries = [base] + [e for e in entries if not os.path.samefile(e.path, base.path)]
+        res = comparison.compare(entries, base, a.hardware, a.sparsim or default_sparsim())
+    except comparison.CompareError as e:
+        raise InputError(str(e))
+    print(comparison.text_table(res))
+    for sk in res["not_compared"]:
+        print(f"not compared: {sk['label']} ({sk['path']}): {sk['why']}")
+    if a.json:
+        atomic_write(a.json, json.dumps(res, indent=1) + "\n")
 
 
 def cmd_sensitivity_plot(a):
@@ -1304,7 +1384,16 @@ def main():
     p.add_argument("--hardware", action="append", help="also predict every run on this profile (repeatable)")
     p.add_argument("--measured-hardware", help="profile to set bench --out runs' measured per-op times against")
     p.add_argument("--sparsim", help="the sparsim binary for predictions (default build/bin/sparsim)")
+    p.add_argument("--baseline", help="the dense run the others are compared with (default: the first dense run)")
+    p.add_argument("--comparison-json", help="also write the comparison (the page's first table) as JSON")
     p.set_defaults(func=cmd_page)
+    c = sub.add_parser("compare", help="methods against dense on the same windows: a table on stdout")
+    c.add_argument("runs", nargs="+", help="run files of sparsim eval (HDF5), one of them dense")
+    c.add_argument("--baseline", help="the dense run (default: the first dense run)")
+    c.add_argument("--hardware", help="also the predicted speedup on this profile (sparsim predict)")
+    c.add_argument("--sparsim", help="the sparsim binary (default build/bin/sparsim)")
+    c.add_argument("--json", help="write the comparison as JSON")
+    c.set_defaults(func=cmd_compare)
     q = sub.add_parser("sensitivity-plot", help="the plot of sparsim profile --plot")
     q.add_argument("run", help="run file of sparsim profile")
     q.add_argument("--png", required=True)

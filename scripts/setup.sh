@@ -164,6 +164,6 @@ cmake --build --preset openmp -j "$jobs"
 log "built $here/build/bin/sparsim"
 
 if [ "$run_main" = 1 ]; then
-  log "main job: sparsim on a seeded synthetic model"
+  log "main job: dense against Token Filtering, GRACE, RAP and TEAL on SmolLM2-135M (scripts/main_job.sh)"
   "$here/scripts/main_job.sh"
 fi

@@ -3,6 +3,9 @@
 // chromium is installed); the docs' generated blocks agree with the committed files; bad input.
 #include "helpers.hpp"
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +66,29 @@ class Report : public ::testing::Test {
       const RunResult r = run_cmd(c + " --log-level error");
       ASSERT_EQ(r.exit_code, 0) << c << "\n" << r.output;
     }
+    // dense against Token Filtering, GRACE and a RAP-pruned model on the same windows, with
+    // their JSON summaries (the comparison the main job makes), and a run of another model
+    const std::string win = " --corpus " + corpus + " --context 64 --stride 32 --max-windows 4 ";
+    const std::string other = make_model(*dir_, "other.gguf", tiny_spec(42));
+    auto ev = [&](const std::string& name, const std::string& m, const std::string& opts) {
+      return bin + "eval --model " + m + win + opts + " --out " + dir_->file(name + ".h5") +
+             " --json " + dir_->file(name + ".json");
+    };
+    const std::vector<std::string> cmp = {
+        ev("c_dense", model, ""),
+        ev("c_tf", model, "--method token-filter --tf-ratio 0.5 --tf-warmup 4"),
+        ev("c_grace", model, "--method grace --kv-prune 0.5 --kv-window 8 --kv-recent 8"),
+        bin + "calibrate --fisher --model " + model + " --corpus " + corpus + " --out " +
+            dir_->file("fisher.h5") + " --fisher-seqs 2 --fisher-tokens 48",
+        bin + "prune --model " + model + " --method rap --retain 0.5 --calibration " +
+            dir_->file("fisher.h5") + " --out " + dir_->file("rap.gguf"),
+        ev("c_rap", dir_->file("rap.gguf"), ""),
+        ev("c_other", other, ""),
+    };
+    for (const std::string& c : cmp) {
+      const RunResult r = run_cmd(c + " --log-level error");
+      ASSERT_EQ(r.exit_code, 0) << c << "\n" << r.output;
+    }
     std::ofstream(dir_->file("sweep.csv")) << "method,sparsity,perplexity,decode_tokens_per_s\n"
                                               "teal,0.3,41.5,30\nteal,0.5,53.7,35\n"
                                               "wina,0.3,44.6,28\nwina,0.5,69.5,33\n";
@@ -81,6 +107,25 @@ class Report : public ::testing::Test {
   static TempDir* dir_;
 };
 TempDir* Report::dir_ = nullptr;
+
+// Open a page in headless Chromium: it loads, every image is there (no failed resource).
+void expect_page_loads_in_a_browser(const std::string& dir, const std::string& shot) {
+  if (!on_path("chromium")) GTEST_SKIP() << "chromium not installed: the browser check is skipped";
+  const RunResult c = run_cmd(
+      "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
+      "--enable-logging=stderr --v=0 --window-size=1280,6000 --screenshot=" +
+      shot + " file://" + dir + "/index.html");
+  EXPECT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_GT(slurp(shot).size(), 20000u) << c.output;
+  // (a 404 only as a status: Chromium's log lines carry microsecond timestamps with any digits)
+  for (const char* bad :
+       {"Failed to load resource", "ERR_FILE_NOT_FOUND", "Uncaught", "status of 404"})
+    EXPECT_EQ(c.output.find(bad), std::string::npos) << bad << "\n" << c.output;
+}
+
+double num(const nlohmann::json& j) {
+  return j.get<double>();
+}
 
 TEST_F(Report, PageOnRealRunFilesHasEveryFigure) {
   const std::string out = dir_->file("page");
@@ -119,18 +164,88 @@ TEST_F(Report, PageOnRealRunFilesHasEveryFigure) {
     EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
 
   // the page in a real browser (opt-in: Debian's chromium, scripts/setup.sh --with-chromium)
-  if (!on_path("chromium")) GTEST_SKIP() << "chromium not installed: the browser check is skipped";
-  const std::string shot = dir_->file("shot.png");
-  const RunResult c = run_cmd(
-      "timeout 120 chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage "
-      "--enable-logging=stderr --v=0 --window-size=1280,6000 --screenshot=" +
-      shot + " file://" + out + "/index.html");
-  EXPECT_EQ(c.exit_code, 0) << c.output;
-  EXPECT_GT(slurp(shot).size(), 20000u) << c.output;
-  // (a 404 only as a status: Chromium's log lines carry microsecond timestamps with any digits)
-  for (const char* bad :
-       {"Failed to load resource", "ERR_FILE_NOT_FOUND", "Uncaught", "status of 404"})
-    EXPECT_EQ(c.output.find(bad), std::string::npos) << bad << "\n" << c.output;
+  expect_page_loads_in_a_browser(out, dir_->file("shot.png"));
+}
+
+// The page leads with the methods against dense, and every number of that table is the one the
+// runs' JSON summaries (written by sparsim eval, not by the generator) give; a run of another
+// model is named on the page and left out of the comparison; each family's figure is there.
+TEST_F(Report, ComparisonLeadsThePageAndAgreesWithTheSummaries) {
+  const std::string out = dir_->file("cmp_page");
+  const std::vector<std::string> names = {"c_dense", "c_tf", "c_grace", "c_rap", "c_other"};
+  std::string runs;
+  for (const auto& n : names) runs += dir_->file(n + ".h5") + " ";
+  const RunResult r =
+      run_cmd(report("page " + runs + "--hardware a100-80gb --sparsim " + sparsim_bin() +
+                     " --comparison-json " + dir_->file("cmp.json") + " --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = slurp(out + "/index.html");
+  const auto first_h2 = html.find("<h2>");
+  ASSERT_NE(first_h2, std::string::npos);
+  EXPECT_EQ(html.compare(first_h2, 25, "<h2>Methods against dense"), 0)
+      << html.substr(first_h2, 80);
+  EXPECT_NE(html.find("different models"), std::string::npos);
+  EXPECT_NE(html.find("not compared with the baseline"), std::string::npos);
+
+  const auto cmp = nlohmann::json::parse(slurp(dir_->file("cmp.json")));
+  ASSERT_EQ(cmp["rows"].size(), 4u);  // the other model's run is not compared
+  ASSERT_EQ(cmp["not_compared"].size(), 1u);
+  EXPECT_NE(cmp["not_compared"][0]["path"].get<std::string>().find("c_other"), std::string::npos);
+  auto summary = [&](const std::string& n) {
+    return nlohmann::json::parse(slurp(dir_->file(n + ".json")));
+  };
+  const auto dense = summary("c_dense");
+  for (std::size_t i = 0; i < 4; ++i) {
+    const auto& row = cmp["rows"][i];
+    const auto s = summary(names[i]);
+    const double rel = 1e-12;
+    EXPECT_NEAR(num(row["perplexity"]), num(s["perplexity"]), rel * num(s["perplexity"])) << i;
+    for (int k = 0; k < 2; ++k)
+      EXPECT_NEAR(num(row["perplexity_ci95"][k]), num(s["perplexity_spread"]["ci95"][k]),
+                  1e-9 * num(s["perplexity"]))
+          << i;
+    EXPECT_NEAR(num(row["flops_saved"]),
+                1.0 - num(s["flops"]["realised"]) / num(dense["flops"]["realised"]), 1e-12)
+        << i;
+    EXPECT_NEAR(num(row["bytes_saved"]),
+                1.0 - num(s["bytes"]["realised"]) / num(dense["bytes"]["realised"]), 1e-12)
+        << i;
+    // the perplexity as the page prints it
+    EXPECT_NE(html.find(fmt::format("{:.3f} [", num(s["perplexity"]))), std::string::npos) << i;
+    EXPECT_EQ(row["windows"].get<int>(), s["windows"].get<int>());
+  }
+  EXPECT_EQ(num(cmp["rows"][0]["flops_saved"]), 0.0);
+  const auto tf = summary("c_tf")["token_filter"];
+  EXPECT_EQ(num(cmp["rows"][1]["target_realised"][0]["target"]), num(tf["target"]));
+  EXPECT_EQ(num(cmp["rows"][1]["target_realised"][0]["realised"]), num(tf["realised"]));
+  const auto kv = summary("c_grace")["kv_prune"];
+  EXPECT_EQ(num(cmp["rows"][2]["target_realised"][0]["target"]), num(kv["lambda"]));
+  EXPECT_NEAR(num(cmp["rows"][2]["target_realised"][0]["realised"]),
+              1.0 - num(kv["k_bytes"]) / num(kv["k_bytes_dense"]), 1e-12);
+  const auto pr = summary("c_rap")["pruned"];
+  EXPECT_NEAR(num(cmp["rows"][3]["kv_cache_fraction"]), num(pr["kv_bytes_fraction"]), 1e-12);
+  EXPECT_NEAR(num(cmp["rows"][3]["target_realised"][0]["target"]), 1.0 - num(pr["retain"]), 1e-12);
+  // paired differences: per window, the method's per-token NLL minus dense's, both from the runs
+  const auto d = cmp["rows"][1]["per_window_delta_nll"];
+  double mean = 0;
+  for (const auto& x : d) mean += num(x) / static_cast<double>(d.size());
+  EXPECT_NEAR(num(cmp["rows"][1]["delta_nll_per_token"]), mean, 1e-12);
+  EXPECT_NEAR(mean,
+              num(summary("c_tf")["perplexity_spread"]["mean_nll_per_window"]) -
+                  num(dense["perplexity_spread"]["mean_nll_per_window"]),
+              1e-9);
+  // one figure per family and the quality-cost plot, all present
+  for (const char* f : {"compare_quality_cost.png", "compare_tf_1.png", "compare_kv_2.png",
+                        "compare_pruned_3.png"}) {
+    EXPECT_NE(html.find(std::string("src=\"") + f), std::string::npos) << f;
+    EXPECT_GT(fs::file_size(out + "/" + f), 5000u) << f;
+  }
+  // and the text table of the same comparison
+  const RunResult t = run_cmd(report("compare " + runs + "--sparsim " + sparsim_bin()));
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("not compared: "), std::string::npos) << t.output;
+  EXPECT_NE(t.output.find("token-filter r=0.5"), std::string::npos) << t.output;
+  expect_page_loads_in_a_browser(out, dir_->file("cmp_shot.png"));
 }
 
 TEST_F(Report, ProfilePlotComesFromTheGenerator) {
@@ -146,9 +261,9 @@ TEST_F(Report, ProfilePlotComesFromTheGenerator) {
 
 TEST_F(Report, DocsGeneratedBlocksAgreeWithTheCommittedFiles) {
   const std::string docs = std::string(SPARSIM_SOURCE_DIR) + "/docs/";
-  const RunResult r = run_cmd(report("docs-blocks --check " + docs + "cost-model.md " + docs +
-                                     "performance.md " + docs + "eval.md " + docs + "sparsity.md " + docs +
-                                     "recovery.md"));
+  const RunResult r =
+      run_cmd(report("docs-blocks --check " + docs + "cost-model.md " + docs + "performance.md " +
+                     docs + "eval.md " + docs + "sparsity.md " + docs + "recovery.md"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // the validation page is generated whole from its summary
   const RunResult v =
@@ -172,6 +287,11 @@ TEST_F(Report, BadInputFailsWithAReason) {
        "holds no sensitivity profile"},
       {"page --table " + dir_->file("missing.csv") + " --out " + dir_->file("bad4"),
        "cannot read table"},
+      {"page " + dir_->file("c_dense.h5") + " " + dir_->file("gone.h5") + " --out " +
+           dir_->file("bad5"),
+       "run file '" + dir_->file("gone.h5") + "' does not exist"},
+      {"compare " + dir_->file("c_tf.h5") + " " + dir_->file("c_grace.h5"),
+       "no dense run among the inputs"},
   };
   for (const Case& c : cases) {
     const RunResult r = run_cmd(report(c.args));
@@ -179,7 +299,7 @@ TEST_F(Report, BadInputFailsWithAReason) {
     EXPECT_NE(r.output.find(c.needle), std::string::npos) << c.args << "\n" << r.output;
     EXPECT_FALSE(fs::exists(dir_->file("bad.png")));
   }
-  for (const char* d : {"bad1", "bad2", "bad3", "bad4"})
+  for (const char* d : {"bad1", "bad2", "bad3", "bad4", "bad5"})
     EXPECT_FALSE(fs::exists(dir_->file(std::string(d) + "/index.html"))) << d;
 }
 
