@@ -91,8 +91,8 @@ int cmd_generate(int argc, char** argv) {
   lo.bf16_compute = bf16_compute;
   check_load_options(lo);
   const ResolvedModel rm = resolve_model(model_arg);
+  Runtime rt(co);  // (sets the log level)
   log().info("model {} ({})", rm.path, rm.origin);
-  Runtime rt(co);
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
     ModelInfo mi;

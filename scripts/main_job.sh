@@ -12,7 +12,7 @@
 # difference to dense, target against realised, FLOPs and bytes saved, KV-cache bytes, predicted
 # A100 speedup), a short chat completion and the report page out/report/index.html.
 # Outputs (out/, or SPARSIM_OUT): <method>.h5 run files, <method>.json summaries, the logs of each
-# command in logs/, comparison.json, report/.
+# command in logs/, comparison.json, main_job.json (the time of each step), report/.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$here/build/bin/sparsim"
@@ -23,6 +23,8 @@ mkdir -p "$out/logs"
 common=(--model smollm2 --corpus default --context 2048 --stride 512 --max-windows "$windows")
 
 t0=$SECONDS
+load0=$(cut -d' ' -f1 /proc/loadavg)
+steps=()
 # step NAME DESCRIPTION COMMAND...: runs a command with its output in logs/NAME.txt, one line here
 step() {
   local name="$1" what="$2"
@@ -34,6 +36,7 @@ step() {
     exit 1
   fi
   printf '  %-44s %4d s\n' "$what" $((SECONDS - t))
+  steps+=("{\"step\": \"$what\", \"seconds\": $((SECONDS - t))}")
 }
 ev() {  # ev NAME [method options...]: one evaluation on the shared windows
   local name="$1"
@@ -57,6 +60,11 @@ step teal-calibration "calibrate (TEAL, 2 windows)" "$bin" calibrate --variants 
   --max-windows 2 --greedy-seqs 2 --out "$out/teal-calibration.h5" --progress never
 ev teal --method teal --sparsity 0.5 --calibration "$out/teal-calibration.h5"
 echo "  methods part: $((SECONDS - t0)) s"
+# the times of this run, with the machine's load (1-minute average) before and after
+printf '{"windows": %d, "methods_seconds": %d, "load_before": %s, "load_after": %s, "cpus": %d,\n "steps": [%s]}\n' \
+  "$windows" $((SECONDS - t0)) "$load0" "$(cut -d' ' -f1 /proc/loadavg)" "$(nproc)" \
+  "$(IFS=,; echo "${steps[*]}")" >"$out/main_job.json.tmp"
+mv "$out/main_job.json.tmp" "$out/main_job.json"
 echo
 "$py" "$here/scripts/report.py" compare "$out"/{dense,token-filter,grace,rap,teal}.h5 \
   --hardware a100-80gb --sparsim "$bin" --json "$out/comparison.json"
