@@ -1332,7 +1332,36 @@ def block_recovery_step_cost():
             "[results/recovery_step_timing.json](results/recovery_step_timing.json).\n")
 
 
-BLOCKS = {"hardware-table": block_hardware_table, "bench-vs-llamacpp": block_bench_vs_llamacpp,
+def block_fresh_setup(name="fresh_setup.json"):
+    """README: the fresh setup's time per stage, and the main job's comparison it ran."""
+    j = _results(name)
+    st = {x["stage"]: x["seconds"] for x in j["stages"]}
+    build = sum(v for k, v in st.items() if k.startswith("configuring and building sparsim"))
+    main = sum(v for k, v in st.items() if k.startswith("main job"))
+    text = (f"A full fresh setup (a clean clone, an empty `SPARSIM_DEPS`, Debian packages already present, no "
+            f"compiler cache) took **{j['setup_seconds'] / 60:.1f} minutes** on a {j['cpus']}-core machine "
+            f"(load {j['load_before']:.2f} before): {build / 60:.1f} of them building sparsim, "
+            f"{main / 60:.1f} the main job")
+    mj = j.get("main_job")
+    if mj:
+        text += (f", whose methods part took {mj['methods_seconds']} s ("
+                 + ", ".join(f"{x['step']} {x['seconds']} s" for x in mj["steps"]) + ")")
+    text += "."
+    if "tests_seconds" in j:
+        text += f" The test suite then took {j['tests_seconds'] / 60:.1f} minutes."
+    text += (f" Commit {j['commit'][:7]}; `{j['command']}`, every stage in "
+             f"[docs/results/{name}](docs/results/{name}).\n")
+    cmp = j.get("comparison")
+    if cmp:
+        head, rows = comparison.table(cmp)
+        text += ("\nThe comparison that main job printed (SmolLM2-135M-Instruct Q4_1, the default corpus, "
+                 f"{cmp['rows'][0]['windows']} windows of 2048 tokens with the last 512 scored; "
+                 "Δ NLL/token paired over windows with its t interval and exact sign-flip p):\n\n"
+                 + md_table(head, rows))
+    return text
+
+
+BLOCKS = {"fresh-setup": block_fresh_setup, "hardware-table": block_hardware_table, "bench-vs-llamacpp": block_bench_vs_llamacpp,
           "decode-methods": block_decode_methods, "sparse-gemv": block_sparse_gemv,
           "llamacpp-agreement": block_llamacpp_agreement, "decode-ideal": block_decode_ideal,
           "decode-methods-summary": block_decode_methods_summary, "sparse-gemv-notes": block_sparse_gemv_notes,

@@ -2,7 +2,8 @@
 """Times the README's first command on a fresh checkout: clones this repository's HEAD into a
 temporary folder and runs `scripts/setup.sh` there with an empty dependency prefix
 (SPARSIM_DEPS) and the compiler cache disabled, then, with --tests, the README's test command.
-Writes the total and the time of each setup stage (from the setup's own log lines) to JSON.
+Writes the total and the time of each setup stage (from the setup's own log lines) to JSON, with
+the main job's own step times (out/main_job.json) and its comparison table (out/comparison.json).
 
     scripts/time_fresh_setup.py --json docs/results/fresh_setup.json [--tests]
 
@@ -65,6 +66,12 @@ def main():
     ends = [t for t, _ in stages[1:]] + [secs]
     out["stages"] = [{"stage": name, "start_seconds": t, "seconds": e - t}
                      for (t, name), e in zip(stages, ends)]
+    # what the fresh main job measured and compared (scripts/main_job.sh writes both)
+    for key, name in (("main_job", "main_job.json"), ("comparison", "comparison.json")):
+        path = os.path.join(src, "out", name)
+        if os.path.exists(path):
+            with open(path) as f:
+                out[key] = json.load(f)
     if a.tests:
         tsecs, _ = timed(["ctest", "--preset", "openmp", "-j2", "--timeout", "900"], src, env,
                          os.path.join(work, "ctest.log"))

@@ -263,7 +263,8 @@ TEST_F(Report, DocsGeneratedBlocksAgreeWithTheCommittedFiles) {
   const std::string docs = std::string(SPARSIM_SOURCE_DIR) + "/docs/";
   const RunResult r =
       run_cmd(report("docs-blocks --check " + docs + "cost-model.md " + docs + "performance.md " +
-                     docs + "eval.md " + docs + "sparsity.md " + docs + "recovery.md"));
+                     docs + "eval.md " + docs + "sparsity.md " + docs + "recovery.md " +
+                     std::string(SPARSIM_SOURCE_DIR) + "/README.md"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // the validation page is generated whole from its summary
   const RunResult v =
