@@ -1347,6 +1347,11 @@ def block_fresh_setup(name="fresh_setup.json"):
         text += (f", whose methods part took {mj['methods_seconds']} s ("
                  + ", ".join(f"{x['step']} {x['seconds']} s" for x in mj["steps"]) + ")")
     text += "."
+    chk = j.get("main_job_check")
+    if chk:
+        text += (f" Its page: {chk['figures']} figures, the comparison table equal to the runs' JSON summaries"
+                 f"{'' if not chk['failures'] else ' — FAILED: ' + '; '.join(chk['failures'])}, headless Chromium "
+                 f"{chk['browser']} (`scripts/check_main_job.py`).")
     if "tests_seconds" in j:
         text += f" The test suite then took {j['tests_seconds'] / 60:.1f} minutes."
     text += (f" Commit {j['commit'][:7]}; `{j['command']}`, every stage in "

@@ -72,6 +72,15 @@ def main():
         if os.path.exists(path):
             with open(path) as f:
                 out[key] = json.load(f)
+    # the checks a new user's first look makes: table against summaries, figures, a real browser
+    chk = subprocess.run([os.path.join(deps, "venv", "bin", "python"), os.path.join(src, "scripts", "check_main_job.py"),
+                          os.path.join(src, "out"), "--json", os.path.join(work, "check.json")],
+                         capture_output=True, text=True)
+    print(chk.stdout + chk.stderr, end="")
+    if os.path.exists(os.path.join(work, "check.json")):
+        with open(os.path.join(work, "check.json")) as f:
+            out["main_job_check"] = json.load(f)
+            out["main_job_check"].pop("out", None)
     if a.tests:
         tsecs, _ = timed(["ctest", "--preset", "openmp", "-j2", "--timeout", "900"], src, env,
                          os.path.join(work, "ctest.log"))
