@@ -160,6 +160,12 @@ TEST_F(CliPrune, QuantizedSourceReportsTensorTypesAndSizes) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("file size:"), std::string::npos) << r.output;
+  // F32 columns against Q4_1 blocks: larger than the source, which is said with the way out
+  ASSERT_GT(fs::file_size(a), fs::file_size(q41_));
+  EXPECT_NE(r.output.find("LARGER than its source: the tensors above were widened to keep their "
+                          "values exact; --type source or --type q8_0 requantizes them (lossy)"),
+            std::string::npos)
+      << r.output;
   const auto j = read_json(aj);
   const auto& tt = j.at("tensor_types");
   EXPECT_EQ(tt.at("option"), "auto");

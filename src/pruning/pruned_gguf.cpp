@@ -142,17 +142,21 @@ std::string megabytes(std::uint64_t b) {
   return fmt::format("{:.1f} MB", static_cast<double>(b) / 1e6);
 }
 
-/// Why the output is larger than its source, and which --type makes it smaller.
+/// Why the output is larger than its source, and which --type would make it smaller.
 std::string larger_hint(const std::vector<TypeChange>& changed) {
-  const bool blocks = std::all_of(changed.begin(), changed.end(), [](const TypeChange& c) {
-    return c.row_length % gguf::block_size(c.from) == 0;
-  });
-  return fmt::format(
-      "  the pruned model is LARGER than its source: the tensors above were widened to keep "
-      "their values exact; {}\n",
-      blocks ? "--type source or --type q8_0 requantizes them instead (lossy)"
-             : "--type f16 or --type bf16 halves them (lossy); requantizing (--type source, "
-               "q8_0) needs rows of whole blocks, which these kept widths do not give");
+  auto all = [&](auto pred) { return std::all_of(changed.begin(), changed.end(), pred); };
+  const bool exact = all([](const TypeChange& c) { return c.exact; });
+  const bool blocks =
+      all([](const TypeChange& c) { return c.row_length % gguf::block_size(c.from) == 0; });
+  const bool f32 = !all([](const TypeChange& c) { return c.to != gguf::GGMLType::F32; });
+  std::string s = fmt::format("  the pruned model is LARGER than its source: {}",
+                              exact ? "the tensors above were widened to keep their values exact"
+                                    : "the tensors above are stored wider than in the source");
+  if (blocks) return s + "; --type source or --type q8_0 requantizes them (lossy)\n";
+  if (f32) s += "; --type f16 or --type bf16 halves the F32 ones (lossy)";
+  return s +
+         "; requantizing (--type source, q8_0) needs kept rows of whole quantization blocks, "
+         "which these kept widths do not give\n";
 }
 
 void copy_metadata(const gguf::File& f, gguf::Writer& w) {
