@@ -21,7 +21,7 @@ namespace sparsim::app {
 
 int cmd_prune(int argc, char** argv) {
   CommonOptions co;
-  std::string model_arg, method, calib_path, out, json_out;
+  std::string model_arg, method, calib_path, out, json_out, type;
   double retain = 0.7;
   int flops_context = 2048;
   po::options_description d("sparsim prune options");
@@ -39,16 +39,22 @@ int cmd_prune(int argc, char** argv) {
       "JSON summary: method, retain, orphan_ratio, kv_bytes_fraction, attn_params_fraction, "
       "attn_flops_fraction and per-layer figures")(
       "flops-context", po::value(&flops_context)->default_value(2048),
-      "prefill length at which the attention FLOP fraction is reported");
+      "prefill length at which the attention FLOP fraction is reported")(
+      "type", po::value(&type)->default_value("auto"),
+      "type of a tensor that cannot be cut in its source type (W_o of a block-quantized model "
+      "cut through its blocks): auto (smallest of f16, bf16, f32 that keeps every value "
+      "exactly), source (requantize in the source tensor's type; lossy) or a type: f32, f16, "
+      "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (requantized; lossy)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv,
              "usage: sparsim prune --method rap|kvpruner --retain R --calibration C --out M.gguf "
-             "[--model smollm2] [--json S]",
+             "[--model smollm2] [--json S] [--type auto|source|TYPE]",
              d, vm))
     return 0;
   // Everything a user can get wrong is checked before anything is written.
   const pruning::PruneMethod pm = pruning::parse_prune_method(method);
+  const pruning::CutType cut = pruning::CutType::parse(type);
   require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
           retain);
   require(!out.empty(), "prune: --out FILE is required");
@@ -99,7 +105,7 @@ int cmd_prune(int argc, char** argv) {
         fmt::format("model {} corpus {} ({} sequences of {} tokens)", cal.model_fingerprint,
                     cal.corpus_fingerprint, cal.fisher->sequences, cal.fisher->tokens);
     const Config pc = pruning::plan_pruning(c, *cal.fisher, po_);
-    pruning::write_pruned_gguf(rm.path, pc, out);
+    const pruning::WrittenModel written = pruning::write_pruned_gguf(rm.path, pc, out, cut);
     // The file must be a model sparsim runs: load it back (shapes, layout, fingerprint).
     ModelInfo mo;
     try {
@@ -118,10 +124,11 @@ int cmd_prune(int argc, char** argv) {
         "({})\n  output fingerprint {}, {} parameters (full: {})\n\n",
         pruning::method_name(pm), out, mi.path, mi.fingerprint, calib_path, po_.calibration,
         mo.fingerprint, pc.n_params(), c.n_params());
-    std::cout << rep.table();
+    std::cout << rep.table() << written.text();
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
     if (!json_out.empty()) {
       nlohmann::json j = rep.json();
+      j.update(written.json());
       j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
       j["output"] = {{"path", out}, {"fingerprint", mo.fingerprint}};
       j["calibration"] = {{"path", calib_path},

@@ -11,16 +11,11 @@ namespace sparsim::app {
 
 namespace {
 gguf::GGMLType parse_ggml_type(const std::string& s) {
-  using T = gguf::GGMLType;
-  for (T t :
-       {T::F32, T::F16, T::BF16, T::Q8_0, T::Q4_0, T::Q4_1, T::Q5_0, T::Q5_1, T::Q4_K, T::Q6_K}) {
-    std::string n = gguf::to_string(t);
-    std::string lower;
-    for (char ch : n) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (s == n || s == lower) return t;
-  }
-  fail("--type '{}' is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k)",
-       s);
+  const std::optional<gguf::GGMLType> t = gguf::supported_type_named(s);
+  require(t.has_value(),
+          "--type '{}' is not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k)",
+          s);
+  return *t;
 }
 }  // namespace
 

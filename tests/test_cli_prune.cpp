@@ -33,6 +33,18 @@ class CliPrune : public ::testing::Test {
         run_cmd(sparsim_bin() + " calibrate --fisher --model " + model_ + " --corpus " + corpus_ +
                 " --out " + calib_ + " --fisher-seqs 3 --fisher-tokens 48");
     ASSERT_EQ(c.exit_code, 0) << c.output;
+    // Q4_1 with 16 heads: W_o rows of any even head width are whole 32-blocks, cut through them
+    SynthSpec s = tiny_spec(43);
+    s.type = gguf::GGMLType::Q4_1;
+    s.cfg.n_head = 16;
+    s.cfg.n_kv_head = 4;
+    s.cfg.d_model = 256;
+    q41_ = make_model(*dir_, "q41.gguf", s);
+    q41_calib_ = dir_->file("q41-fisher.h5");
+    const RunResult cq =
+        run_cmd(sparsim_bin() + " calibrate --fisher --model " + q41_ + " --corpus " + corpus_ +
+                " --out " + q41_calib_ + " --fisher-seqs 2 --fisher-tokens 48");
+    ASSERT_EQ(cq.exit_code, 0) << cq.output;
   }
   static void TearDownTestSuite() { delete dir_; }
 
@@ -42,11 +54,17 @@ class CliPrune : public ::testing::Test {
            retain + " --calibration " + calib_ + " --out " + out + " --flops-context 64 " + extra;
   }
 
+  static std::string prune_q41(const std::string& out, const std::string& extra) {
+    return sparsim_bin() + " prune --model " + q41_ + " --retain 0.5 --calibration " + q41_calib_ +
+           " --out " + out + " --flops-context 64 " + extra;
+  }
+
   static TempDir* dir_;
-  static std::string model_, other_, corpus_, calib_;
+  static std::string model_, other_, corpus_, calib_, q41_, q41_calib_;
 };
 TempDir* CliPrune::dir_ = nullptr;
-std::string CliPrune::model_, CliPrune::other_, CliPrune::corpus_, CliPrune::calib_;
+std::string CliPrune::model_, CliPrune::other_, CliPrune::corpus_, CliPrune::calib_, CliPrune::q41_,
+    CliPrune::q41_calib_;
 
 TEST_F(CliPrune, CalibrationHoldsFisherScores) {
   io::H5File f = io::H5File::open_read(calib_);
@@ -93,8 +111,8 @@ TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
     const auto ej = read_json(ejs);
     ASSERT_TRUE(ej.contains("pruned"));
     nlohmann::json block = j;  // prune's summary without what only prune knows
-    for (const char* k :
-         {"source", "output", "calibration", "layer_sigma", "n_params", "n_params_full", "command"})
+    for (const char* k : {"source", "output", "calibration", "layer_sigma", "n_params",
+                          "n_params_full", "command", "tensor_types", "file_bytes"})
       block.erase(k);
     EXPECT_EQ(ej.at("pruned"), block);
     EXPECT_TRUE(std::isfinite(ej.at("perplexity").get<double>()));
@@ -129,6 +147,79 @@ TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
     EXPECT_NE(i.output.find("pruned     " + m), std::string::npos) << i.output;
     EXPECT_NE(i.output.find("orphans"), std::string::npos) << i.output;
   }
+}
+
+// A Q4_1 model: by default W_o (cut through its blocks) is written exactly in F32 and the
+// summary, the text and the metadata say so; --type source requantizes it in Q4_1 (smaller,
+// lossy) and the model evaluates.
+TEST_F(CliPrune, QuantizedSourceReportsTensorTypesAndSizes) {
+  const std::string a = dir_->file("q-auto.gguf"), aj = dir_->file("q-auto.json");
+  const RunResult r = run_cmd(prune_q41(a, "--json " + aj));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("changed: attn_output Q4_1 -> F32 (exact) in 2 layers"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("file size:"), std::string::npos) << r.output;
+  // F32 columns against Q4_1 blocks: larger than the source, which is said with the way out
+  ASSERT_GT(fs::file_size(a), fs::file_size(q41_));
+  EXPECT_NE(r.output.find("LARGER than its source: the tensors above were widened to keep their "
+                          "values exact; --type source or --type q8_0 requantizes them (lossy)"),
+            std::string::npos)
+      << r.output;
+  const auto j = read_json(aj);
+  const auto& tt = j.at("tensor_types");
+  EXPECT_EQ(tt.at("option"), "auto");
+  ASSERT_EQ(tt.at("changed").size(), 2u);
+  for (int l = 0; l < 2; ++l) {
+    const auto& c = tt.at("changed")[l];
+    EXPECT_EQ(c.at("name"), "blk." + std::to_string(l) + ".attn_output.weight");
+    EXPECT_EQ(c.at("from"), "Q4_1");
+    EXPECT_EQ(c.at("to"), "F32");
+    EXPECT_TRUE(c.at("exact").get<bool>());
+  }
+  const std::size_t n_tensors = gguf::File::open(q41_).tensors().size();
+  EXPECT_EQ(tt.at("kept").get<std::size_t>() + 2, n_tensors);
+  EXPECT_EQ(j.at("file_bytes").at("output").get<std::uintmax_t>(), fs::file_size(a));
+  EXPECT_EQ(j.at("file_bytes").at("source").get<std::uintmax_t>(), fs::file_size(q41_));
+  {
+    gguf::File f = gguf::File::open(a);
+    EXPECT_EQ(f.get_string("sparsim.prune.tensor_type").value_or(""), "auto");
+    const auto retyped = f.get_string_array("sparsim.prune.retyped_tensors");
+    ASSERT_TRUE(retyped.has_value());
+    EXPECT_EQ(retyped->at(1), "blk.1.attn_output.weight Q4_1->F32 exact");
+  }
+  const RunResult i = run_cmd(sparsim_bin() + " inspect " + a);
+  ASSERT_EQ(i.exit_code, 0) << i.output;
+  EXPECT_NE(i.output.find("sparsim.prune.tensor_type"), std::string::npos) << i.output;
+
+  const std::string q = dir_->file("q-source.gguf"), qj = dir_->file("q-source.json");
+  const RunResult rs = run_cmd(prune_q41(q, "--type source --json " + qj));
+  ASSERT_EQ(rs.exit_code, 0) << rs.output;
+  EXPECT_NE(rs.output.find("attn_output requantized in Q4_1 (lossy) in 2 layers"),
+            std::string::npos)
+      << rs.output;
+  const auto sj = read_json(qj);
+  for (const auto& c : sj.at("tensor_types").at("changed")) {
+    EXPECT_EQ(c.at("to"), "Q4_1");
+    EXPECT_FALSE(c.at("exact").get<bool>());
+  }
+  EXPECT_LT(fs::file_size(q), fs::file_size(a));
+  gguf::File fq = gguf::File::open(q);
+  EXPECT_EQ(fq.require_tensor("blk.0.attn_output.weight").type, gguf::GGMLType::Q4_1);
+  const std::string ejs = dir_->file("q-source-eval.json");
+  const RunResult e = run_cmd(sparsim_bin() + " eval --model " + q + " --corpus " + corpus_ +
+                              " --context 64 --stride 32 --max-windows 2 --json " + ejs);
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_TRUE(std::isfinite(read_json(ejs).at("perplexity").get<double>()));
+}
+
+TEST_F(CliPrune, UnknownTypeIsRefusedWithoutOutput) {
+  const std::string out = dir_->file("badtype.gguf");
+  const RunResult r = run_cmd(prune_q41(out, "--type q9_9"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("'q9_9'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("source"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // Fisher scores and the pruned model are the same bits for any thread count.

@@ -16,6 +16,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <numeric>
 
 namespace sparsim::test {
@@ -323,7 +325,7 @@ TYPED_TEST(PruneModel, DevicePathMatchesOpByOp) {
 }
 
 // The pruned GGUF reads back as the same model: config, and logits bitwise equal to the fused
-// model in memory (quantized rows copied as stored, W_o dequantized to F32).
+// model in memory (quantized rows copied as stored, a cut W_o in an exact wider type).
 TYPED_TEST(PruneModel, PrunedGgufRoundTrips) {
   using E = TypeParam;
   TempDir dir;
@@ -357,6 +359,176 @@ TYPED_TEST(PruneModel, PrunedGgufRoundTrips) {
       gguf::File f = gguf::File::open(out);
       EXPECT_TRUE(f.has("tokenizer.ggml.tokens"));
     }
+  }
+}
+
+/// The fp32 values of tensor `name` of a GGUF file as the loader sees them, [ne1][ne0].
+std::vector<float> values_of(const gguf::File& f, const std::string& name) {
+  const gguf::TensorInfo& t = f.require_tensor(name);
+  std::vector<float> x(t.ne[0] * t.ne[1]);
+  gguf::dequantize(t.type, t.data, x.data(), x.size());
+  return x;
+}
+
+/// The kept columns of the source's W_o of layer l, dequantized, [rows][kept].
+std::vector<float> kept_wo(const gguf::File& src, const Config& p, int l) {
+  const gguf::TensorInfo& t = src.require_tensor(fmt::format("blk.{}.attn_output.weight", l));
+  const std::vector<float> x = values_of(src, t.name);
+  const int group = p.n_head / p.n_kv_head;
+  std::vector<float> y;
+  for (std::uint64_t r = 0; r < t.ne[1]; ++r)
+    for (int h = 0; h < p.n_head; ++h)
+      for (int i = 0; i < p.v_head_dim(l); ++i)
+        y.push_back(x[r * t.ne[0] + h * p.head_dim + p.v_channel(l, h / group, i)]);
+  return y;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// A Q4_1 W_o cut through its blocks: auto writes the exact values (F32 here, as Q4_1 values
+// need more than the 11/8 significant bits of F16/BF16); the other tensors are copied as stored;
+// requantized types load and run, within the type's rounding error.
+TEST(PrunedGgufTypes, CutQuantizedOutputProjection) {
+  using E = Kokkos::DefaultHostExecutionSpace;
+  using T = gguf::GGMLType;
+  TempDir dir;
+  SynthSpec s = tiny_spec(37);
+  s.type = T::Q4_1;
+  s.cfg.n_head = 16;  // 16 heads of any even width: rows of whole 32-blocks, cut through blocks
+  s.cfg.n_kv_head = 4;
+  s.cfg.d_model = 256;
+  const std::string path = make_model(dir, "m.gguf", s);
+  auto w = load_model<E>(path, LoadOptions{});
+  const Config p = plan(w->cfg, PruneMethod::Rap, 0.5, 5);
+  gguf::File src = gguf::File::open(path);
+  const std::string a = dir.file("auto.gguf");
+  const pruning::WrittenModel wa = pruning::write_pruned_gguf(path, p, a);
+  gguf::File fa = gguf::File::open(a);
+  ASSERT_EQ(wa.changed.size(), 2u);
+  EXPECT_EQ(wa.kept + 2, static_cast<int>(src.tensors().size()));
+  EXPECT_EQ(wa.output_bytes, std::filesystem::file_size(a));
+  EXPECT_EQ(wa.source_bytes, std::filesystem::file_size(path));
+  for (int l = 0; l < p.n_layer; ++l) {
+    const std::string name = fmt::format("blk.{}.attn_output.weight", l);
+    EXPECT_EQ(wa.changed[l].name, name);
+    EXPECT_EQ(wa.changed[l].from, T::Q4_1);
+    EXPECT_EQ(wa.changed[l].to, T::F32);
+    EXPECT_TRUE(wa.changed[l].exact);
+    EXPECT_EQ(fa.require_tensor(name).type, T::F32);
+    EXPECT_TRUE(same_bits(values_of(fa, name), kept_wo(src, p, l))) << name;
+  }
+  for (const gguf::TensorInfo& t : src.tensors()) {
+    if (t.name.find("attn_") != std::string::npos) continue;
+    const gguf::TensorInfo& o = fa.require_tensor(t.name);
+    EXPECT_EQ(o.type, t.type) << t.name;
+    ASSERT_EQ(o.nbytes, t.nbytes) << t.name;
+    EXPECT_EQ(std::memcmp(o.data, t.data, t.nbytes), 0) << t.name;
+  }
+  EXPECT_EQ(fa.get_string(prune_keys::kTensorType).value_or(""), "auto");
+  // requantized: Q4_1 (the source's type), Q8_0, F16; each loads and runs
+  const auto toks = prompt(12, w->cfg.vocab);
+  const auto exact = logits_of<E>(load_model<E>(a, LoadOptions{}), toks);
+  for (const std::string opt : {"source", "q8_0", "f16"}) {
+    const std::string out = dir.file(opt + ".gguf");
+    const pruning::WrittenModel wr =
+        pruning::write_pruned_gguf(path, p, out, pruning::CutType::parse(opt));
+    gguf::File fo = gguf::File::open(out);
+    const T want = opt == "source" ? T::Q4_1 : *gguf::supported_type_named(opt);
+    ASSERT_EQ(wr.changed.size(), 2u) << opt;
+    EXPECT_LT(wr.output_bytes, wa.output_bytes) << opt;
+    for (int l = 0; l < p.n_layer; ++l) {
+      const std::string name = fmt::format("blk.{}.attn_output.weight", l);
+      EXPECT_EQ(fo.require_tensor(name).type, want) << opt;
+      EXPECT_EQ(wr.changed[l].to, want) << opt;
+      EXPECT_FALSE(wr.changed[l].exact) << opt;
+      // within half a quantization step of each block: (max − min) / 15 / 2 for Q4_1,
+      // absmax / 127 / 2 for Q8_0 (plus the f16 rounding of the scale), 2^-11 relative for F16
+      const std::vector<float> x = kept_wo(src, p, l), y = values_of(fo, name);
+      for (std::size_t b = 0; b < x.size(); b += 32) {
+        const auto [lo, hi] = std::minmax_element(x.begin() + b, x.begin() + b + 32);
+        const float amax = std::max(std::fabs(*lo), std::fabs(*hi));
+        for (std::size_t i = b; i < b + 32; ++i) {
+          const float bound = want == T::Q4_1   ? (*hi - *lo) / 15 * 0.502f + 1e-3f * amax
+                              : want == T::Q8_0 ? amax / 127 * 0.502f + 1e-3f * amax
+                                                : std::fabs(x[i]) * 0x1p-11f + 0x1p-24f;
+          EXPECT_LE(std::fabs(x[i] - y[i]), bound) << opt << " " << name << " " << i;
+        }
+      }
+    }
+    EXPECT_EQ(fo.get_string(prune_keys::kTensorType).value_or(""), opt);
+    EXPECT_EQ(fo.get_string_array(prune_keys::kRetyped).value_or(std::vector<std::string>{}).size(),
+              2u);
+    const auto lg = logits_of<E>(load_model<E>(out, LoadOptions{}), toks);
+    for (float v : lg) ASSERT_TRUE(std::isfinite(v)) << opt;
+    EXPECT_LE(max_rel(lg, exact), 0.2) << opt;
+  }
+}
+
+// Kept columns that are whole aligned Q4_1 blocks (head_dim 64: each head keeps channels 0-31)
+// are copied block for block: the type is kept and nothing is listed as changed.
+TEST(PrunedGgufTypes, WholeBlocksKeepTheirType) {
+  using T = gguf::GGMLType;
+  TempDir dir;
+  SynthSpec s = tiny_spec(38);
+  s.type = T::Q4_1;
+  s.cfg.head_dim = 64;
+  s.cfg.n_head = 2;
+  s.cfg.n_kv_head = 1;
+  s.cfg.d_model = 128;
+  const std::string path = make_model(dir, "m.gguf", s);
+  Config p = plan(s.cfg, PruneMethod::Rap, 0.5, 3);
+  for (LayerAttention& a : p.attn) {
+    a.v_dim = 32;
+    a.v_channels.resize(32);
+    std::iota(a.v_channels.begin(), a.v_channels.end(), 0);
+  }
+  const std::string out = dir.file("p.gguf");
+  gguf::File src = gguf::File::open(path);
+  const pruning::WrittenModel wr =
+      pruning::write_pruned_gguf(path, p, out, pruning::CutType::parse("q8_0"));
+  EXPECT_TRUE(wr.changed.empty());
+  EXPECT_EQ(wr.kept, static_cast<int>(src.tensors().size()));
+  gguf::File fo = gguf::File::open(out);
+  for (int l = 0; l < p.n_layer; ++l) {
+    const std::string name = fmt::format("blk.{}.attn_output.weight", l);
+    EXPECT_EQ(fo.require_tensor(name).type, T::Q4_1);
+    EXPECT_TRUE(same_bits(values_of(fo, name), kept_wo(src, p, l))) << name;
+  }
+  EXPECT_NO_THROW(load_model<Kokkos::DefaultHostExecutionSpace>(out, LoadOptions{}));
+}
+
+// A requantization whose rows are not whole blocks is refused, naming the tensor and the
+// block, and nothing is written; an unknown --type names the value and the accepted ones.
+TEST(PrunedGgufTypes, RowsThatAreNotWholeBlocksAreRefused) {
+  TempDir dir;
+  SynthSpec s = tiny_spec(39);
+  s.type = gguf::GGMLType::Q8_0;
+  const std::string path = make_model(dir, "m.gguf", s);
+  Config p = plan(s.cfg, PruneMethod::Rap, 0.5, 5);
+  p.attn[0].v_dim = 8;  // 4 heads · 8 = 32 columns: one Q8_0 block
+  p.attn[0].v_channels = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7};
+  p.attn[1].v_dim = 10;  // 4 heads · 10 = 40 columns
+  p.attn[1].v_channels = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::string out = dir.file("p.gguf");
+  try {
+    pruning::write_pruned_gguf(path, p, out, pruning::CutType::parse("source"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("blk.1.attn_output.weight"), std::string::npos) << m;
+    EXPECT_NE(m.find("32"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_NO_THROW(pruning::write_pruned_gguf(path, p, out));  // auto writes any row
+  try {
+    pruning::CutType::parse("q3_x");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'q3_x'"), std::string::npos) << m;
+    EXPECT_NE(m.find("q8_0"), std::string::npos) << m;
   }
 }
 

@@ -77,7 +77,12 @@ TEST(QuantTypes, NamesAndSupport) {
        {GGMLType::F32, GGMLType::F16, GGMLType::BF16, GGMLType::Q8_0, GGMLType::Q4_0,
         GGMLType::Q4_1, GGMLType::Q5_0, GGMLType::Q5_1, GGMLType::Q4_K, GGMLType::Q6_K}) {
     EXPECT_TRUE(gg::is_supported(t)) << gg::to_string(t);
+    EXPECT_EQ(gg::supported_type_named(gg::to_string(t)), t);
   }
+  EXPECT_EQ(gg::supported_type_named("q8_0"), GGMLType::Q8_0);
+  EXPECT_EQ(gg::supported_type_named("bF16"), GGMLType::BF16);
+  for (const char* bad : {"Q5_K", "IQ2_XXS", "q8", "q8_00", "", "auto"})
+    EXPECT_FALSE(gg::supported_type_named(bad).has_value()) << bad;
   EXPECT_FALSE(gg::is_supported(GGMLType::Q5_K));
   EXPECT_FALSE(gg::is_supported(GGMLType::IQ2_XXS));
   try {

@@ -10,6 +10,10 @@
 ///   rope.freq_index                   int32[Σ_l n_kv·qk_l]  frequency index of each kept K channel
 ///   prune.method, prune.retain, prune.flops_context, prune.source_fingerprint,
 ///   prune.calibration
+///   prune.tensor_type                 string      sparsim prune --type (auto, source, q8_0, …)
+///   prune.retyped_tensors             string[]    "<tensor> <FROM>-><TO> exact|lossy" for each
+///                                                 tensor not copied as stored
+///                                                 (retyped/requantized)
 ///
 /// `llama.attention.key_length` stays the full head dimension D: it sets the softmax scale
 /// 1/√D and the RoPE frequencies θ_j = base^(−2j/D) of the reduced heads.
@@ -33,6 +37,8 @@ inline constexpr const char* kRetain = "sparsim.prune.retain";
 inline constexpr const char* kFlopsContext = "sparsim.prune.flops_context";
 inline constexpr const char* kSource = "sparsim.prune.source_fingerprint";
 inline constexpr const char* kCalibration = "sparsim.prune.calibration";
+inline constexpr const char* kTensorType = "sparsim.prune.tensor_type";
+inline constexpr const char* kRetyped = "sparsim.prune.retyped_tensors";
 }  // namespace prune_keys
 
 /// Reads the pruned layout of `f` into c.attn and c.prune (c's shape fields must be set). A file
@@ -41,7 +47,8 @@ inline constexpr const char* kCalibration = "sparsim.prune.calibration";
 /// out of range or not ascending, a frequency index that does not match its channel).
 void read_pruned_layout(const gguf::File& f, Config& c);
 
-/// Adds the keys above for a pruned config (nothing for a dense one).
+/// Adds the keys above but prune.tensor_type and prune.retyped_tensors (which only the writer of
+/// the tensors knows) for a pruned config (nothing for a dense one).
 void write_pruned_layout(gguf::Writer& w, const Config& c);
 
 }  // namespace sparsim

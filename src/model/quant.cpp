@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -459,6 +460,19 @@ std::string supported_types_list() {
     s += t.name;
   }
   return s;
+}
+
+std::optional<GGMLType> supported_type_named(std::string_view name) {
+  auto upper = [](char c) {
+    return static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  };
+  for (const auto& t : kTypes) {
+    const std::string_view n = t.name;
+    if (!t.supported || n.size() != name.size()) continue;
+    if (std::equal(n.begin(), n.end(), name.begin(), [&](char a, char b) { return a == upper(b); }))
+      return t.type;
+  }
+  return std::nullopt;
 }
 
 void require_supported(GGMLType t, std::string_view context) {

@@ -6,6 +6,7 @@
 /// bytes; rows (ne[0] elements) always hold a whole number of blocks.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -58,6 +59,8 @@ bool is_supported(GGMLType t);
 std::string to_string(GGMLType t);
 /// Comma-separated list of the supported type names (for error messages).
 std::string supported_types_list();
+/// The supported type named `name` ("Q8_0" or "q8_0", any case); nullopt for any other name.
+std::optional<GGMLType> supported_type_named(std::string_view name);
 /// Throws sparsim::Error "<context>: unsupported tensor type IQ2_XXS (16) ..." unless supported.
 void require_supported(GGMLType t, std::string_view context);
 

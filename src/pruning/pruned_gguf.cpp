@@ -8,7 +8,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
 
 namespace sparsim::pruning {
 
@@ -27,19 +30,136 @@ bool attention_tensor(const std::string& name, int& layer, std::string& which) {
   return true;
 }
 
-}  // namespace
+/// Rows (q, k, v) or columns (output) of the full projection kept in layer l, ascending.
+std::vector<int> kept_indices(const Config& full, const Config& pruned, int l,
+                              const std::string& which) {
+  const int D = full.head_dim, group = full.n_head / full.n_kv_head;
+  const bool query_heads = which == "q" || which == "output", keys = which == "q" || which == "k";
+  const int heads = query_heads ? full.n_head : full.n_kv_head;
+  const int width = keys ? pruned.qk_head_dim(l) : pruned.v_head_dim(l);
+  std::vector<int> sel;
+  for (int h = 0; h < heads; ++h) {
+    const int kvh = query_heads ? h / group : h;
+    for (int i = 0; i < width; ++i)
+      sel.push_back(h * D + (keys ? pruned.k_channel(l, kvh, i) : pruned.v_channel(l, kvh, i)));
+  }
+  return sel;
+}
 
-void write_pruned_gguf(const std::string& source, const Config& pruned, const std::string& out) {
-  require(pruned.pruned(), "write_pruned_gguf: the config is not pruned");
-  pruned.validate();
-  gguf::File f = gguf::File::open(source);
-  const Config full = config_from_gguf(f);
-  require(!full.pruned(), "{}: the source model is already pruned", source);
-  require(full.n_layer == pruned.n_layer && full.n_head == pruned.n_head &&
-              full.n_kv_head == pruned.n_kv_head && full.head_dim == pruned.head_dim &&
-              full.d_model == pruned.d_model && full.rope_layout == pruned.rope_layout,
-          "{}: the pruning plan was made for another model shape", source);
-  gguf::Writer w;
+/// The tensor bytes of rows `sel` of t, byte for byte.
+std::vector<std::uint8_t> copy_rows(const gguf::TensorInfo& t, const std::vector<int>& sel) {
+  const std::uint64_t rb = gguf::row_bytes(t.type, t.ne[0]);
+  std::vector<std::uint8_t> bytes(sel.size() * rb);
+  for (std::size_t r = 0; r < sel.size(); ++r) {
+    require(static_cast<std::uint64_t>(sel[r]) < t.ne[1], "tensor '{}' has {} rows", t.name,
+            t.ne[1]);
+    std::memcpy(bytes.data() + r * rb, t.data + static_cast<std::uint64_t>(sel[r]) * rb, rb);
+  }
+  return bytes;
+}
+
+/// True when `sel` is runs of whole blocks of `block` columns starting on block boundaries.
+bool whole_blocks(const std::vector<int>& sel, std::size_t block) {
+  if (sel.size() % block != 0) return false;
+  for (std::size_t k = 0; k < sel.size(); ++k)
+    if (static_cast<std::size_t>(sel[k]) % block != k % block ||
+        (k % block != 0 && sel[k] != sel[k - 1] + 1))
+      return false;
+  return true;
+}
+
+/// The stored blocks of every row holding the columns `sel` (whole_blocks(sel, block_size)).
+std::vector<std::uint8_t> copy_column_blocks(const gguf::TensorInfo& t,
+                                             const std::vector<int>& sel) {
+  const std::size_t B = gguf::block_size(t.type), bs = gguf::type_size(t.type);
+  const std::uint64_t rb = gguf::row_bytes(t.type, t.ne[0]), ob = sel.size() / B * bs;
+  std::vector<std::uint8_t> bytes(t.ne[1] * ob);
+  for (std::uint64_t r = 0; r < t.ne[1]; ++r)
+    for (std::size_t k = 0; k < sel.size(); k += B)
+      std::memcpy(bytes.data() + r * ob + k / B * bs, t.data + r * rb + sel[k] / B * bs, bs);
+  return bytes;
+}
+
+/// The loader's fp32 values of the columns `sel` of every row, [rows][sel.size()].
+std::vector<float> kept_columns(const gguf::TensorInfo& t, const std::vector<int>& sel) {
+  const std::uint64_t ne0 = t.ne[0], rb = gguf::row_bytes(t.type, ne0);
+  std::vector<float> row(ne0), x(t.ne[1] * sel.size());
+  for (std::uint64_t r = 0; r < t.ne[1]; ++r) {
+    gguf::dequantize(t.type, t.data + r * rb, row.data(), ne0);
+    for (std::size_t k = 0; k < sel.size(); ++k) x[r * sel.size() + k] = row[sel[k]];
+  }
+  return x;
+}
+
+struct Encoded {
+  gguf::GGMLType type;
+  std::vector<std::uint8_t> bytes;
+  bool exact;  ///< decodes to the bits of the input
+};
+
+Encoded encode(gguf::GGMLType type, const std::vector<float>& x) {
+  Encoded e{type, std::vector<std::uint8_t>(gguf::row_bytes(type, x.size())), false};
+  gguf::quantize(type, x.data(), e.bytes.data(), x.size());
+  std::vector<float> back(x.size());
+  gguf::dequantize(type, e.bytes.data(), back.data(), x.size());
+  e.exact = std::memcmp(back.data(), x.data(), x.size() * sizeof(float)) == 0;
+  return e;
+}
+
+/// x ([rows][ne0] values of tensor `name`, source type `from`) in the type `cut` asks for.
+Encoded encode_cut(const CutType& cut, gguf::GGMLType from, const std::vector<float>& x,
+                   std::uint64_t ne0, const std::string& name) {
+  using T = gguf::GGMLType;
+  if (cut.mode == CutType::Mode::Auto) {
+    for (T t : {T::F16, T::BF16}) {
+      Encoded e = encode(t, x);
+      if (e.exact) return e;
+    }
+    return encode(T::F32, x);
+  }
+  const T to = cut.mode == CutType::Mode::Source ? from : cut.type;
+  const std::size_t B = gguf::block_size(to);
+  require(ne0 % B == 0,
+          "--type {}: tensor '{}' keeps rows of {} values, not a multiple of the {}-value blocks "
+          "of {}; --type auto, f16, bf16 or f32 write any row length",
+          cut.name(), name, ne0, B, gguf::to_string(to));
+  return encode(to, x);
+}
+
+std::string lower(std::string s) {
+  for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return s;
+}
+
+/// "attn_output" of "blk.3.attn_output.weight"; the name itself for other names.
+std::string tensor_kind(const std::string& name) {
+  int l = -1;
+  std::string which;
+  return attention_tensor(name, l, which) ? "attn_" + which : name;
+}
+
+std::string megabytes(std::uint64_t b) {
+  return fmt::format("{:.1f} MB", static_cast<double>(b) / 1e6);
+}
+
+/// Why the output is larger than its source, and which --type would make it smaller.
+std::string larger_hint(const std::vector<TypeChange>& changed) {
+  auto all = [&](auto pred) { return std::all_of(changed.begin(), changed.end(), pred); };
+  const bool exact = all([](const TypeChange& c) { return c.exact; });
+  const bool blocks =
+      all([](const TypeChange& c) { return c.row_length % gguf::block_size(c.from) == 0; });
+  const bool f32 = !all([](const TypeChange& c) { return c.to != gguf::GGMLType::F32; });
+  std::string s = fmt::format("  the pruned model is LARGER than its source: {}",
+                              exact ? "the tensors above were widened to keep their values exact"
+                                    : "the tensors above are stored wider than in the source");
+  if (blocks) return s + "; --type source or --type q8_0 requantizes them (lossy)\n";
+  if (f32) s += "; --type f16 or --type bf16 halves the F32 ones (lossy)";
+  return s +
+         "; requantizing (--type source, q8_0) needs kept rows of whole quantization blocks, "
+         "which these kept widths do not give\n";
+}
+
+void copy_metadata(const gguf::File& f, gguf::Writer& w) {
   for (const gguf::KeyValue& kv : f.metadata()) {
     if (kv.key.rfind("sparsim.", 0) == 0) continue;
     if (kv.key == "general.alignment") {
@@ -48,68 +168,134 @@ void write_pruned_gguf(const std::string& source, const Config& pruned, const st
     }
     w.set(kv.key, kv.value);
   }
+}
+
+void check_shape(const std::string& source, const Config& full, const Config& pruned) {
+  require(!full.pruned(), "{}: the source model is already pruned", source);
+  require(full.n_layer == pruned.n_layer && full.n_head == pruned.n_head &&
+              full.n_kv_head == pruned.n_kv_head && full.head_dim == pruned.head_dim &&
+              full.d_model == pruned.d_model && full.rope_layout == pruned.rope_layout,
+          "{}: the pruning plan was made for another model shape", source);
+}
+
+}  // namespace
+
+CutType CutType::parse(const std::string& s) {
+  CutType c;
+  if (s == "auto") return c;
+  if (s == "source") {
+    c.mode = Mode::Source;
+    return c;
+  }
+  const std::optional<gguf::GGMLType> t = gguf::supported_type_named(s);
+  require(t.has_value(),
+          "--type '{}' is not auto, source or a tensor type sparsim writes ({}; any case)", s,
+          lower(gguf::supported_types_list()));
+  c.mode = Mode::Fixed;
+  c.type = *t;
+  return c;
+}
+
+std::string CutType::name() const {
+  if (mode == Mode::Auto) return "auto";
+  if (mode == Mode::Source) return "source";
+  return lower(gguf::to_string(type));
+}
+
+std::string WrittenModel::text() const {
+  struct Group {
+    std::string what;
+    int n;
+  };
+  std::vector<Group> groups;
+  for (const TypeChange& c : changed) {
+    const std::string how = c.exact ? "exact" : "lossy";
+    const std::string what = c.from == c.to
+                                 ? fmt::format("{} requantized in {} ({})", tensor_kind(c.name),
+                                               gguf::to_string(c.to), how)
+                                 : fmt::format("{} {} -> {} ({})", tensor_kind(c.name),
+                                               gguf::to_string(c.from), gguf::to_string(c.to), how);
+    auto g =
+        std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.what == what; });
+    if (g == groups.end())
+      groups.push_back({what, 1});
+    else
+      ++g->n;
+  }
+  std::string s =
+      fmt::format("  tensor types (--type {}): {} tensors kept their type", type_option, kept);
+  if (!changed.empty()) s += fmt::format("; {} changed:", changed.size());
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    s += fmt::format("{} {} in {} layer{}", i ? "," : "", groups[i].what, groups[i].n,
+                     groups[i].n == 1 ? "" : "s");
+  s += fmt::format("\n  file size: {} against the source's {} ({:.3f}x)\n", megabytes(output_bytes),
+                   megabytes(source_bytes),
+                   static_cast<double>(output_bytes) / static_cast<double>(source_bytes));
+  if (output_bytes > source_bytes) s += larger_hint(changed);
+  return s;
+}
+
+nlohmann::json WrittenModel::json() const {
+  nlohmann::json ch = nlohmann::json::array();
+  for (const TypeChange& c : changed)
+    ch.push_back({{"name", c.name},
+                  {"from", gguf::to_string(c.from)},
+                  {"to", gguf::to_string(c.to)},
+                  {"exact", c.exact}});
+  return {{"tensor_types", {{"option", type_option}, {"changed", ch}, {"kept", kept}}},
+          {"file_bytes", {{"output", output_bytes}, {"source", source_bytes}}}};
+}
+
+WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
+                               const std::string& out, const CutType& cut) {
+  require(pruned.pruned(), "write_pruned_gguf: the config is not pruned");
+  pruned.validate();
+  gguf::File f = gguf::File::open(source);
+  const Config full = config_from_gguf(f);
+  check_shape(source, full, pruned);
+  gguf::Writer w;
+  copy_metadata(f, w);
   write_pruned_layout(w, pruned);
-  const int D = full.head_dim, group = full.n_head / full.n_kv_head;
+  WrittenModel rep;
+  rep.type_option = cut.name();
   for (const gguf::TensorInfo& t : f.tensors()) {
     int l = -1;
     std::string which;
     if (!attention_tensor(t.name, l, which) || l < 0 || l >= full.n_layer) {
       w.add_tensor(t.name, t.ne, t.type, t.data, t.nbytes);
+      ++rep.kept;
       continue;
     }
     require(t.ne.size() == 2, "{}: tensor '{}' is not 2-D", source, t.name);
-    const std::uint64_t ne0 = t.ne[0], rows = t.ne[1];
-    const std::uint64_t rb = gguf::row_bytes(t.type, ne0);
-    std::vector<int> sel;
-    if (which == "q") {
-      for (int h = 0; h < full.n_head; ++h)
-        for (int i = 0; i < pruned.qk_head_dim(l); ++i)
-          sel.push_back(h * D + pruned.k_channel(l, h / group, i));
-    } else if (which == "k") {
-      for (int h = 0; h < full.n_kv_head; ++h)
-        for (int i = 0; i < pruned.qk_head_dim(l); ++i)
-          sel.push_back(h * D + pruned.k_channel(l, h, i));
-    } else if (which == "v") {
-      for (int h = 0; h < full.n_kv_head; ++h)
-        for (int i = 0; i < pruned.v_head_dim(l); ++i)
-          sel.push_back(h * D + pruned.v_channel(l, h, i));
-    } else {
-      for (int h = 0; h < full.n_head; ++h)
-        for (int i = 0; i < pruned.v_head_dim(l); ++i)
-          sel.push_back(h * D + pruned.v_channel(l, h / group, i));
-    }
+    const std::vector<int> sel = kept_indices(full, pruned, l, which);
+    const std::uint64_t n = sel.size(), rows = t.ne[1];
     if (which != "output") {  // whole rows, byte for byte
-      std::vector<std::uint8_t> bytes(sel.size() * rb);
-      for (std::size_t r = 0; r < sel.size(); ++r) {
-        require(static_cast<std::uint64_t>(sel[r]) < rows, "{}: tensor '{}' has {} rows", source,
-                t.name, rows);
-        std::memcpy(bytes.data() + r * rb, t.data + static_cast<std::uint64_t>(sel[r]) * rb, rb);
-      }
-      w.add_tensor(t.name, {ne0, sel.size()}, t.type, std::move(bytes));
+      w.add_tensor(t.name, {t.ne[0], n}, t.type, copy_rows(t, sel));
+      ++rep.kept;
       continue;
     }
     // W_o [d_model][n_head·D]: the kept columns of every row
-    const bool elementwise = gguf::block_size(t.type) == 1;
-    const gguf::GGMLType ot = elementwise ? t.type : gguf::GGMLType::F32;
-    const std::size_t es = elementwise ? gguf::type_size(t.type) : sizeof(float);
-    std::vector<std::uint8_t> bytes(rows * sel.size() * es);
-    std::vector<float> row(ne0);
-    for (std::uint64_t r = 0; r < rows; ++r) {
-      const std::uint8_t* src = t.data + r * rb;
-      std::uint8_t* dst = bytes.data() + r * sel.size() * es;
-      if (!elementwise) gguf::dequantize(t.type, src, row.data(), ne0);
-      for (std::size_t k = 0; k < sel.size(); ++k) {
-        require(static_cast<std::uint64_t>(sel[k]) < ne0, "{}: tensor '{}' has {} columns", source,
-                t.name, ne0);
-        if (elementwise)
-          std::memcpy(dst + k * es, src + static_cast<std::size_t>(sel[k]) * es, es);
-        else
-          std::memcpy(dst + k * es, &row[static_cast<std::size_t>(sel[k])], es);
-      }
+    require(sel.back() < static_cast<int>(t.ne[0]), "{}: tensor '{}' has {} columns", source,
+            t.name, t.ne[0]);
+    if (whole_blocks(sel, gguf::block_size(t.type))) {
+      w.add_tensor(t.name, {n, rows}, t.type, copy_column_blocks(t, sel));
+      ++rep.kept;
+      continue;
     }
-    w.add_tensor(t.name, {sel.size(), rows}, ot, std::move(bytes));
+    Encoded e = encode_cut(cut, t.type, kept_columns(t, sel), n, t.name);
+    rep.changed.push_back({t.name, t.type, e.type, e.exact, n});
+    w.add_tensor(t.name, {n, rows}, e.type, std::move(e.bytes));
   }
+  std::vector<std::string> retyped;
+  for (const TypeChange& c : rep.changed)
+    retyped.push_back(fmt::format("{} {}->{} {}", c.name, gguf::to_string(c.from),
+                                  gguf::to_string(c.to), c.exact ? "exact" : "lossy"));
+  w.set(prune_keys::kTensorType, rep.type_option);
+  w.set(prune_keys::kRetyped, retyped);
   w.write(out);
+  rep.output_bytes = std::filesystem::file_size(out);
+  rep.source_bytes = std::filesystem::file_size(source);
+  return rep;
 }
 
 }  // namespace sparsim::pruning
