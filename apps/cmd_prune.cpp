@@ -25,8 +25,8 @@ int cmd_prune(int argc, char** argv) {
   double retain = 0.7;
   int flops_context = 2048;
   po::options_description d("sparsim prune options");
-  d.add_options()("model,m", po::value(&model_arg)->default_value("smollm2"),
-                  "the full model: a GGUF file or the alias smollm2")(
+  add_model_option(d, model_arg, "the full model (GGUF)");
+  d.add_options()(
       "method", po::value(&method)->default_value("rap"),
       "rap (whole RoPE pairs of K, per-layer budgets from the Fisher scores) or kvpruner "
       "(single K channels by Fisher score, RoPE-agnostic; same budgets)")(
