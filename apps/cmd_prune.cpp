@@ -16,13 +16,15 @@
 
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 namespace sparsim::app {
 
 int cmd_prune(int argc, char** argv) {
   CommonOptions co;
   std::string model_arg, method, calib_path, out, json_out, type;
-  double retain = 0.7;
+  std::string score = "fisher", budget = "adaptive", pair_score = "joint";
+  double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
   po::options_description d("sparsim prune options");
   add_model_option(d, model_arg, "the full model (GGUF)");
@@ -44,7 +46,18 @@ int cmd_prune(int argc, char** argv) {
       "type of a tensor that cannot be cut in its source type (W_o of a block-quantized model "
       "cut through its blocks): auto (smallest of f16, bf16, f32 that keeps every value "
       "exactly), source (requantize in the source tensor's type; lossy) or a type: f32, f16, "
-      "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (requantized; lossy)");
+      "bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q6_k (requantized; lossy)")(
+      "score", po::value(&score)->default_value(score),
+      "channel scores: fisher (the calibration's) or magnitude (squared norm of each K / V "
+      "weight row; no calibration needed)")(
+      "budget", po::value(&budget)->default_value(budget),
+      "layer budgets: adaptive (pairs per head proportional to the layer's Σ σ_p) or uniform "
+      "(the same width in every layer)")(
+      "pair-score", po::value(&pair_score)->default_value(pair_score),
+      "RoPE pair score: joint (F_p of the pair gated together) or additive (F_c + F_c')")(
+      "k-share", po::value(&k_share)->default_value(k_share),
+      "share of the kept K and V channels given to K, in (0, 1): K keeps 2·share·ρ of its "
+      "channels, V 2·(1 − share)·ρ (0.5: equal K and V budgets)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv,
@@ -58,14 +71,34 @@ int cmd_prune(int argc, char** argv) {
   require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
           retain);
   require(!out.empty(), "prune: --out FILE is required");
-  require(!calib_path.empty(),
-          "prune: --calibration FILE (from sparsim calibrate --fisher) is "
-          "required");
+  pruning::PruneOptions po_;
+  po_.method = pm;
+  po_.retain = retain;
+  po_.flops_context = flops_context;
+  po_.score = pruning::parse_score_source(score);
+  po_.budget = pruning::parse_layer_budget(budget);
+  po_.pair_score = pruning::parse_pair_score(pair_score);
+  po_.k_share = k_share;
+  const bool fisher = po_.score == pruning::ScoreSource::Fisher;
+  require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
+          "--k-share must be in (0, 1), got {}", k_share);
+  require(2 * k_share * retain <= 1 + 1e-12 && 2 * (1 - k_share) * retain <= 1 + 1e-12,
+          "--k-share {} at --retain {} asks {} to keep more than all its channels", k_share, retain,
+          2 * k_share * retain > 1 ? "K" : "V");
+  require(!fisher || !calib_path.empty(),
+          "prune: --calibration FILE (from sparsim calibrate --fisher) is required with --score "
+          "fisher");
+  require(fisher || vm["pair-score"].defaulted(),
+          "--pair-score applies to Fisher scores only (a magnitude pair score is the sum of its "
+          "rows' squared norms)");
   require(flops_context >= 1, "--flops-context must be positive, got {}", flops_context);
-  const sparsity::Calibration cal = sparsity::read_calibration(calib_path);
-  require(cal.fisher.has_value(),
-          "calibration file {} holds no Fisher scores (make one with sparsim calibrate --fisher)",
-          calib_path);
+  std::optional<sparsity::Calibration> calopt;
+  if (!calib_path.empty()) {
+    calopt = sparsity::read_calibration(calib_path);
+    require(calopt->fisher.has_value(),
+            "calibration file {} holds no Fisher scores (make one with sparsim calibrate --fisher)",
+            calib_path);
+  }
   const ResolvedModel rm = resolve_model(model_arg);
   require(detect_model_format(rm.path) == ModelFormat::Gguf,
           "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
@@ -95,16 +128,14 @@ int cmd_prune(int argc, char** argv) {
     const Config& c = w->cfg;
     require(!c.pruned(), "{} is already pruned ({}); prune the full model", rm.path,
             c.prune.method);
-    cal.check_model(mi.fingerprint, c, mi.path);
-    pruning::PruneOptions po_;
-    po_.method = pm;
-    po_.retain = retain;
-    po_.flops_context = flops_context;
+    if (calopt) calopt->check_model(mi.fingerprint, c, mi.path);
     po_.source_fingerprint = mi.fingerprint;
-    po_.calibration =
-        fmt::format("model {} corpus {} ({} sequences of {} tokens)", cal.model_fingerprint,
-                    cal.corpus_fingerprint, cal.fisher->sequences, cal.fisher->tokens);
-    const Config pc = pruning::plan_pruning(c, *cal.fisher, po_);
+    po_.calibration = fisher ? fmt::format("model {} corpus {} ({} sequences of {} tokens)",
+                                           calopt->model_fingerprint, calopt->corpus_fingerprint,
+                                           calopt->fisher->sequences, calopt->fisher->tokens)
+                             : std::string("none: magnitude scores of the weights");
+    const Config pc = fisher ? pruning::plan_pruning(c, *calopt->fisher, po_)
+                             : pruning::plan_pruning(c, pruning::magnitude_channel_scores(*w), po_);
     const pruning::WrittenModel written = pruning::write_pruned_gguf(rm.path, pc, out, cut);
     // The file must be a model sparsim runs: load it back (shapes, layout, fingerprint).
     ModelInfo mo;
@@ -118,11 +149,11 @@ int cmd_prune(int argc, char** argv) {
       fail("prune: the written model {} does not load ({}); removed", out, e.what());
     }
     const pruning::PruneReport rep = pruning::prune_report(pc);
-    const std::vector<double> sig = pruning::layer_sigma(*cal.fisher);
     std::cout << fmt::format(
-        "pruned {} -> {}\n  source {} (fingerprint {})\n  Fisher scores {} "
-        "({})\n  output fingerprint {}, {} parameters (full: {})\n\n",
-        pruning::method_name(pm), out, mi.path, mi.fingerprint, calib_path, po_.calibration,
+        "pruned {} -> {}\n  source {} (fingerprint {})\n  scores {} "
+        "({})\n  recipe {}\n  output fingerprint {}, {} parameters (full: {})\n\n",
+        pruning::method_name(pm), out, mi.path, mi.fingerprint,
+        fisher ? calib_path : std::string("magnitude"), po_.calibration, po_.recipe(),
         mo.fingerprint, pc.n_params(), c.n_params());
     std::cout << rep.table() << written.text();
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
@@ -131,13 +162,17 @@ int cmd_prune(int argc, char** argv) {
       j.update(written.json());
       j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
       j["output"] = {{"path", out}, {"fingerprint", mo.fingerprint}};
-      j["calibration"] = {{"path", calib_path},
-                          {"model_fingerprint", cal.model_fingerprint},
-                          {"corpus_fingerprint", cal.corpus_fingerprint},
-                          {"corpus_path", cal.corpus_path},
-                          {"sequences", cal.fisher->sequences},
-                          {"tokens", cal.fisher->tokens}};
-      j["layer_sigma"] = sig;
+      if (calopt) {
+        j["calibration"] = {{"path", calib_path},
+                            {"model_fingerprint", calopt->model_fingerprint},
+                            {"corpus_fingerprint", calopt->corpus_fingerprint},
+                            {"corpus_path", calopt->corpus_path},
+                            {"sequences", calopt->fisher->sequences},
+                            {"tokens", calopt->fisher->tokens}};
+        j["layer_sigma"] = pruning::layer_sigma(*calopt->fisher);
+      }
+      j["switches"] = {
+          {"score", score}, {"budget", budget}, {"pair_score", pair_score}, {"k_share", k_share}};
       j["n_params"] = pc.n_params();
       j["n_params_full"] = c.n_params();
       j["command"] = command_line(argc, argv);

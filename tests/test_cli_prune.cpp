@@ -112,7 +112,7 @@ TEST_F(CliPrune, PrunedModelRunsEverywhereWithTheSameSummary) {
     ASSERT_TRUE(ej.contains("pruned"));
     nlohmann::json block = j;  // prune's summary without what only prune knows
     for (const char* k : {"source", "output", "calibration", "layer_sigma", "n_params",
-                          "n_params_full", "command", "tensor_types", "file_bytes"})
+                          "n_params_full", "command", "tensor_types", "file_bytes", "switches"})
       block.erase(k);
     EXPECT_EQ(ej.at("pruned"), block);
     EXPECT_TRUE(std::isfinite(ej.at("perplexity").get<double>()));
@@ -223,6 +223,32 @@ TEST_F(CliPrune, UnknownTypeIsRefusedWithoutOutput) {
 }
 
 // Fisher scores and the pruned model are the same bits for any thread count.
+// The switches are recorded in the model and the JSON; magnitude scores need no calibration.
+TEST_F(CliPrune, SwitchesAreRecordedAndMagnitudeNeedsNoCalibration) {
+  const std::string out = dir_->file("mu.gguf"), js = dir_->file("mu.json");
+  const RunResult r =
+      run_cmd(sparsim_bin() + " prune --model " + model_ +
+              " --retain 0.5 --score magnitude --budget uniform --out " + out + " --json " + js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string recipe = "score=magnitude budget=uniform pair=joint k_share=0.5";
+  EXPECT_NE(r.output.find("recipe " + recipe), std::string::npos) << r.output;
+  const auto j = read_json(js);
+  EXPECT_EQ(j.at("recipe"), recipe);
+  EXPECT_EQ(j.at("switches").at("score"), "magnitude");
+  EXPECT_FALSE(j.contains("calibration"));
+  gguf::File f = gguf::File::open(out);
+  EXPECT_EQ(f.get_string("sparsim.prune.recipe").value_or(""), recipe);
+  for (const auto& l : j.at("layers"))
+    EXPECT_EQ(l.at("qk_head_dim"), j.at("layers")[0].at("qk_head_dim"));
+  // and the eval summary of the pruned model carries it too
+  const std::string ejs = dir_->file("mu-eval.json");
+  ASSERT_EQ(run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
+                    " --context 64 --stride 32 --max-windows 1 --json " + ejs)
+                .exit_code,
+            0);
+  EXPECT_EQ(read_json(ejs).at("pruned").at("recipe"), recipe);
+}
+
 TEST_F(CliPrune, ThreadCountDoesNotChangeFisherScores) {
   std::vector<double> first;
   for (const std::string t : {"1", "2"}) {
@@ -255,6 +281,17 @@ TEST_F(CliPrune, BadInputFailsClearlyWithoutOutput) {
   expect_fail(prune("rap", "-0.2", out), "(0, 1]");
   expect_fail(prune("rap", "nan", out), "(0, 1]");
   expect_fail(prune("magic", "0.5", out), "not rap or kvpruner");
+  // the ablation switches: unknown values, a K share K or V cannot hold
+  expect_fail(prune("rap", "0.5", out, "--score entropy"), "'entropy' is not fisher or magnitude");
+  expect_fail(prune("rap", "0.5", out, "--budget greedy"), "'greedy' is not adaptive or uniform");
+  expect_fail(prune("rap", "0.5", out, "--pair-score max"), "'max' is not joint or additive");
+  expect_fail(prune("rap", "0.5", out, "--k-share 1"), "--k-share must be in (0, 1)");
+  expect_fail(prune("rap", "0.8", out, "--k-share 0.7"), "asks K to keep more than all");
+  expect_fail(prune("rap", "0.8", out, "--k-share 0.3"), "asks V to keep more than all");
+  expect_fail(prune("rap", "0.5", out, "--score magnitude --pair-score additive"),
+              "--pair-score applies to Fisher scores only");
+  expect_fail(sparsim_bin() + " prune --model " + model_ + " --retain 0.5 --out " + out,
+              "--calibration FILE");
   // Fisher scores of another model
   expect_fail(sparsim_bin() + " prune --model " + other_ + " --retain 0.5 --calibration " + calib_ +
                   " --out " + out,

@@ -206,6 +206,148 @@ TEST(PrunePlan, RapKeepsTheBestWholePairsKvPrunerTheBestChannels) {
   }
 }
 
+/// Kept K pairs and V channels of every (layer, KV head) of a plan, as 0/1 per channel.
+std::vector<std::vector<char>> kept_k_sets(const Config& p) {
+  std::vector<std::vector<char>> out;
+  for (int l = 0; l < p.n_layer; ++l)
+    for (int h = 0; h < p.n_kv_head; ++h) {
+      std::vector<char> k(p.head_dim, 0);
+      for (int i = 0; i < p.qk_head_dim(l); ++i) k[p.k_channel(l, h, i)] = 1;
+      out.push_back(k);
+    }
+  return out;
+}
+std::vector<std::vector<char>> kept_v_sets(const Config& p) {
+  std::vector<std::vector<char>> out;
+  for (int l = 0; l < p.n_layer; ++l)
+    for (int h = 0; h < p.n_kv_head; ++h) {
+      std::vector<char> v(p.head_dim, 0);
+      for (int i = 0; i < p.v_head_dim(l); ++i) v[p.v_channel(l, h, i)] = 1;
+      out.push_back(v);
+    }
+  return out;
+}
+
+// The ablation switches (RAP's Figures 5-7): each changes what it says and nothing else.
+TEST(PruneSwitches, UniformBudgetsGiveEqualWidthsAndTheSameRanking) {
+  Config c = tiny_config();
+  c.n_layer = 4;
+  const FisherScores f = random_fisher(c, 5);
+  pruning::PruneOptions o;
+  o.retain = 0.5;  // ρ·D/2 = 4 pairs per head in every layer
+  const Config adaptive = pruning::plan_pruning(c, f, o);
+  o.budget = pruning::LayerBudget::Uniform;
+  const Config uniform = pruning::plan_pruning(c, f, o);
+  bool differ = false;
+  for (int l = 0; l < c.n_layer; ++l) {
+    EXPECT_EQ(uniform.qk_head_dim(l), c.head_dim / 2) << l;
+    EXPECT_EQ(uniform.v_head_dim(l), c.head_dim / 2) << l;
+    differ |= adaptive.qk_head_dim(l) != uniform.qk_head_dim(l);
+  }
+  EXPECT_TRUE(differ) << "random per-layer Fisher scales must give adaptive budgets";
+  EXPECT_EQ(uniform.prune.recipe, "score=fisher budget=uniform pair=joint k_share=0.5");
+  // within a head: the same ranking, so where a layer's widths agree the kept sets agree
+  const auto ka = kept_k_sets(adaptive), ku = kept_k_sets(uniform);
+  const auto va = kept_v_sets(adaptive), vu = kept_v_sets(uniform);
+  for (int l = 0; l < c.n_layer; ++l)
+    if (adaptive.qk_head_dim(l) == uniform.qk_head_dim(l))
+      for (int h = 0; h < c.n_kv_head; ++h) {
+        EXPECT_EQ(ka[l * c.n_kv_head + h], ku[l * c.n_kv_head + h]);
+        EXPECT_EQ(va[l * c.n_kv_head + h], vu[l * c.n_kv_head + h]);
+      }
+}
+
+TEST(PruneSwitches, AdditivePairScoreRanksPairsByTheSumOfTheirChannels) {
+  const Config c = tiny_config();
+  const FisherScores f = random_fisher(c, 9);
+  pruning::PruneOptions o;
+  o.retain = 0.5;
+  o.budget = pruning::LayerBudget::Uniform;  // same widths: only the ranking may change
+  const Config joint = pruning::plan_pruning(c, f, o);
+  o.pair_score = pruning::PairScore::Additive;
+  const Config add = pruning::plan_pruning(c, f, o);
+  EXPECT_EQ(kept_v_sets(joint), kept_v_sets(add));  // V does not use pair scores
+  const auto kk = kept_k_sets(add);
+  bool differ = kk != kept_k_sets(joint);
+  for (int l = 0; l < c.n_layer; ++l)
+    for (int h = 0; h < c.n_kv_head; ++h) {
+      const std::size_t base = (static_cast<std::size_t>(l) * c.n_kv_head + h) * c.head_dim;
+      const auto& k = kk[l * c.n_kv_head + h];
+      auto score = [&](int j) { return f.k[base + 2 * j] + f.k[base + 2 * j + 1]; };
+      for (int a = 0; a < c.head_dim / 2; ++a) {
+        EXPECT_EQ(k[2 * a], k[2 * a + 1]);
+        for (int b = 0; b < c.head_dim / 2; ++b)
+          if (k[2 * a] && !k[2 * b]) {
+            EXPECT_GE(score(a), score(b)) << l << " " << h;
+          }
+      }
+    }
+  EXPECT_TRUE(differ) << "G_c·G_c' cross terms must change some ranking";
+}
+
+TEST(PruneSwitches, KShareMovesChannelsBetweenKAndV) {
+  const Config c = tiny_config();
+  const FisherScores f = random_fisher(c, 4);
+  pruning::PruneOptions o;
+  o.retain = 0.5;
+  o.budget = pruning::LayerBudget::Uniform;
+  const Config even = pruning::plan_pruning(c, f, o);
+  o.k_share = 0.75;  // K keeps 0.75 of its channels, V 0.25
+  const Config k_heavy = pruning::plan_pruning(c, f, o);
+  const int D = c.head_dim;
+  for (int l = 0; l < c.n_layer; ++l) {
+    EXPECT_EQ(k_heavy.qk_head_dim(l), 3 * D / 4);
+    EXPECT_EQ(k_heavy.v_head_dim(l), D / 4);
+    // the same KV bytes as the even split
+    EXPECT_EQ(k_heavy.qk_head_dim(l) + k_heavy.v_head_dim(l),
+              even.qk_head_dim(l) + even.v_head_dim(l));
+  }
+  EXPECT_NEAR(pruning::prune_report(k_heavy).kv_bytes_fraction,
+              pruning::prune_report(even).kv_bytes_fraction, 1e-12);
+  o.k_share = 0.9;  // at ρ = 0.7, K would keep 2·0.9·0.7 > 1 of its channels
+  o.retain = 0.7;
+  EXPECT_THROW(pruning::plan_pruning(c, f, o), Error);
+}
+
+TEST(PruneSwitches, MagnitudeScoresAreTheSquaredRowNorms) {
+  TempDir dir;
+  const std::string path = make_model(dir, "m.gguf", tiny_spec(33));
+  auto w = load_model<Kokkos::DefaultHostExecutionSpace>(path, LoadOptions{});
+  const Config& c = w->cfg;
+  const pruning::ChannelScores s = pruning::magnitude_channel_scores(*w);
+  // brute force from the file's own tensors, dequantized by the GGUF reader
+  gguf::File g = gguf::File::open(path);
+  for (int l = 0; l < c.n_layer; ++l)
+    for (const char* which : {"k", "v"}) {
+      const gguf::TensorInfo* t = g.find_tensor(fmt::format("blk.{}.attn_{}.weight", l, which));
+      ASSERT_NE(t, nullptr);
+      std::vector<float> row(t->ne[0]);
+      for (int r = 0; r < c.kv_dim(); ++r) {
+        gguf::dequantize(t->type, t->data + r * gguf::row_bytes(t->type, t->ne[0]), row.data(),
+                         row.size());
+        double n2 = 0;
+        for (float x : row) n2 += static_cast<double>(x) * x;
+        const double got =
+            (which[0] == 'k' ? s.k : s.v)[static_cast<std::size_t>(l) * c.kv_dim() + r];
+        EXPECT_NEAR(got, n2, 1e-9 * n2) << l << which << r;
+      }
+    }
+  pruning::PruneOptions o;
+  o.retain = 0.5;
+  o.score = pruning::ScoreSource::Magnitude;
+  const Config p = pruning::plan_pruning(c, s, o);
+  EXPECT_EQ(p.prune.recipe, "score=magnitude budget=adaptive pair=joint k_share=0.5");
+  // the kept pairs are the largest by the sum of their rows' squared norms
+  const auto kk = kept_k_sets(p);
+  for (int l = 0; l < c.n_layer; ++l)
+    for (int h = 0; h < c.n_kv_head; ++h)
+      for (int a = 0; a < c.head_dim / 2; ++a)
+        for (int b = 0; b < c.head_dim / 2; ++b)
+          if (kk[l * c.n_kv_head + h][2 * a] && !kk[l * c.n_kv_head + h][2 * b]) {
+            EXPECT_GE(s.sigma(l, h, a), s.sigma(l, h, b));
+          }
+}
+
 template <class E>
 class PruneModel : public ::testing::Test {};
 TYPED_TEST_SUITE(PruneModel, Backends, BackendName);
@@ -225,6 +367,16 @@ TYPED_TEST(PruneModel, FusedModelEqualsMaskedFullModel) {
     EXPECT_LE(max_rel(fused, mask), 1e-5) << "rap " << rho;
     const auto dense = logits_of<E>(w, toks);
     EXPECT_GT(max_rel(fused, dense), 1e-3) << "pruning must change the model";
+  }
+  {  // K and V of different widths (--k-share): still the masked full model
+    pruning::PruneOptions o;
+    o.retain = 0.5;
+    o.k_share = 0.75;
+    const Config p = pruning::plan_pruning(w->cfg, random_fisher(w->cfg, 2), o);
+    ASSERT_NE(p.qk_head_dim(0), p.v_head_dim(0));
+    EXPECT_LE(max_rel(logits_of<E>(pruning::fuse_pruned(*w, p), toks),
+                      logits_of<E>(masked(*w, p), toks)),
+              1e-5);
   }
   const int V = w->cfg.vocab;
   for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {

@@ -85,6 +85,7 @@ void read_pruned_layout(const gguf::File& f, Config& c) {
   c.prune.flops_context = static_cast<int>(f.get_uint(kFlopsContext).value_or(0));
   c.prune.source_fingerprint = f.get_string(kSource).value_or("");
   c.prune.calibration = f.get_string(kCalibration).value_or("");
+  c.prune.recipe = f.get_string(kRecipe).value_or("");
 }
 
 void write_pruned_layout(gguf::Writer& w, const Config& c) {
@@ -112,6 +113,7 @@ void write_pruned_layout(gguf::Writer& w, const Config& c) {
   w.set(kFlopsContext, static_cast<std::uint32_t>(c.prune.flops_context));
   w.set(kSource, c.prune.source_fingerprint);
   w.set(kCalibration, c.prune.calibration);
+  if (!c.prune.recipe.empty()) w.set(kRecipe, c.prune.recipe);
 }
 
 }  // namespace sparsim

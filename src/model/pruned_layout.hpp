@@ -10,6 +10,7 @@
 ///   rope.freq_index                   int32[Σ_l n_kv·qk_l]  frequency index of each kept K channel
 ///   prune.method, prune.retain, prune.flops_context, prune.source_fingerprint,
 ///   prune.calibration
+///   prune.recipe                      string      scores, layer budgets, pair score, K share
 ///   prune.tensor_type                 string      sparsim prune --type (auto, source, q8_0, …)
 ///   prune.retyped_tensors             string[]    "<tensor> <FROM>-><TO> exact|lossy" for each
 ///                                                 tensor not copied as stored
@@ -37,6 +38,7 @@ inline constexpr const char* kRetain = "sparsim.prune.retain";
 inline constexpr const char* kFlopsContext = "sparsim.prune.flops_context";
 inline constexpr const char* kSource = "sparsim.prune.source_fingerprint";
 inline constexpr const char* kCalibration = "sparsim.prune.calibration";
+inline constexpr const char* kRecipe = "sparsim.prune.recipe";
 inline constexpr const char* kTensorType = "sparsim.prune.tensor_type";
 inline constexpr const char* kRetyped = "sparsim.prune.retyped_tensors";
 }  // namespace prune_keys

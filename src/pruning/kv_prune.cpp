@@ -21,6 +21,76 @@ PruneMethod parse_prune_method(const std::string& s) {
   fail("pruning method '{}' is not rap or kvpruner", s);
 }
 
+ScoreSource parse_score_source(const std::string& s) {
+  if (s == "fisher") return ScoreSource::Fisher;
+  if (s == "magnitude") return ScoreSource::Magnitude;
+  fail("channel score '{}' is not fisher or magnitude", s);
+}
+
+LayerBudget parse_layer_budget(const std::string& s) {
+  if (s == "adaptive") return LayerBudget::Adaptive;
+  if (s == "uniform") return LayerBudget::Uniform;
+  fail("layer budget '{}' is not adaptive or uniform", s);
+}
+
+PairScore parse_pair_score(const std::string& s) {
+  if (s == "joint") return PairScore::Joint;
+  if (s == "additive") return PairScore::Additive;
+  fail("pair score '{}' is not joint or additive", s);
+}
+
+std::string PruneOptions::recipe() const {
+  return fmt::format("score={} budget={} pair={} k_share={}",
+                     score == ScoreSource::Fisher ? "fisher" : "magnitude",
+                     budget == LayerBudget::Adaptive ? "adaptive" : "uniform",
+                     pair_score == PairScore::Joint ? "joint" : "additive", k_share);
+}
+
+double ChannelScores::sigma(int l, int h, int j) const {
+  return std::sqrt(pair[(static_cast<std::size_t>(l) * n_kv_head + h) * (head_dim / 2) + j]);
+}
+
+namespace {
+
+/// The first channel of RoPE pair j of a head (its partner: Config::rope_partner).
+int pair_channel(const Config& c, int j) {
+  return c.rope_layout == RopeLayout::Adjacent ? 2 * j : j;
+}
+
+/// pair = F_c + F_c' of every pair from the per-channel scores k.
+void additive_pairs(ChannelScores& s, const Config& full) {
+  const int D = s.head_dim, half = D / 2;
+  s.pair.assign(static_cast<std::size_t>(s.n_layer) * s.n_kv_head * half, 0.0);
+  for (int l = 0; l < s.n_layer; ++l)
+    for (int h = 0; h < s.n_kv_head; ++h)
+      for (int j = 0; j < half; ++j) {
+        const std::size_t base = (static_cast<std::size_t>(l) * s.n_kv_head + h) * D;
+        const int c0 = pair_channel(full, j);
+        s.pair[(static_cast<std::size_t>(l) * s.n_kv_head + h) * half + j] =
+            s.k[base + c0] + s.k[base + full.rope_partner(c0)];
+      }
+}
+
+}  // namespace
+
+ChannelScores fisher_channel_scores(const FisherScores& f, const Config& full, PairScore ps) {
+  ChannelScores s{f.n_layer, f.n_kv_head, f.head_dim, f.k, f.v, f.pair};
+  if (ps == PairScore::Additive) additive_pairs(s, full);
+  return s;
+}
+
+ChannelScores magnitude_channel_scores(const Config& full, std::vector<double> k_rows2,
+                                       std::vector<double> v_rows2) {
+  const std::size_t n = static_cast<std::size_t>(full.n_layer) * full.n_kv_head * full.head_dim;
+  require(k_rows2.size() == n && v_rows2.size() == n,
+          "magnitude scores: {} K and {} V rows for {} channels", k_rows2.size(), v_rows2.size(),
+          n);
+  ChannelScores s{full.n_layer,       full.n_kv_head,     full.head_dim,
+                  std::move(k_rows2), std::move(v_rows2), {}};
+  additive_pairs(s, full);
+  return s;
+}
+
 std::vector<double> layer_sigma(const FisherScores& f) {
   std::vector<double> s(static_cast<std::size_t>(f.n_layer), 0.0);
   for (int l = 0; l < f.n_layer; ++l)
@@ -103,10 +173,8 @@ std::vector<int> top_k(const std::vector<double>& score, int k) {
 }  // namespace
 
 Config plan_pruning(const Config& full, const FisherScores& f, const PruneOptions& opt) {
-  require(!full.pruned(), "the model is already pruned ({}); prune the full model",
-          full.prune.method);
-  require(opt.retain > 0 && opt.retain <= 1 && std::isfinite(opt.retain),
-          "--retain must be in (0, 1], got {}", opt.retain);
+  require(opt.score == ScoreSource::Fisher,
+          "plan_pruning: magnitude scores come from the weights (magnitude_channel_scores)");
   require(f.n_layer == full.n_layer && f.n_kv_head == full.n_kv_head && f.head_dim == full.head_dim,
           "the Fisher scores are for {} layers of {} KV heads of width {}, the model has {} of {} "
           "of width {}",
@@ -114,35 +182,63 @@ Config plan_pruning(const Config& full, const FisherScores& f, const PruneOption
   require(f.rope_layout == rope_layout_name(full.rope_layout),
           "the Fisher scores pair channels in the '{}' RoPE layout, the model uses '{}'",
           f.rope_layout, rope_layout_name(full.rope_layout));
+  return plan_pruning(full, fisher_channel_scores(f, full, opt.pair_score), opt);
+}
+
+Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOptions& opt) {
+  require(!full.pruned(), "the model is already pruned ({}); prune the full model",
+          full.prune.method);
+  require(opt.retain > 0 && opt.retain <= 1 && std::isfinite(opt.retain),
+          "--retain must be in (0, 1], got {}", opt.retain);
+  require(opt.k_share > 0 && opt.k_share < 1 && std::isfinite(opt.k_share),
+          "--k-share must be in (0, 1), got {}", opt.k_share);
+  const double rk = 2 * opt.k_share * opt.retain, rv = 2 * (1 - opt.k_share) * opt.retain;
+  require(rk <= 1 + 1e-12 && rv <= 1 + 1e-12,
+          "--k-share {} at --retain {} asks {} to keep {:.3f} of its channels (more than all)",
+          opt.k_share, opt.retain, rk > 1 ? "K" : "V", std::max(rk, rv));
+  require(
+      sc.n_layer == full.n_layer && sc.n_kv_head == full.n_kv_head && sc.head_dim == full.head_dim,
+      "channel scores for {} layers of {} KV heads of width {}, the model has {} of {} of "
+      "width {}",
+      sc.n_layer, sc.n_kv_head, sc.head_dim, full.n_layer, full.n_kv_head, full.head_dim);
   const int D = full.head_dim, half = D / 2, H = full.n_kv_head;
-  const std::vector<int> m = layer_pair_budgets(layer_sigma(f), opt.retain, half);
+  // σ_ℓ = Σ_h Σ_j σ_p: the layer weights of the adaptive budgets (uniform: equal weights)
+  std::vector<double> w(static_cast<std::size_t>(full.n_layer), 1.0);
+  if (opt.budget == LayerBudget::Adaptive)
+    for (int l = 0; l < full.n_layer; ++l) {
+      w[static_cast<std::size_t>(l)] = 0;
+      for (int h = 0; h < H; ++h)
+        for (int j = 0; j < half; ++j) w[static_cast<std::size_t>(l)] += sc.sigma(l, h, j);
+    }
+  const std::vector<int> mk = layer_pair_budgets(w, std::min(1.0, rk), half);
+  const std::vector<int> mv = layer_pair_budgets(w, std::min(1.0, rv), half);
   Config c = full;
   c.attn.assign(static_cast<std::size_t>(full.n_layer), LayerAttention{});
   for (int l = 0; l < full.n_layer; ++l) {
     LayerAttention& a = c.attn[static_cast<std::size_t>(l)];
-    const int ml = m[static_cast<std::size_t>(l)];
-    a.qk_dim = 2 * ml;
-    a.v_dim = 2 * ml;
+    const int mkl = mk[static_cast<std::size_t>(l)], mvl = mv[static_cast<std::size_t>(l)];
+    a.qk_dim = 2 * mkl;
+    a.v_dim = 2 * mvl;
     for (int h = 0; h < H; ++h) {
       const std::size_t base = (static_cast<std::size_t>(l) * H + h) * D;
-      std::vector<double> fk(f.k.begin() + static_cast<std::ptrdiff_t>(base),
-                             f.k.begin() + static_cast<std::ptrdiff_t>(base + D));
-      std::vector<double> fv(f.v.begin() + static_cast<std::ptrdiff_t>(base),
-                             f.v.begin() + static_cast<std::ptrdiff_t>(base + D));
+      std::vector<double> fk(sc.k.begin() + static_cast<std::ptrdiff_t>(base),
+                             sc.k.begin() + static_cast<std::ptrdiff_t>(base + D));
+      std::vector<double> fv(sc.v.begin() + static_cast<std::ptrdiff_t>(base),
+                             sc.v.begin() + static_cast<std::ptrdiff_t>(base + D));
       std::vector<int> kept_k;
       if (opt.method == PruneMethod::Rap) {
         std::vector<double> fp(static_cast<std::size_t>(half));
-        for (int j = 0; j < half; ++j) fp[static_cast<std::size_t>(j)] = f.sigma(l, h, j);
-        for (int j : top_k(fp, ml)) {  // both channels of every kept pair
-          const int c0 = full.rope_layout == RopeLayout::Adjacent ? 2 * j : j;
+        for (int j = 0; j < half; ++j) fp[static_cast<std::size_t>(j)] = sc.sigma(l, h, j);
+        for (int j : top_k(fp, mkl)) {  // both channels of every kept pair
+          const int c0 = pair_channel(full, j);
           kept_k.push_back(c0);
           kept_k.push_back(full.rope_partner(c0));
         }
         std::sort(kept_k.begin(), kept_k.end());
       } else {
-        kept_k = top_k(fk, 2 * ml);
+        kept_k = top_k(fk, 2 * mkl);
       }
-      const std::vector<int> kept_v = top_k(fv, 2 * ml);
+      const std::vector<int> kept_v = top_k(fv, 2 * mvl);
       a.k_channels.insert(a.k_channels.end(), kept_k.begin(), kept_k.end());
       a.v_channels.insert(a.v_channels.end(), kept_v.begin(), kept_v.end());
     }
@@ -152,6 +248,7 @@ Config plan_pruning(const Config& full, const FisherScores& f, const PruneOption
   c.prune.flops_context = opt.flops_context;
   c.prune.source_fingerprint = opt.source_fingerprint;
   c.prune.calibration = opt.calibration;
+  c.prune.recipe = opt.recipe();
   c.validate();
   return c;
 }
@@ -269,6 +366,7 @@ PruneReport prune_report(const Config& pruned) {
   full.attn.clear();
   PruneReport r;
   r.method = pruned.prune.method;
+  r.recipe = pruned.prune.recipe;
   r.retain = pruned.prune.retain;
   r.flops_context = pruned.prune.flops_context > 0 ? pruned.prune.flops_context : 2048;
   double kv = 0, kv_full = 0, par = 0, par_full = 0, fl = 0, fl_full = 0, kept_k = 0, orphans = 0;
@@ -314,6 +412,7 @@ PruneReport prune_report(const Config& pruned) {
 
 nlohmann::json PruneReport::json() const {
   nlohmann::json j = {{"method", method},
+                      {"recipe", recipe},
                       {"retain", retain},
                       {"retain_realised", retain_realised},
                       {"orphan_ratio", orphan_ratio},
@@ -357,8 +456,49 @@ std::string PruneReport::table() const {
   return s;
 }
 
-#define SPARSIM_INSTANTIATE_PRUNE(E) \
-  template std::shared_ptr<Weights<E>> fuse_pruned<E>(const Weights<E>&, const Config&);
+namespace {
+/// Σ_i w(r, i)² of every row r of a matrix in its storage type, in double.
+template <class View>
+void append_row_norms2(const View& dev, std::vector<double>& out) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
+  for (std::size_t r = 0; r < h.extent(0); ++r) {
+    double s = 0;
+    for (std::size_t i = 0; i < h.extent(1); ++i) {
+      const double x = to_f32(h(r, i));
+      s += x * x;
+    }
+    out.push_back(s);
+  }
+}
+
+template <class E>
+void append_row_norms2(const Matrix<E>& m, std::vector<double>& out) {
+  switch (m.dtype) {
+    case DType::F32:
+      return append_row_norms2(m.f32, out);
+    case DType::BF16:
+      return append_row_norms2(m.bf16, out);
+    case DType::F16:
+      return append_row_norms2(m.f16, out);
+  }
+}
+}  // namespace
+
+template <class E>
+ChannelScores magnitude_channel_scores(const Weights<E>& w) {
+  const Config& c = w.cfg;
+  require(!c.pruned(), "magnitude scores: the model is already pruned");
+  std::vector<double> k, v;
+  for (const auto& lw : w.layers) {
+    append_row_norms2(lw.wk, k);
+    append_row_norms2(lw.wv, v);
+  }
+  return magnitude_channel_scores(c, std::move(k), std::move(v));
+}
+
+#define SPARSIM_INSTANTIATE_PRUNE(E)                                                     \
+  template std::shared_ptr<Weights<E>> fuse_pruned<E>(const Weights<E>&, const Config&); \
+  template ChannelScores magnitude_channel_scores<E>(const Weights<E>&);
 SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_PRUNE)
 
 }  // namespace sparsim::pruning

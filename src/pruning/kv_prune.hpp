@@ -42,6 +42,32 @@ std::vector<double> layer_sigma(const FisherScores& f);
 /// outside (0, 1] or a negative / non-finite sigma.
 std::vector<int> layer_pair_budgets(const std::vector<double>& sigma, double retain, int max_pairs);
 
+/// The switches behind the paper's ablations (its Figures 5-7); the defaults are RAP's recipe.
+enum class ScoreSource { Fisher, Magnitude };  ///< channel scores: Fisher, or squared row norms
+enum class LayerBudget { Adaptive, Uniform };  ///< m_ℓ ∝ σ_ℓ, or the same in every layer
+enum class PairScore { Joint, Additive };      ///< F_p = Σ(G_c + G_c')², or F_c + F_c'
+ScoreSource parse_score_source(const std::string& s);
+LayerBudget parse_layer_budget(const std::string& s);
+PairScore parse_pair_score(const std::string& s);
+
+/// Scores the selection ranks by, in the layout of FisherScores (k, v: [layer][kv_dim]; pair:
+/// [layer][n_kv_head][head_dim/2]); σ_p = √pair.
+struct ChannelScores {
+  int n_layer = 0, n_kv_head = 0, head_dim = 0;
+  std::vector<double> k, v, pair;
+  double sigma(int l, int h, int j) const;
+};
+/// Fisher scores with the pair score `ps` (Joint: the calibration's F_p; Additive: F_c + F_c').
+ChannelScores fisher_channel_scores(const FisherScores& f, const Config& full, PairScore ps);
+/// Magnitude scores: the squared norm of each K / V output channel's weight row, given as
+/// [layer][kv_dim] (k_rows2, v_rows2); pairs by `ps` (Joint and Additive agree here: the pair's
+/// squared norm is the sum of its rows').
+ChannelScores magnitude_channel_scores(const Config& full, std::vector<double> k_rows2,
+                                       std::vector<double> v_rows2);
+/// The same from a full model's weights (W_k and W_v rows as stored, in double).
+template <class E>
+ChannelScores magnitude_channel_scores(const Weights<E>& w);
+
 /// What to keep: the pruned config of the full model `full` (attn and prune filled).
 struct PruneOptions {
   PruneMethod method = PruneMethod::Rap;
@@ -49,7 +75,18 @@ struct PruneOptions {
   int flops_context = 2048;
   std::string source_fingerprint;
   std::string calibration;  ///< identifies the Fisher scores (model and corpus fingerprints)
+  ScoreSource score = ScoreSource::Fisher;
+  LayerBudget budget = LayerBudget::Adaptive;
+  PairScore pair_score = PairScore::Joint;
+  /// Share of the kept K and V channels that go to K: K keeps a retain ratio 2·k_share·ρ, V
+  /// 2·(1 − k_share)·ρ, each from its own layer budgets of the same weights (0.5: RAP's equal
+  /// K and V budgets, m_ℓ pairs of K and 2m_ℓ channels of V per head).
+  double k_share = 0.5;
+  /// "score=… budget=… pair=… k_share=…", as recorded in the pruned model
+  std::string recipe() const;
 };
+Config plan_pruning(const Config& full, const ChannelScores& s, const PruneOptions& opt);
+/// plan_pruning on the Fisher scores with opt.pair_score (opt.score must be Fisher).
 Config plan_pruning(const Config& full, const FisherScores& f, const PruneOptions& opt);
 
 /// The reduced model: rows / columns of the attention projections of `full` selected as
@@ -69,6 +106,7 @@ struct LayerCost {
 };
 struct PruneReport {
   std::string method;
+  std::string recipe;  ///< PruneOptions::recipe() ("" for models pruned before it was recorded)
   double retain = 1;           ///< target ρ
   double retain_realised = 1;  ///< kept K and V channels / all, over the model
   double orphan_ratio = 0;     ///< kept K channels whose partner was cut / kept K channels
