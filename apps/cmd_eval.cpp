@@ -559,7 +559,12 @@ int cmd_eval(int argc, char** argv) {
       j["bytes"] = cost["bytes"];
     }
     if (sparse) j["sparsity"] = report.json();
-    if (c.pruned()) j["pruned"] = pruning::prune_report(c).json();
+    io::SummaryColumns cols;  // the sweep table's columns of each family present
+    if (c.pruned()) {
+      const pruning::PruneReport pr = pruning::prune_report(c);
+      j["pruned"] = pr.json();
+      pr.add_columns(cols);
+    }
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
       const PplSpread sp = ppl_spread(ppl);
@@ -581,8 +586,14 @@ int cmd_eval(int argc, char** argv) {
       j["windows"] = 0;
       j["corpus"] = {{"fingerprint", nullptr}};
     }
-    if (tfg) j["token_filter"] = token_filter_json(*tfg);
-    if (kvp) j["kv_prune"] = kvj;
+    if (tfg) {
+      j["token_filter"] = token_filter_json(*tfg);
+      add_token_filter_columns(j["token_filter"], cols);
+    }
+    if (kvp) {
+      j["kv_prune"] = kvj;
+      add_kv_prune_columns(kvj, cols);
+    }
     if (retrieval) {
       nlohmann::json cells = nlohmann::json::array();
       for (std::size_t li = 0; li < ro.lengths.size(); ++li)
@@ -595,11 +606,24 @@ int cmd_eval(int argc, char** argv) {
           {"task", task},          {"accuracy", rr.accuracy}, {"items", ritems.size()},
           {"lengths", ro.lengths}, {"depths", ro.depths},     {"samples", ro.samples},
           {"seed", ro.seed},       {"digits", ro.digits},     {"cells", cells}};
+      cols.add("retrieval_task", task, "", "generated retrieval task");
+      cols.add("retrieval_accuracy", rr.accuracy, "1",
+               "retrieval accuracy over every (length, depth) cell's prompts");
+      cols.add("retrieval_items", static_cast<double>(ritems.size()), "1",
+               "retrieval prompts scored");
     }
-    if (ruler) j["ruler"] = rj;
+    if (ruler) {
+      j["ruler"] = rj;
+      cols.add("ruler_accuracy", rj["accuracy"].get<double>(), "1",
+               "long-context suite accuracy: share of items whose continuation holds every answer");
+      cols.add("ruler_items", rj["items_total"].get<double>(), "1",
+               "long-context suite items scored");
+    }
     if (!tasks.empty())
       j["tasks"] = {
           {"file", tasks_path}, {"items", tr.items}, {"acc", tr.acc}, {"acc_norm", tr.acc_norm}};
+    // (tasks have fixed columns of the sweep table: tasks_acc, tasks_acc_norm, task_items)
+    j["columns"] = cols.json();
 
     if (rf) {
       io::Group root = rf->root();

@@ -8,6 +8,7 @@
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "gating/token_filter.hpp"
+#include "io/summary_columns.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_channel_pruner.hpp"
 #include "sparsity/calibration.hpp"
@@ -16,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -189,6 +191,46 @@ nlohmann::json token_filter_json(const gating::TokenFilter<E>& g) {
           {"drop_skipped", o.drop_skipped},
           {"decided_tokens", g.decided_tokens()},
           {"per_layer", per}};
+}
+
+/// The sweep table's columns of Token Filtering (io/summary_columns.hpp), from the
+/// `token_filter` object token_filter_json made.
+inline void add_token_filter_columns(const nlohmann::json& tf, io::SummaryColumns& cols) {
+  cols.add(
+      "tf_target", tf["target"].get<double>(), "1",
+      "Token Filtering target: model-wide fraction of (token, layer) attention blocks to skip");
+  cols.add("tf_realised", tf["realised"].get<double>(), "1",
+           "Token Filtering realised skip ratio over the decided tokens, model-wide");
+  cols.add("tf_layer_target", tf["layer_target"].get<double>(), "1",
+           "Token Filtering skip target of each gated layer (r·L/N)");
+  cols.add("tf_criterion", tf["criterion"].get<std::string>(), "",
+           "Token Filtering similarity criterion (key, value or kv)");
+  cols.add("tf_layers", tf["layer_set"].get<std::string>(), "",
+           "Token Filtering gated layer set (tail, head or uniform)");
+  cols.add("tf_gated_layers", static_cast<double>(tf["layers"].size()), "1",
+           "Token Filtering: number of gated layers");
+}
+
+/// The sweep table's columns of K-channel pruning (ThinK / GRACE; io/summary_columns.hpp), from
+/// the `kv_prune` object kv_prune_json made.
+inline void add_kv_prune_columns(const nlohmann::json& kv, io::SummaryColumns& cols) {
+  const double bytes = kv["k_bytes"].get<double>(), dense = kv["k_bytes_dense"].get<double>();
+  cols.add("kv_method", kv["method"].get<std::string>(), "",
+           "K-cache channel pruning method (think or grace)");
+  cols.add("kv_lambda", kv["lambda"].get<double>(), "1",
+           "pruned fraction λ of every head's key channels");
+  cols.add("kv_kept_per_head", kv["kept_per_head"].get<double>(), "channel",
+           "key channels kept per head after prefill");
+  cols.add("kv_head_dim", kv["head_dim"].get<double>(), "channel", "key channels per head");
+  cols.add("kv_recent", kv["recent"].get<double>(), "token",
+           "last prompt keys kept at full width (not compacted)");
+  cols.add("k_bytes", bytes, "byte", "K-cache bytes allocated at the end of the run");
+  cols.add("k_bytes_dense", dense, "byte", "K-cache bytes of a dense cache of the same size");
+  cols.add("k_bytes_fraction", dense > 0 ? bytes / dense : std::nan(""), "1",
+           "K-cache bytes over a dense cache's (k_bytes / k_bytes_dense)");
+  cols.add("kv_recon_error", kv["recon_error_mean"].get<double>(), "1",
+           "mean relative reconstruction error ‖Q_P K_Pᵀ‖/‖QKᵀ‖ of the method's own choice of "
+           "channels");
 }
 
 /// For a sparse method: checks that the calibration belongs to the model, builds the plan and,

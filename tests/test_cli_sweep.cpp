@@ -2,9 +2,13 @@
 // equal to the same points run one by one; faults (kill -9 halfway, a killed calibration, a
 // truncated point file, a stale lock, a full disk, two sweeps at once) and bad input.
 #include "sweep/lock.hpp"
+#include "sweep/point_files.hpp"
 #include "sweep_helpers.hpp"
 
 #include <sys/mount.h>
+
+#include <algorithm>
+#include <cmath>
 
 namespace sparsim::test {
 namespace {
@@ -102,6 +106,22 @@ std::vector<std::string> ids_of(const json& plan) {
 // --plan predicts each point from the families its method names: a token-filter or think
 // point pays for no activation sparsity (its --sparsity resolves to the default 0.5 all the
 // same), a combined point for both of its families.
+/// scripts/sweep_results.py loads <out>/results.h5 with h5py and pandas, finds `rows` rows and
+/// the same table in results.csv (skipped with a note where the venv lacks h5py or pandas).
+void expect_pandas_reads(const std::string& out, std::size_t rows) {
+  const char* home = std::getenv("HOME");
+  const std::string py = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
+  if (fs::exists(py) && run_cmd(py + " -c 'import h5py, pandas'").exit_code == 0) {
+    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/sweep_results.py " +
+                                 out + "/results.h5 --check-csv " + out + "/results.csv");
+    EXPECT_EQ(pd.exit_code, 0) << pd.output;
+    EXPECT_NE(pd.output.find(std::to_string(rows) + " rows"), std::string::npos) << pd.output;
+  } else {
+    std::cout << "[ NOTE ] pandas check skipped: no " << py << " with h5py and pandas "
+              << "(scripts/setup.sh makes it)\n";
+  }
+}
+
 TEST(SweepCli, PlanPredictsAttentionSideMethodsByTheirOwnSavings) {
   Study s;
   s.add_model("a", 11, false);
@@ -159,6 +179,212 @@ kv-window = 8
   EXPECT_LT(both, tf + th);  // the skipped blocks' compacted keys are not saved twice
   // the projections stay dense: the saving is a fraction of the attention stage, not of all
   EXPECT_LT(tf, 0.5 * dense);
+}
+
+TEST(SweepCli, CollectCarriesEachMethodFamilysColumnsFromItsRecord) {
+  Study s;
+  s.add_model("a", 11, false);
+  // a RAP-pruned copy of model a, swept as a model of its own
+  const std::string a = s.file("a.gguf"), fisher = s.file("fisher.h5");
+  const RunResult cal =
+      run_cmd(sparsim_bin() + " calibrate --fisher --model " + a + " --corpus " +
+              s.file("corpus.txt") + " --out " + fisher + " --fisher-seqs 3 --fisher-tokens 48");
+  ASSERT_EQ(cal.exit_code, 0) << cal.output;
+  const RunResult pr =
+      run_cmd(sparsim_bin() + " prune --model " + a + " --method rap --retain 0.5 --calibration " +
+              fisher + " --out " + s.file("p.gguf") + " --flops-context 64");
+  ASSERT_EQ(pr.exit_code, 0) << pr.output;
+  // kv-recent is also a method column of GRACE's: the method column becomes m_kv_recent
+  s.write_spec(R"(
+[sweep]
+name = "columns"
+output = "out"
+
+[models]
+a = "a.gguf"
+p = "p.gguf"
+
+[corpora]
+text = "corpus.txt"
+
+[options]
+context = 64
+stride = 32
+score = 31
+max-windows = 2
+
+[grid]
+model = ["a"]
+corpus = ["text"]
+method = ["dense", "token-filter", "grace"]
+
+[methods.token-filter]
+tf-ratio = 0.5
+tf-warmup = 4
+
+[methods.grace]
+kv-prune = 0.5
+kv-window = 8
+kv-recent = 16
+
+[[points]]
+model = "p"
+corpus = "text"
+method = "dense"
+)");
+  const RunResult run = s.sweep("--threads 2");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const RunResult col = run_cmd(sparsim_bin() + " collect " + s.spec());
+  ASSERT_EQ(col.exit_code, 0) << col.output;
+  const auto rows = read_csv(s.out() + "/results.csv");
+  ASSERT_EQ(rows.size(), 4u);
+  auto h5 = io::H5File::open_read(s.out() + "/results.h5");
+  const io::Group g = h5.root().open_group("results");
+  const auto ids = g.read_strings("id");
+  const auto models = g.read_strings("model");
+  const auto methods = g.read_strings("method");
+  ASSERT_EQ(ids.size(), 4u);
+
+  // the method columns follow the fixed ones, each with its units
+  const auto order = h5.root().read_strings("columns");
+  const auto at = [&](const std::string& c) {
+    return std::find(order.begin(), order.end(), c) - order.begin();
+  };
+  const std::map<std::string, std::string> units = {{"tf_target", "1"},
+                                                    {"tf_realised", "1"},
+                                                    {"tf_layer_target", "1"},
+                                                    {"tf_gated_layers", "1"},
+                                                    {"kv_lambda", "1"},
+                                                    {"kv_kept_per_head", "channel"},
+                                                    {"kv_head_dim", "channel"},
+                                                    {"m_kv_recent", "token"},
+                                                    {"k_bytes", "byte"},
+                                                    {"k_bytes_dense", "byte"},
+                                                    {"k_bytes_fraction", "1"},
+                                                    {"kv_recon_error", "1"},
+                                                    {"prune_retain", "1"},
+                                                    {"prune_retain_realised", "1"},
+                                                    {"orphan_ratio", "1"},
+                                                    {"kv_bytes_fraction", "1"},
+                                                    {"attn_params_fraction", "1"},
+                                                    {"attn_flops_fraction", "1"}};
+  for (const auto& [c, u] : units) {
+    ASSERT_TRUE(g.has_dataset(c)) << c;
+    EXPECT_EQ(g.dataset(c).type_name(), "float64") << c;
+    EXPECT_EQ(g.dataset(c).get_attr<std::string>("units"), u) << c;
+    EXPECT_FALSE(g.dataset(c).get_attr<std::string>("meaning").empty()) << c;
+    EXPECT_GT(at(c), at("finished_utc")) << c;
+  }
+  for (const char* c : {"tf_criterion", "tf_layers", "kv_method", "prune_method"}) {
+    ASSERT_TRUE(g.has_dataset(c)) << c;
+    EXPECT_EQ(g.dataset(c).type_name(), "string") << c;
+  }
+  for (const auto& c : order)  // collect renames only what a fixed or option column has
+    if (c.rfind("m_", 0) == 0) {
+      EXPECT_EQ(c, "m_kv_recent");
+    }
+
+  const auto num = [&](const std::string& c) { return g.read<double>(c); };
+  const auto str = [&](const std::string& c) { return g.read_strings(c); };
+  // each row's values are those of the block its point's summary built them from
+  const std::vector<std::string> tf_num = {"tf_target", "tf_realised", "tf_layer_target",
+                                           "tf_gated_layers"};
+  const std::vector<std::string> kv_num = {"kv_lambda",        "kv_kept_per_head", "kv_head_dim",
+                                           "m_kv_recent",      "k_bytes",          "k_bytes_dense",
+                                           "k_bytes_fraction", "kv_recon_error"};
+  const std::vector<std::string> pr_num = {"prune_retain",         "prune_retain_realised",
+                                           "orphan_ratio",         "kv_bytes_fraction",
+                                           "attn_params_fraction", "attn_flops_fraction"};
+  int seen = 0;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const json sum = json::parse(read_file(s.out() + "/points/" + ids[i] + "/summary.json"));
+    std::map<std::string, double> want;  // the numbers this row must hold (NaN elsewhere)
+    std::map<std::string, std::string> want_s;
+    if (methods[i] == "token-filter") {
+      const json& tf = sum.at("token_filter");
+      want = {{"tf_target", tf.at("target").get<double>()},
+              {"tf_realised", tf.at("realised").get<double>()},
+              {"tf_layer_target", tf.at("layer_target").get<double>()},
+              {"tf_gated_layers", static_cast<double>(tf.at("layers").size())}};
+      want_s = {{"tf_criterion", tf.at("criterion").get<std::string>()},
+                {"tf_layers", tf.at("layer_set").get<std::string>()}};
+      EXPECT_EQ(want["tf_target"], 0.5);
+      EXPECT_GT(want["tf_realised"], 0);
+      ++seen;
+    } else if (methods[i] == "grace") {
+      const json& kv = sum.at("kv_prune");
+      const double b = kv.at("k_bytes").get<double>(), d = kv.at("k_bytes_dense").get<double>();
+      want = {{"kv_lambda", kv.at("lambda").get<double>()},
+              {"kv_kept_per_head", kv.at("kept_per_head").get<double>()},
+              {"kv_head_dim", kv.at("head_dim").get<double>()},
+              {"m_kv_recent", kv.at("recent").get<double>()},
+              {"k_bytes", b},
+              {"k_bytes_dense", d},
+              {"k_bytes_fraction", b / d},
+              {"kv_recon_error", kv.at("recon_error_mean").get<double>()}};
+      want_s = {{"kv_method", kv.at("method").get<std::string>()}};
+      EXPECT_EQ(want_s["kv_method"], "grace");
+      EXPECT_EQ(want["m_kv_recent"], 16);
+      EXPECT_LT(b / d, 1);
+      ++seen;
+    } else if (models[i] == "p") {
+      const json& pj = sum.at("pruned");
+      for (const auto& c : pr_num)
+        want[c] = pj.at(c == "prune_retain"            ? std::string("retain")
+                        : c == "prune_retain_realised" ? std::string("retain_realised")
+                                                       : c)
+                      .get<double>();
+      want_s = {{"prune_method", pj.at("method").get<std::string>()}};
+      EXPECT_EQ(want["prune_retain"], 0.5);
+      EXPECT_EQ(want_s["prune_method"], "rap");
+      ++seen;
+    } else {
+      EXPECT_EQ(methods[i], "dense");
+      EXPECT_TRUE(sum.at("columns").empty()) << sum.at("columns").dump();
+    }
+    for (const auto* list : {&tf_num, &kv_num, &pr_num})
+      for (const auto& c : *list) {
+        const double v = num(c)[i];
+        const std::string& csv = rows[i].at(c);
+        if (want.count(c)) {
+          EXPECT_EQ(v, want[c]) << ids[i] << " " << c;
+          ASSERT_FALSE(csv.empty()) << ids[i] << " " << c;
+          EXPECT_EQ(std::stod(csv), v) << ids[i] << " " << c;
+        } else {
+          EXPECT_TRUE(std::isnan(v)) << ids[i] << " " << c << " = " << v;
+          EXPECT_EQ(csv, "") << ids[i] << " " << c;
+        }
+      }
+    for (const char* c : {"tf_criterion", "tf_layers", "kv_method", "prune_method"}) {
+      const std::string w = want_s.count(c) ? want_s[c] : "";
+      EXPECT_EQ(str(c)[i], w) << ids[i] << " " << c;
+      EXPECT_EQ(rows[i].at(c), w) << ids[i] << " " << c;
+    }
+    // the option column kv_recent keeps the spec's value
+    EXPECT_EQ(rows[i].at("kv_recent"), methods[i] == "grace" ? "16" : "") << ids[i];
+  }
+  EXPECT_EQ(seen, 3);
+  expect_pandas_reads(s.out(), 4);
+
+  // two points that give a column different units: collect names both and writes nothing new
+  std::string dense_id;
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    if (methods[i] == "dense" && models[i] == "a") dense_id = ids[i];
+  const std::string dir = s.out() + "/points/" + dense_id;
+  json sum = json::parse(read_file(dir + "/summary.json"));
+  sum["columns"]["k_bytes"] = {{"value", 1.0}, {"units", "KiB"}, {"meaning", "K bytes"}};
+  write_text(dir + "/summary.json", sum.dump());
+  json man = json::parse(read_file(dir + "/point.json"));
+  const sweep::FileDigest fd = sweep::digest(dir + "/summary.json");
+  man["files"]["summary.json"] = {{"bytes", fd.bytes}, {"hash", fd.hash}};
+  write_text(dir + "/point.json", man.dump());
+  ASSERT_EQ(s.status()["done"], 4);  // the point is still done: only its units disagree
+  const auto before = read_file(s.out() + "/results.csv");
+  const RunResult bad = run_cmd(sparsim_bin() + " collect " + s.spec());
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  for (const std::string& w : std::vector<std::string>{"'k_bytes'", "'byte'", "'KiB'", dense_id})
+    EXPECT_NE(bad.output.find(w), std::string::npos) << w << " not in: " << bad.output;
+  EXPECT_EQ(read_file(s.out() + "/results.csv"), before);
 }
 
 TEST(SweepCli, PlanRunStatusCollectAndBitwiseEqualToDirectRuns) {
@@ -233,17 +459,7 @@ TEST(SweepCli, PlanRunStatusCollectAndBitwiseEqualToDirectRuns) {
     EXPECT_TRUE(g.has_dataset(c)) << c;
 
   // h5py and pandas read the table, and it is the CSV's (scripts/sweep_results.py)
-  const char* home = std::getenv("HOME");
-  const std::string py = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
-  if (fs::exists(py) && run_cmd(py + " -c 'import h5py, pandas'").exit_code == 0) {
-    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/sweep_results.py " +
-                                 s.out() + "/results.h5 --check-csv " + s.out() + "/results.csv");
-    EXPECT_EQ(pd.exit_code, 0) << pd.output;
-    EXPECT_NE(pd.output.find("7 rows"), std::string::npos) << pd.output;
-  } else {
-    std::cout << "[ NOTE ] pandas check skipped: no " << py << " with h5py and pandas "
-              << "(scripts/setup.sh makes it)\n";
-  }
+  expect_pandas_reads(s.out(), 7);
 
   // a rerun has nothing to do
   const RunResult again = s.sweep();

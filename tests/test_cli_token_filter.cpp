@@ -105,6 +105,12 @@ TEST_F(CliTokenFilter, RetrievalTaskAccuracyPerCell) {
   EXPECT_EQ(rt.at("items").get<int>(), 12);
   ASSERT_EQ(rt.at("cells").size(), 6u);
   EXPECT_GE(rt.at("accuracy").get<double>(), 0.0);
+  // the sweep table's columns of the task are the block's figures
+  const auto& cols = j.at("columns");
+  EXPECT_EQ(cols.at("retrieval_accuracy").at("value"), rt.at("accuracy"));
+  EXPECT_EQ(cols.at("retrieval_items").at("value").get<double>(), 12.0);
+  EXPECT_EQ(cols.at("retrieval_task").at("value"), "passkey");
+  EXPECT_EQ(cols.at("retrieval_accuracy").at("units"), "1");
   io::H5File f = io::H5File::open_read(out);
   std::vector<hsize_t> dims;
   f.root().open_group("results").open_group("retrieval").read<double>("accuracy", &dims);

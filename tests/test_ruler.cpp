@@ -305,8 +305,12 @@ TEST_F(CliRuler, RunsTheSuiteAndRecordsEveryItem) {
                    js + " --out " + out));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream f(js);
-  const auto j = nlohmann::json::parse(f).at("ruler");
+  const auto summary = nlohmann::json::parse(f);
+  const auto& j = summary.at("ruler");
   EXPECT_EQ(j.at("items").size(), 7u * 2 * 2);
+  // the sweep table's columns of the suite are the block's figures
+  EXPECT_EQ(summary.at("columns").at("ruler_accuracy").at("value"), j.at("accuracy"));
+  EXPECT_EQ(summary.at("columns").at("ruler_items").at("value").get<double>(), 28.0);
   EXPECT_EQ(j.at("by_task").size(), 7u);
   int correct = 0;
   for (const auto& it : j.at("items")) {

@@ -5,6 +5,7 @@
 #include "engine/engine.hpp"
 #include "eval/perplexity.hpp"
 #include "flops/ledger.hpp"
+#include "io/summary_columns.hpp"
 #include "model/loader.hpp"
 #include "sweep/collect.hpp"
 #include "sweep/cost.hpp"
@@ -525,6 +526,35 @@ TEST(SweepCsv, QuotesFieldsAndWritesShortestRoundTripNumbers) {
   EXPECT_EQ(rows[0].at("x"), "0.1");
   EXPECT_EQ(rows[2].at("x"), "");  // missing
   EXPECT_EQ(rows[1].at("n"), "-2");
+}
+
+TEST(SummaryColumns, NamesAreUniqueIdentifiersAndTheObjectReadsBack) {
+  io::SummaryColumns c;
+  c.add("tf_realised", 0.25, "1", "a ratio");
+  c.add("kv_method", std::string("grace"), "", "a name");
+  c.add("not_finite", std::nan(""), "1", "unknown for this run");
+  for (const char* bad : {"", "Upper", "9lives", "has-dash", "m_reserved", "tf_realised"})
+    EXPECT_THROW(c.add(bad, 1.0, "1", "x"), Error) << bad;
+  const nlohmann::json j = c.json();
+  EXPECT_EQ(j["tf_realised"]["value"], 0.25);
+  EXPECT_EQ(j["tf_realised"]["units"], "1");
+  EXPECT_EQ(j["kv_method"]["value"], "grace");
+  EXPECT_TRUE(j["not_finite"]["value"].is_null());
+  const io::SummaryColumns back = io::SummaryColumns::from_json(j);
+  ASSERT_EQ(back.list().size(), 3u);
+  EXPECT_EQ(back.json(), j);
+  // a malformed entry is named
+  for (const char* bad : {R"({"x": {"value": [1], "units": "", "meaning": ""}})",
+                          R"({"x": {"value": 1, "meaning": ""}})", R"({"x": 1})", R"([])"}) {
+    try {
+      (void)io::SummaryColumns::from_json(nlohmann::json::parse(bad));
+      ADD_FAILURE() << bad << " was read";
+    } catch (const Error& e) {
+      if (std::string(bad) != "[]") {
+        EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
+#include "io/summary_columns.hpp"
 
 #include <fmt/format.h>
 
@@ -436,6 +437,22 @@ nlohmann::json PruneReport::json() const {
   }
   j["layers"] = ls;
   return j;
+}
+
+void PruneReport::add_columns(io::SummaryColumns& cols) const {
+  cols.add("prune_method", method, "", "attention pruning method of the model (rap, kvpruner)");
+  cols.add("prune_retain", retain, "1", "nominal retain ratio ρ the model was pruned to");
+  cols.add("prune_retain_realised", retain_realised, "1",
+           "kept K and V channels over all, over the model");
+  cols.add("orphan_ratio", orphan_ratio, "1",
+           "kept K channels whose RoPE partner was cut, over kept K channels");
+  cols.add("kv_bytes_fraction", kv_bytes_fraction, "1",
+           "KV-cache bytes of the pruned model over the full model's");
+  cols.add("attn_params_fraction", attn_params_fraction, "1",
+           "attention parameters (W_q, W_k, W_v, W_o) over the full model's");
+  cols.add("attn_flops_fraction", attn_flops_fraction, "1",
+           "attention FLOPs of a prefill of the summary's pruned.flops_context tokens over the "
+           "full model's");
 }
 
 std::string PruneReport::table() const {

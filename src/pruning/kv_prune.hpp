@@ -23,6 +23,10 @@
 #include <string>
 #include <vector>
 
+namespace sparsim::io {
+class SummaryColumns;
+}
+
 namespace sparsim::pruning {
 
 using calibration::FisherScores;
@@ -116,6 +120,8 @@ struct PruneReport {
   int flops_context = 0;
   std::vector<LayerCost> layers;
   nlohmann::json json() const;
+  /// The sweep table's columns of a pruned model (io/summary_columns.hpp): json()'s figures.
+  void add_columns(io::SummaryColumns& cols) const;
   /// Per-layer table for stdout.
   std::string table() const;
 };

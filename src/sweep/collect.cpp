@@ -3,6 +3,7 @@
 #include "core/error.hpp"
 #include "io/hdf5.hpp"
 #include "io/run_file.hpp"
+#include "io/summary_columns.hpp"
 #include "sweep/point_files.hpp"
 #include "sweep/util.hpp"
 
@@ -80,6 +81,14 @@ const Fixed kTail[] = {
     {"finished_utc", Column::Type::String, "", "when the point finished (ISO 8601 UTC)"},
 };
 
+/// A column a point's summary brings in its `columns` object (io/summary_columns.hpp), named by
+/// the method family that made it; collect knows none of them.
+struct MethodColumn {
+  std::string name;  ///< in the table: the summary's name, or m_<name> where that is taken
+  std::string units, meaning;
+  std::string first;  ///< the point it was first seen in (for the units check)
+};
+
 std::string column_name(const std::string& option, const std::set<std::string>& taken) {
   std::string c = option;
   for (auto& ch : c)
@@ -99,6 +108,12 @@ Table build_table(const Spec& spec, const Plan& plan, const Store& store) {
   for (const auto& p : plan.points)
     for (const auto& [k, v] : p.options.items())
       if (!option_col.count(k)) option_col[k] = column_name(k, fixed_names);
+
+  std::set<std::string> taken = fixed_names;
+  for (const auto& [opt, col] : option_col) taken.insert(col);
+  // Method columns: the union of the points' summary columns, in order of first appearance.
+  std::vector<MethodColumn> method_cols;
+  std::map<std::string, std::size_t> method_col;  // summary name -> index in method_cols
 
   Table t;
   std::vector<Row> rows;
@@ -174,6 +189,26 @@ Table build_table(const Spec& spec, const Plan& plan, const Store& store) {
       t.skipped.push_back(p.id + ": run.h5 unreadable: " + e.what());
       continue;
     }
+    if (s.contains("columns")) {
+      io::SummaryColumns cols;
+      try {
+        cols = io::SummaryColumns::from_json(s["columns"]);
+      } catch (const Error& e) {
+        throw Error(fmt::format("collect: point {}: summary.json: {}", p.id, e.what()));
+      }
+      for (const auto& c : cols.list()) {
+        auto [it, fresh] = method_col.emplace(c.name, method_cols.size());
+        if (fresh)
+          method_cols.push_back(
+              {taken.count(c.name) ? "m_" + c.name : c.name, c.units, c.meaning, p.id});
+        const MethodColumn& m = method_cols[it->second];
+        require(m.units == c.units,
+                "collect: column '{}' has units '{}' in point {} but '{}' in point {}: the "
+                "table would mix them",
+                c.name, m.units, m.first, c.units, p.id);
+        r[m.name] = c.value;
+      }
+    }
     rows.push_back(std::move(r));
   }
 
@@ -207,6 +242,18 @@ Table build_table(const Spec& spec, const Plan& plan, const Store& store) {
     t.columns.push_back(std::move(c));
   }
   for (const auto& f : kTail) add_fixed(f);
+  for (const auto& m : method_cols) {
+    Column c;
+    c.name = m.name;
+    c.units = m.units;
+    c.meaning = m.meaning;
+    c.type = Column::Type::Float;
+    for (const auto& r : rows) {
+      auto it = r.find(m.name);
+      if (it != r.end() && it->second.is_string()) c.type = Column::Type::String;
+    }
+    t.columns.push_back(std::move(c));
+  }
 
   t.rows = rows.size();
   for (auto& c : t.columns) {

@@ -30,6 +30,12 @@ struct Table {
 };
 
 /// Reads every done point's manifest, summary and run file into a table (rows in plan order).
+/// The fixed columns and the option columns come first; then every column found in a done
+/// point's summary `columns` object (io/summary_columns.hpp: what each method family reports),
+/// in order of first appearance over the points in plan order, float64 where every value is a
+/// number and string otherwise; one whose name a fixed or option column has is named m_<name>.
+/// Throws sparsim::Error where two points give a column different units, or a summary's
+/// `columns` object is malformed.
 Table build_table(const Spec& spec, const Plan& plan, const Store& store);
 
 /// Writes <output>/results.h5 and <output>/results.csv (each atomically).
