@@ -442,6 +442,9 @@ nlohmann::json PruneReport::json() const {
 void PruneReport::add_columns(io::SummaryColumns& cols) const {
   cols.add("prune_method", method, "", "attention pruning method of the model (rap, kvpruner)");
   cols.add("prune_retain", retain, "1", "nominal retain ratio ρ the model was pruned to");
+  cols.add("prune_recipe", recipe, "",
+           "selection recipe: scores, layer budgets, pair score, K share (\"\": the default, "
+           "recorded before the switches existed)");
   cols.add("prune_retain_realised", retain_realised, "1",
            "kept K and V channels over all, over the model");
   cols.add("orphan_ratio", orphan_ratio, "1",
