@@ -1361,7 +1361,9 @@ def block_fresh_setup(name="fresh_setup.json"):
         head, rows = comparison.table(cmp)
         text += ("\nThe comparison that main job printed (SmolLM2-135M-Instruct Q4_1, the default corpus, "
                  f"{cmp['rows'][0]['windows']} windows of 2048 tokens with the last 512 scored; "
-                 "Δ NLL/token paired over windows with its t interval and exact sign-flip p):\n\n"
+                 "Δ NLL/token paired over windows with its t interval and exact sign-flip p; FLOPs, bytes and the "
+                 "predicted speedup are those of the prefill of these windows, against the dense run; "
+                 "`scripts/report.py compare`):\n\n"
                  + md_table(head, rows))
     return text
 
