@@ -23,7 +23,7 @@ namespace sparsim::app {
 int cmd_prune(int argc, char** argv) {
   CommonOptions co;
   std::string model_arg, method, calib_path, out, json_out, type;
-  std::string score = "fisher", budget = "adaptive", pair_score = "joint";
+  std::string score = "fisher", budget = "adaptive", pair_score = "joint", kv_budget = "balanced";
   double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
   po::options_description d("sparsim prune options");
@@ -57,7 +57,10 @@ int cmd_prune(int argc, char** argv) {
       "RoPE pair score: joint (F_p of the pair gated together) or additive (F_c + F_c')")(
       "k-share", po::value(&k_share)->default_value(k_share),
       "share of the kept K and V channels given to K, in (0, 1): K keeps 2·share·ρ of its "
-      "channels, V 2·(1 − share)·ρ (0.5: equal K and V budgets)");
+      "channels, V 2·(1 − share)·ρ (0.5: equal K and V budgets)")(
+      "kv-budget", po::value(&kv_budget)->default_value(kv_budget),
+      "balanced (K and V widths by --k-share) or pooled (each layer's kept channels split "
+      "between K and V by their score mass: one allocation over both)");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv,
@@ -79,6 +82,9 @@ int cmd_prune(int argc, char** argv) {
   po_.budget = pruning::parse_layer_budget(budget);
   po_.pair_score = pruning::parse_pair_score(pair_score);
   po_.k_share = k_share;
+  po_.kv_budget = pruning::parse_kv_budget(kv_budget);
+  require(po_.kv_budget == pruning::KvBudget::Balanced || vm["k-share"].defaulted(),
+          "--kv-budget pooled sets the K/V split itself; --k-share applies to balanced budgets");
   const bool fisher = po_.score == pruning::ScoreSource::Fisher;
   require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
           "--k-share must be in (0, 1), got {}", k_share);
@@ -171,8 +177,11 @@ int cmd_prune(int argc, char** argv) {
                             {"tokens", calopt->fisher->tokens}};
         j["layer_sigma"] = pruning::layer_sigma(*calopt->fisher);
       }
-      j["switches"] = {
-          {"score", score}, {"budget", budget}, {"pair_score", pair_score}, {"k_share", k_share}};
+      j["switches"] = {{"score", score},
+                       {"budget", budget},
+                       {"pair_score", pair_score},
+                       {"k_share", k_share},
+                       {"kv_budget", kv_budget}};
       j["n_params"] = pc.n_params();
       j["n_params_full"] = c.n_params();
       j["command"] = command_line(argc, argv);

@@ -230,7 +230,7 @@ TEST_F(CliPrune, SwitchesAreRecordedAndMagnitudeNeedsNoCalibration) {
       run_cmd(sparsim_bin() + " prune --model " + model_ +
               " --retain 0.5 --score magnitude --budget uniform --out " + out + " --json " + js);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string recipe = "score=magnitude budget=uniform pair=joint k_share=0.5";
+  const std::string recipe = "score=magnitude budget=uniform pair=joint k_share=0.5 kv=balanced";
   EXPECT_NE(r.output.find("recipe " + recipe), std::string::npos) << r.output;
   const auto j = read_json(js);
   EXPECT_EQ(j.at("recipe"), recipe);
@@ -292,6 +292,9 @@ TEST_F(CliPrune, BadInputFailsClearlyWithoutOutput) {
               "--pair-score applies to Fisher scores only");
   expect_fail(sparsim_bin() + " prune --model " + model_ + " --retain 0.5 --out " + out,
               "--calibration FILE");
+  expect_fail(prune("rap", "0.5", out, "--kv-budget shared"), "'shared' is not balanced or pooled");
+  expect_fail(prune("rap", "0.5", out, "--kv-budget pooled --k-share 0.4"),
+              "--k-share applies to balanced budgets");
   // Fisher scores of another model
   expect_fail(sparsim_bin() + " prune --model " + other_ + " --retain 0.5 --calibration " + calib_ +
                   " --out " + out,

@@ -245,7 +245,7 @@ TEST(PruneSwitches, UniformBudgetsGiveEqualWidthsAndTheSameRanking) {
     differ |= adaptive.qk_head_dim(l) != uniform.qk_head_dim(l);
   }
   EXPECT_TRUE(differ) << "random per-layer Fisher scales must give adaptive budgets";
-  EXPECT_EQ(uniform.prune.recipe, "score=fisher budget=uniform pair=joint k_share=0.5");
+  EXPECT_EQ(uniform.prune.recipe, "score=fisher budget=uniform pair=joint k_share=0.5 kv=balanced");
   // within a head: the same ranking, so where a layer's widths agree the kept sets agree
   const auto ka = kept_k_sets(adaptive), ku = kept_k_sets(uniform);
   const auto va = kept_v_sets(adaptive), vu = kept_v_sets(uniform);
@@ -309,6 +309,35 @@ TEST(PruneSwitches, KShareMovesChannelsBetweenKAndV) {
   EXPECT_THROW(pruning::plan_pruning(c, f, o), Error);
 }
 
+TEST(PruneSwitches, PooledBudgetsSplitEachLayerByScoreMassAtTheSameKvBytes) {
+  const Config c = tiny_config();
+  FisherScores f = random_fisher(c, 6);
+  for (auto& x : f.v) x *= 9;  // V carries more Fisher mass than K (as the paper finds)
+  pruning::PruneOptions o;
+  o.retain = 0.5;
+  const Config balanced = pruning::plan_pruning(c, f, o);
+  o.kv_budget = pruning::KvBudget::Pooled;
+  const Config pooled = pruning::plan_pruning(c, f, o);
+  const int H = c.n_kv_head, D = c.head_dim;
+  for (int l = 0; l < c.n_layer; ++l) {
+    const int t = balanced.qk_head_dim(l) + balanced.v_head_dim(l);
+    EXPECT_EQ(pooled.qk_head_dim(l) + pooled.v_head_dim(l), t) << l;  // same KV bytes
+    double sk = 0, sv = 0;
+    for (int i = 0; i < H * D; ++i) {
+      sk += std::sqrt(f.k[static_cast<std::size_t>(l) * H * D + i]);
+      sv += std::sqrt(f.v[static_cast<std::size_t>(l) * H * D + i]);
+    }
+    // K's pairs: the root-mass share of the layer's pairs, rounded (within [1, D/2])
+    EXPECT_NEAR(pooled.qk_head_dim(l) / 2.0, sk / (sk + sv) * t / 2.0, 0.5 + 1e-9) << l;
+    EXPECT_LT(pooled.qk_head_dim(l), pooled.v_head_dim(l)) << l;
+  }
+  EXPECT_NEAR(pruning::prune_report(pooled).kv_bytes_fraction,
+              pruning::prune_report(balanced).kv_bytes_fraction, 1e-12);
+  EXPECT_EQ(pooled.prune.recipe, "score=fisher budget=adaptive pair=joint k_share=0.5 kv=pooled");
+  o.k_share = 0.6;  // pooled sets the split itself
+  EXPECT_THROW(pruning::plan_pruning(c, f, o), Error);
+}
+
 TEST(PruneSwitches, MagnitudeScoresAreTheSquaredRowNorms) {
   TempDir dir;
   const std::string path = make_model(dir, "m.gguf", tiny_spec(33));
@@ -336,7 +365,7 @@ TEST(PruneSwitches, MagnitudeScoresAreTheSquaredRowNorms) {
   o.retain = 0.5;
   o.score = pruning::ScoreSource::Magnitude;
   const Config p = pruning::plan_pruning(c, s, o);
-  EXPECT_EQ(p.prune.recipe, "score=magnitude budget=adaptive pair=joint k_share=0.5");
+  EXPECT_EQ(p.prune.recipe, "score=magnitude budget=adaptive pair=joint k_share=0.5 kv=balanced");
   // the kept pairs are the largest by the sum of their rows' squared norms
   const auto kk = kept_k_sets(p);
   for (int l = 0; l < c.n_layer; ++l)
@@ -374,9 +403,9 @@ TYPED_TEST(PruneModel, FusedModelEqualsMaskedFullModel) {
     o.k_share = 0.75;
     const Config p = pruning::plan_pruning(w->cfg, random_fisher(w->cfg, 2), o);
     ASSERT_NE(p.qk_head_dim(0), p.v_head_dim(0));
-    EXPECT_LE(max_rel(logits_of<E>(pruning::fuse_pruned(*w, p), toks),
-                      logits_of<E>(masked(*w, p), toks)),
-              1e-5);
+    EXPECT_LE(
+        max_rel(logits_of<E>(pruning::fuse_pruned(*w, p), toks), logits_of<E>(masked(*w, p), toks)),
+        1e-5);
   }
   const int V = w->cfg.vocab;
   for (PruneMethod m : {PruneMethod::Rap, PruneMethod::KvPruner}) {

@@ -47,7 +47,7 @@ struct PruneRecord {
   int flops_context = 0;           ///< context the attention FLOP fraction is reported at
   std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
   std::string calibration;         ///< model and corpus fingerprints of the Fisher scores
-  /// the selection recipe ("score=fisher budget=adaptive pair=joint k_share=0.5"; "" in files
+  /// the selection recipe ("score=fisher budget=adaptive pair=joint k_share=0.5 kv=balanced"; "" in files
   /// written before the recipe was recorded, which all used that default)
   std::string recipe;
 };

@@ -34,6 +34,12 @@ LayerBudget parse_layer_budget(const std::string& s) {
   fail("layer budget '{}' is not adaptive or uniform", s);
 }
 
+KvBudget parse_kv_budget(const std::string& s) {
+  if (s == "balanced") return KvBudget::Balanced;
+  if (s == "pooled") return KvBudget::Pooled;
+  fail("K/V budget '{}' is not balanced or pooled", s);
+}
+
 PairScore parse_pair_score(const std::string& s) {
   if (s == "joint") return PairScore::Joint;
   if (s == "additive") return PairScore::Additive;
@@ -41,10 +47,11 @@ PairScore parse_pair_score(const std::string& s) {
 }
 
 std::string PruneOptions::recipe() const {
-  return fmt::format("score={} budget={} pair={} k_share={}",
+  return fmt::format("score={} budget={} pair={} k_share={} kv={}",
                      score == ScoreSource::Fisher ? "fisher" : "magnitude",
                      budget == LayerBudget::Adaptive ? "adaptive" : "uniform",
-                     pair_score == PairScore::Joint ? "joint" : "additive", k_share);
+                     pair_score == PairScore::Joint ? "joint" : "additive", k_share,
+                     kv_budget == KvBudget::Balanced ? "balanced" : "pooled");
 }
 
 double ChannelScores::sigma(int l, int h, int j) const {
@@ -211,8 +218,28 @@ Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOpti
       for (int h = 0; h < H; ++h)
         for (int j = 0; j < half; ++j) w[static_cast<std::size_t>(l)] += sc.sigma(l, h, j);
     }
-  const std::vector<int> mk = layer_pair_budgets(w, std::min(1.0, rk), half);
-  const std::vector<int> mv = layer_pair_budgets(w, std::min(1.0, rv), half);
+  std::vector<int> mk = layer_pair_budgets(w, std::min(1.0, rk), half);
+  std::vector<int> mv = layer_pair_budgets(w, std::min(1.0, rv), half);
+  if (opt.kv_budget == KvBudget::Pooled) {
+    require(opt.k_share == 0.5,
+            "--kv-budget pooled sets the K/V split itself; --k-share {} "
+            "applies to balanced budgets only",
+            opt.k_share);
+    // one allocation over K and V: each layer's kept channels split by their root-score mass
+    for (int l = 0; l < full.n_layer; ++l) {
+      double sk = 0, sv = 0;
+      for (int i = 0; i < H * D; ++i) {
+        sk += std::sqrt(sc.k[static_cast<std::size_t>(l) * H * D + i]);
+        sv += std::sqrt(sc.v[static_cast<std::size_t>(l) * H * D + i]);
+      }
+      const std::size_t li = static_cast<std::size_t>(l);
+      const int t = mk[li] + mv[li];
+      const double share = sk + sv > 0 ? sk / (sk + sv) : 0.5;
+      mk[li] = std::clamp(static_cast<int>(std::lround(share * t)), std::max(1, t - half),
+                          std::min(half, t - 1));
+      mv[li] = t - mk[li];
+    }
+  }
   Config c = full;
   c.attn.assign(static_cast<std::size_t>(full.n_layer), LayerAttention{});
   for (int l = 0; l < full.n_layer; ++l) {

@@ -50,6 +50,10 @@ std::vector<int> layer_pair_budgets(const std::vector<double>& sigma, double ret
 enum class ScoreSource { Fisher, Magnitude };  ///< channel scores: Fisher, or squared row norms
 enum class LayerBudget { Adaptive, Uniform };  ///< m_ℓ ∝ σ_ℓ, or the same in every layer
 enum class PairScore { Joint, Additive };      ///< F_p = Σ(G_c + G_c')², or F_c + F_c'
+/// K and V widths: balanced (K/V split by k_share, RAP: equal), or pooled (each layer's kept
+/// channels split between K and V by their root-score mass Σ√F_c: one allocation over both)
+enum class KvBudget { Balanced, Pooled };
+KvBudget parse_kv_budget(const std::string& s);
 ScoreSource parse_score_source(const std::string& s);
 LayerBudget parse_layer_budget(const std::string& s);
 PairScore parse_pair_score(const std::string& s);
@@ -86,7 +90,8 @@ struct PruneOptions {
   /// 2·(1 − k_share)·ρ, each from its own layer budgets of the same weights (0.5: RAP's equal
   /// K and V budgets, m_ℓ pairs of K and 2m_ℓ channels of V per head).
   double k_share = 0.5;
-  /// "score=… budget=… pair=… k_share=…", as recorded in the pruned model
+  KvBudget kv_budget = KvBudget::Balanced;
+  /// "score=… budget=… pair=… k_share=… kv=…", as recorded in the pruned model
   std::string recipe() const;
 };
 Config plan_pruning(const Config& full, const ChannelScores& s, const PruneOptions& opt);
@@ -111,7 +116,7 @@ struct LayerCost {
 struct PruneReport {
   std::string method;
   std::string recipe;  ///< PruneOptions::recipe() ("" for models pruned before it was recorded)
-  double retain = 1;           ///< target ρ
+  double retain = 1;   ///< target ρ
   double retain_realised = 1;  ///< kept K and V channels / all, over the model
   double orphan_ratio = 0;     ///< kept K channels whose partner was cut / kept K channels
   double kv_bytes_fraction = 1;
