@@ -35,11 +35,8 @@ class CompareError(Exception):
     pass
 
 
-def _s(x):
-    return x.decode() if isinstance(x, bytes) else str(x)
-
-
-def _attr(g, k, default=None):
+def attr(g, k, default=None):
+    """Attribute k of an HDF5 object as a Python value (str, int, float, array), or default."""
     v = g.attrs.get(k, default)
     if isinstance(v, bytes):
         return v.decode()
@@ -65,12 +62,12 @@ class Entry:
                 raise CompareError(f"'{path}' is not a sparsim run file (no /run or /model group)")
             self.path = path
             m = f["model"]
-            self.fingerprint = _attr(m, "fingerprint", "?")
-            self.model_name = _attr(m, "name", "?")
+            self.fingerprint = attr(m, "fingerprint", "?")
+            self.model_name = attr(m, "name", "?")
             self.pruned = None
             if "pruned" in f:
                 g = f["pruned"]
-                self.pruned = {k: _attr(g, k) for k in ("method", "retain", "retain_realised",
+                self.pruned = {k: attr(g, k) for k in ("method", "retain", "retain_realised",
                                                         "orphan_ratio", "kv_bytes_fraction",
                                                         "source_fingerprint")}
                 self.pruned["pairs"] = np.asarray(g["pairs"][()])
@@ -78,13 +75,13 @@ class Entry:
                 self.pruned["v_head_dim"] = np.asarray(g["v_head_dim"][()])
             # the model a pruned model was cut from is the model it is compared on
             self.model_id = self.pruned["source_fingerprint"] if self.pruned else self.fingerprint
-            self.n_kv_head = int(_attr(m, "n_kv_head", 0) or 0)
-            self.head_dim = int(_attr(m, "head_dim", 0) or 0)
+            self.n_kv_head = int(attr(m, "n_kv_head", 0) or 0)
+            self.head_dim = int(attr(m, "head_dim", 0) or 0)
             cfg = f["config"] if "config" in f else None
-            self.method = _attr(cfg, "method", "dense") if cfg is not None else "dense"
-            self.protocol = tuple(_attr(cfg, k, None) for k in ("context", "stride", "score", "bos")) \
+            self.method = attr(cfg, "method", "dense") if cfg is not None else "dense"
+            self.protocol = tuple(attr(cfg, k, None) for k in ("context", "stride", "score", "bos")) \
                 if cfg is not None else None
-            self.corpus = _attr(f["corpus"], "fingerprint", None) if "corpus" in f else None
+            self.corpus = attr(f["corpus"], "fingerprint", None) if "corpus" in f else None
             self.windows = None
             if "results" in f and "perplexity" in f["results"]:
                 g = f["results/perplexity"]
@@ -94,28 +91,28 @@ class Entry:
                 self.windows = len(self.window_nll)
             self.flops = self.bytes = None
             if "flops" in f:
-                self.flops = float(_attr(f["flops"], "total_flops_realised"))
-                self.bytes = float(_attr(f["flops"], "total_bytes_realised"))
+                self.flops = float(attr(f["flops"], "total_flops_realised"))
+                self.bytes = float(attr(f["flops"], "total_bytes_realised"))
             self.families = []
             self.tf = self.kv = self.sparsity = None
             if "token_filter" in f:
                 g = f["token_filter"]
-                self.tf = {k: _attr(g, k) for k in ("target", "realised", "criterion", "layer_set")}
+                self.tf = {k: attr(g, k) for k in ("target", "realised", "criterion", "layer_set")}
                 for k in ("layers", "realised_per_layer", "target_per_layer"):
                     self.tf[k] = np.asarray(g[k][()])
                 self.families.append("tf")
             if "kv_prune" in f:
                 g = f["kv_prune"]
-                self.kv = {k: _attr(g, k) for k in ("method", "lambda", "head_dim", "recent")}
+                self.kv = {k: attr(g, k) for k in ("method", "lambda", "head_dim", "recent")}
                 for k in ("k_bytes", "k_bytes_dense", "kept_count", "selections"):
                     self.kv[k] = np.asarray(g[k][()], dtype=float)
                 self.families.append("kv")
             if "sparsity" in f and "target" in f["sparsity"].attrs:
                 g = f["sparsity"]
-                self.method = _attr(g, "method", self.method)
-                self.sparsity = {"target": float(_attr(g, "target")),
-                                 "realised": float(_attr(g, "realised_mean",
-                                                         _attr(g, "realised", float("nan"))))}
+                self.method = attr(g, "method", self.method)
+                self.sparsity = {"target": float(attr(g, "target")),
+                                 "realised": float(attr(g, "realised_mean",
+                                                         attr(g, "realised", float("nan"))))}
                 self.families.append("sparsity")
             if self.pruned:
                 self.families.append("pruned")

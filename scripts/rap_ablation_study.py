@@ -16,16 +16,15 @@ rebuilds the page from --json.
 """
 import argparse
 import json
-import math
 import os
-import subprocess
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import comparison  # noqa: E402
+from atomic_file import atomic_write, write_json  # noqa: E402
+from study_steps import sh  # noqa: E402
 
 # (name, what it is, prune switches); the first is RAP's recipe, the reference of every pair
 CONFIGS = [
@@ -51,18 +50,6 @@ CLAIMS = [
     ("FA-K0.65", "FA", "the equal K/V split beats giving K 0.65 of the channels"),
     ("FA-pooled", "FA", "equal K and V budgets beat one pooled Fisher allocation (which under-allocates K)"),
 ]
-
-
-def sh(cmd, log):
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.time()
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        sys.stdout.write(open(log).read()[-3000:])
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}")
-    print(f"  {time.time() - t0:.0f} s", flush=True)
-    return time.time() - t0
 
 
 def run(a):
@@ -124,7 +111,6 @@ def summarise(a, runs):
                        "delta_ci95": list(ci), "p": p, "agrees": agrees,
                        "significant": p < 0.05})
     dense = e["dense"]
-    fj = comparison.Entry(runs["dense"])
     import h5py
     with h5py.File(os.path.join(a.outdir, "fisher.h5"), "r") as f:
         g = f["fisher"]
@@ -135,7 +121,7 @@ def summarise(a, runs):
                      "eval_text": os.path.basename(a.eval_text), "fisher_seqs": a.fisher_seqs,
                      "fisher_tokens": a.fisher_tokens, "context": a.context, "windows": a.windows,
                      "scored_per_window": a.context - 1, "threads": a.threads, "fisher": fisher_attrs,
-                     "eval_corpus_fingerprint": fj.corpus},
+                     "eval_corpus_fingerprint": dense.corpus},
         "dense": {"perplexity": dense.perplexity(), "perplexity_ci95": list(dense.ppl_interval())},
         "rows": rows, "claims": claims,
         "command": "scripts/rap_ablation_study.py " + " ".join(sys.argv[1:]),
@@ -197,11 +183,7 @@ def write_page(a, s):
                  f"{st['windows']} windows).\n")
     L.append("Left out here: recovery (`sparsim recover`, docs/recovery.md), tasks and long-context accuracy of "
              "these rows (the paper measures the pooled allocation's cost on LongBench; this page on perplexity only).\n")
-    text = "\n".join(L)
-    tmp = a.page + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, a.page)
+    atomic_write(a.page, "\n".join(L))
 
 
 def main():
@@ -228,10 +210,7 @@ def main():
             if not t or not os.path.exists(t):
                 ap.error(f"--calib-text and --eval-text must name existing files (got {t!r})")
         s = summarise(a, run(a))
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(s, f, indent=1)
-        os.replace(tmp, a.json)
+        write_json(a.json, s)
     write_page(a, s)
     print(f"wrote {a.json} and {a.page}")
 

@@ -23,25 +23,14 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import time
 
 import h5py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def sh(cmd, log):
-    print("+", " ".join(cmd), flush=True)
-    t0 = time.time()
-    with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
-    if r.returncode != 0:
-        sys.stdout.write(open(log).read()[-3000:])
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}")
-    print(f"  {time.time() - t0:.0f} s", flush=True)
+sys.path.insert(0, HERE)
+from study_steps import sh  # noqa: E402
 
 
 def split_corpus(src, outdir, n_calib):

@@ -30,7 +30,6 @@ import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -40,6 +39,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from atomic_file import atomic_write, umask_mode  # noqa: E402
 import comparison  # noqa: E402
+from comparison import attr  # noqa: E402
 
 try:
     import h5py
@@ -65,12 +65,6 @@ class InputError(Exception):
 # ----------------------------------------------------------------------------- small helpers
 def s(x):
     return x.decode() if isinstance(x, bytes) else str(x)
-
-
-def attr(obj, name, default=None):
-    return s(obj.attrs[name]) if name in obj.attrs and isinstance(obj.attrs[name], (bytes, str)) else (
-        obj.attrs[name].item() if name in obj.attrs and hasattr(obj.attrs[name], "item") else
-        obj.attrs.get(name, default))
 
 
 def save_fig(fig, path):
@@ -436,11 +430,10 @@ def fig_table(df, x, group, outdir, source):
 
 # ----------------------------------------------------------------------------- predictions
 def run_predict(sparsim, path, hardware):
-    cmd = [sparsim, "predict", path, "--hardware", hardware, "--json"]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise InputError(f"{' '.join(cmd)} failed: {p.stderr.strip() or p.stdout.strip()}")
-    return json.loads(p.stdout)
+    try:
+        return comparison.predict(sparsim, path, hardware)
+    except comparison.CompareError as e:
+        raise InputError(str(e))
 
 
 def default_sparsim():
