@@ -71,8 +71,6 @@ int cmd_prune(int argc, char** argv) {
   // Everything a user can get wrong is checked before anything is written.
   const pruning::PruneMethod pm = pruning::parse_prune_method(method);
   const pruning::CutType cut = pruning::CutType::parse(type);
-  require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
-          retain);
   require(!out.empty(), "prune: --out FILE is required");
   pruning::PruneOptions po_;
   po_.method = pm;
@@ -83,14 +81,11 @@ int cmd_prune(int argc, char** argv) {
   po_.pair_score = pruning::parse_pair_score(pair_score);
   po_.k_share = k_share;
   po_.kv_budget = pruning::parse_kv_budget(kv_budget);
+  po_.validate();
+  // (given at all, even at its default value, --k-share is a balanced-budget option)
   require(po_.kv_budget == pruning::KvBudget::Balanced || vm["k-share"].defaulted(),
           "--kv-budget pooled sets the K/V split itself; --k-share applies to balanced budgets");
   const bool fisher = po_.score == pruning::ScoreSource::Fisher;
-  require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
-          "--k-share must be in (0, 1), got {}", k_share);
-  require(2 * k_share * retain <= 1 + 1e-12 && 2 * (1 - k_share) * retain <= 1 + 1e-12,
-          "--k-share {} at --retain {} asks {} to keep more than all its channels", k_share, retain,
-          2 * k_share * retain > 1 ? "K" : "V");
   require(!fisher || !calib_path.empty(),
           "prune: --calibration FILE (from sparsim calibrate --fisher) is required with --score "
           "fisher");

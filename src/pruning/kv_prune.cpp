@@ -54,6 +54,21 @@ std::string PruneOptions::recipe() const {
                      kv_budget == KvBudget::Balanced ? "balanced" : "pooled");
 }
 
+void PruneOptions::validate() const {
+  require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
+          retain);
+  require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
+          "--k-share must be in (0, 1), got {}", k_share);
+  const double rk = 2 * k_share * retain, rv = 2 * (1 - k_share) * retain;
+  require(rk <= 1 + 1e-12 && rv <= 1 + 1e-12,
+          "--k-share {} at --retain {} asks {} to keep more than all its channels ({:.3f} of them)",
+          k_share, retain, rk > 1 ? "K" : "V", std::max(rk, rv));
+  require(kv_budget == KvBudget::Balanced || k_share == 0.5,
+          "--kv-budget pooled sets the K/V split itself; --k-share applies to balanced budgets "
+          "only (got {})",
+          k_share);
+}
+
 double ChannelScores::sigma(int l, int h, int j) const {
   return std::sqrt(pair[(static_cast<std::size_t>(l) * n_kv_head + h) * (head_dim / 2) + j]);
 }
@@ -196,14 +211,8 @@ Config plan_pruning(const Config& full, const FisherScores& f, const PruneOption
 Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOptions& opt) {
   require(!full.pruned(), "the model is already pruned ({}); prune the full model",
           full.prune.method);
-  require(opt.retain > 0 && opt.retain <= 1 && std::isfinite(opt.retain),
-          "--retain must be in (0, 1], got {}", opt.retain);
-  require(opt.k_share > 0 && opt.k_share < 1 && std::isfinite(opt.k_share),
-          "--k-share must be in (0, 1), got {}", opt.k_share);
+  opt.validate();
   const double rk = 2 * opt.k_share * opt.retain, rv = 2 * (1 - opt.k_share) * opt.retain;
-  require(rk <= 1 + 1e-12 && rv <= 1 + 1e-12,
-          "--k-share {} at --retain {} asks {} to keep {:.3f} of its channels (more than all)",
-          opt.k_share, opt.retain, rk > 1 ? "K" : "V", std::max(rk, rv));
   require(
       sc.n_layer == full.n_layer && sc.n_kv_head == full.n_kv_head && sc.head_dim == full.head_dim,
       "channel scores for {} layers of {} KV heads of width {}, the model has {} of {} of "
@@ -221,10 +230,6 @@ Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOpti
   std::vector<int> mk = layer_pair_budgets(w, std::min(1.0, rk), half);
   std::vector<int> mv = layer_pair_budgets(w, std::min(1.0, rv), half);
   if (opt.kv_budget == KvBudget::Pooled) {
-    require(opt.k_share == 0.5,
-            "--kv-budget pooled sets the K/V split itself; --k-share {} "
-            "applies to balanced budgets only",
-            opt.k_share);
     // one allocation over K and V: each layer's kept channels split by their root-score mass
     for (int l = 0; l < full.n_layer; ++l) {
       double sk = 0, sv = 0;

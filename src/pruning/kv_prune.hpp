@@ -93,6 +93,9 @@ struct PruneOptions {
   KvBudget kv_budget = KvBudget::Balanced;
   /// "score=… budget=… pair=… k_share=… kv=…", as recorded in the pruned model
   std::string recipe() const;
+  /// Throws sparsim::Error naming the option at fault: retain outside (0, 1], k_share outside
+  /// (0, 1) or asking K or V for more than all its channels, a k_share with pooled budgets.
+  void validate() const;
 };
 Config plan_pruning(const Config& full, const ChannelScores& s, const PruneOptions& opt);
 /// plan_pruning on the Fisher scores with opt.pair_score (opt.score must be Fisher).
