@@ -30,8 +30,10 @@ int cmd_prune(int argc, char** argv) {
   add_model_option(d, model_arg, "the full model (GGUF)");
   d.add_options()(
       "method", po::value(&method)->default_value("rap"),
-      "rap (whole RoPE pairs of K, per-layer budgets from the Fisher scores) or kvpruner "
-      "(single K channels by Fisher score, RoPE-agnostic; same budgets)")(
+      "rap (whole RoPE pairs of K, per-layer budgets from the Fisher scores), kvpruner "
+      "(single K channels by Fisher score, each rotated at its own RoPE frequency; same "
+      "budgets) or kvpruner-naive (the same channels re-packed as a smaller head and rotated "
+      "as its consecutive pairs, at that head's frequencies)")(
       "retain", po::value(&retain)->default_value(0.7),
       "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model")(
       "calibration", po::value(&calib_path),

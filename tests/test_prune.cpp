@@ -543,6 +543,122 @@ TYPED_TEST(PruneModel, PrunedGgufRoundTrips) {
   }
 }
 
+/// The naive KVPruner's fused model run as a dense model of head width w: the same weights
+/// with the configuration of a dense model whose heads are w wide (RoPE over w: pairs of the
+/// reduced head at frequencies base^(−2i/w), softmax scale 1/√w), W_q scaled by √(w/D) so
+/// that the scores keep the pruned model's 1/√D.
+template <class E>
+std::shared_ptr<Weights<E>> as_dense_of_width(const Weights<E>& fused, int w) {
+  auto d = std::make_shared<Weights<E>>(fused);
+  const int D = fused.cfg.head_dim;
+  d->cfg.head_dim = w;
+  d->cfg.attn.clear();
+  d->cfg.prune = PruneRecord{};
+  const float s = static_cast<float>(std::sqrt(static_cast<double>(w) / D));
+  for (auto& lw : d->layers) {
+    Matrix<E> q = lw.wq;
+    q.f32 = decltype(q.f32)("scaled_wq", q.rows, q.cols);
+    auto h = Kokkos::create_mirror(Kokkos::HostSpace(), lw.wq.f32);
+    Kokkos::deep_copy(h, lw.wq.f32);
+    for (int r = 0; r < q.rows; ++r)
+      for (int k = 0; k < q.cols; ++k) h(r, k) *= s;
+    Kokkos::deep_copy(q.f32, h);
+    lw.wq = q;
+  }
+  return d;
+}
+
+// The naive KVPruner (the paper's main-table KVPruner) keeps the index-aware variant's channels
+// but re-packs them as a head of width w and rotates them as that head's pairs: with uniform
+// budgets its model is a dense model of head width w (an independent path: the engine's plain
+// RoPE over w, no rotation units), prefill and decode, op-by-op and device path, both RoPE
+// layouts; and it differs from the index-aware model, which rotates each channel at its own
+// frequency.
+TYPED_TEST(PruneModel, NaiveKvPrunerIsADenseModelOfTheReducedWidth) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string gguf = make_model(dir, "m.gguf", tiny_spec(37));
+  write_synth_safetensors(tiny_spec(38), dir.file("hf"));
+  for (const std::string& path : {gguf, dir.file("hf")}) {
+    auto w = load_model<E>(path, LoadOptions{});
+    pruning::PruneOptions o;
+    o.method = PruneMethod::KvPrunerNaive;
+    o.retain = 0.5;
+    o.budget = pruning::LayerBudget::Uniform;
+    o.flops_context = 64;
+    const Config p = pruning::plan_pruning(w->cfg, random_fisher(w->cfg, 5), o);
+    ASSERT_TRUE(p.naive_rope());
+    const int width = p.qk_head_dim(0);
+    ASSERT_LT(width, w->cfg.head_dim);
+    for (int l = 0; l < p.n_layer; ++l) {
+      ASSERT_EQ(p.qk_head_dim(l), width);
+      ASSERT_EQ(p.v_head_dim(l), width);
+    }
+    auto fused = pruning::fuse_pruned(*w, p);
+    auto dense_w = as_dense_of_width(*fused, width);
+    const auto toks = prompt(18, w->cfg.vocab);
+    const auto naive = logits_of<E>(fused, toks);
+    EXPECT_LE(max_rel(naive, logits_of<E>(dense_w, toks)), 1e-5) << path;
+    // the index-aware variant keeps the same channels at their own frequencies: another model
+    pruning::PruneOptions ia = o;
+    ia.method = PruneMethod::KvPruner;
+    const Config pi = pruning::plan_pruning(w->cfg, random_fisher(w->cfg, 5), ia);
+    for (int l = 0; l < p.n_layer; ++l) EXPECT_EQ(pi.attn[l].k_channels, p.attn[l].k_channels);
+    EXPECT_GT(max_rel(naive, logits_of<E>(pruning::fuse_pruned(*w, pi), toks)), 1e-3) << path;
+    // decode, op-by-op and on the device path, against the dense model of width w
+    for (bool device : {false, true}) {
+      Engine<E> a(fused, 1, 32), b(dense_w, 1, 32);
+      a.set_device_path(device);
+      b.set_device_path(device);
+      for (int t = 0; t < 6; ++t)
+        EXPECT_LE(max_rel(to_host(a.forward({{toks[t]}}, t)), to_host(b.forward({{toks[t]}}, t))),
+                  1e-5)
+            << path << " device " << device << " step " << t;
+    }
+    // written, read back and run: the same model, its method in the file
+    if (path == gguf) {
+      const std::string out = dir.file("naive.gguf");
+      pruning::write_pruned_gguf(gguf, p, out);
+      auto wp = load_model<E>(out, LoadOptions{});
+      EXPECT_EQ(wp->cfg.prune.method, "kvpruner-naive");
+      EXPECT_TRUE(wp->cfg.naive_rope());
+      EXPECT_EQ(logits_of<E>(wp, toks), naive);
+    }
+  }
+}
+
+// Adaptive budgets give layers of different widths: each width has its own block of frequencies
+// (base^(−2i/w)), and each layer equals the dense model of its width in isolation — checked here
+// through the table: every layer's rotation units index frequencies of its own width.
+TEST(PruneNaive, EachReducedWidthRotatesAtItsOwnFrequencies) {
+  Config c = tiny_spec(39).cfg;
+  pruning::PruneOptions o;
+  o.method = PruneMethod::KvPrunerNaive;
+  o.retain = 0.6;
+  const Config p = pruning::plan_pruning(c, random_fisher(c, 3), o);
+  const std::vector<double> inv = p.rope_inv_freq();
+  bool differ = false;
+  for (int l = 0; l < p.n_layer; ++l) {
+    const int w = p.qk_head_dim(l);
+    differ = differ || w != p.qk_head_dim(0);
+    const RopeUnits u = p.rope_units(l);
+    ASSERT_EQ(u.units, w / 2);
+    for (int h = 0; h < p.n_kv_head; ++h)
+      for (int i = 0; i < w / 2; ++i) {
+        const std::size_t k = static_cast<std::size_t>(h) * u.units + i;
+        EXPECT_DOUBLE_EQ(inv[static_cast<std::size_t>(u.freq[k])],
+                         std::pow(static_cast<double>(c.rope_theta), -2.0 * i / w))
+            << l << " " << h << " " << i;
+        EXPECT_EQ(u.i0[k], c.rope_layout == RopeLayout::Adjacent ? 2 * i : i);
+        EXPECT_EQ(u.i1[k], c.rope_layout == RopeLayout::Adjacent ? 2 * i + 1 : i + w / 2);
+      }
+  }
+  EXPECT_TRUE(differ) << "adaptive budgets should give layers of different widths";
+  // the full head's frequencies come first, unchanged
+  const std::vector<double> dense = c.rope_inv_freq();
+  for (std::size_t j = 0; j < dense.size(); ++j) EXPECT_EQ(inv[j], dense[j]);
+}
+
 /// The fp32 values of tensor `name` of a GGUF file as the loader sees them, [ne1][ne0].
 std::vector<float> values_of(const gguf::File& f, const std::string& name) {
   const gguf::TensorInfo& t = f.require_tensor(name);

@@ -129,8 +129,8 @@ Backprop<E, T>::Backprop(std::shared_ptr<const Weights<E>> w, int max_tokens, E 
   }
   s.out_w = as_t<E, T>(exec_, w_->output);
   // RoPE angles in double precision on the host, rounded once to T (as the engine does).
-  const int half = c.head_dim / 2;
   const std::vector<double> inv = c.rope_inv_freq(w_->rope_freq_factors);
+  const int half = static_cast<int>(inv.size());  // (more for a naively re-paired model)
   s.cos = MatT<E, T>("sparsim::backprop::cos", max_tokens, half);
   s.sin = MatT<E, T>("sparsim::backprop::sin", max_tokens, half);
   auto hc = Kokkos::create_mirror_view(s.cos);

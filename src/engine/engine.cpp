@@ -111,8 +111,9 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
       rope_pairs_only_.push_back(full || pairs);
     }
   // RoPE angles in double precision on the host, then rounded once to fp32.
-  const int half = c.head_dim / 2;
+  // (a naively re-paired pruned model adds the frequencies of its reduced heads)
   const std::vector<double> inv = c.rope_inv_freq(w_->rope_freq_factors);
+  const int half = static_cast<int>(inv.size());
   cos_ = Mat<E>("sparsim::rope_cos", max_ctx, half);
   sin_ = Mat<E>("sparsim::rope_sin", max_ctx, half);
   auto hc = Kokkos::create_mirror_view(cos_);
@@ -908,6 +909,7 @@ void Engine<E>::block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Ph
   tg.T = 1;
   tg.cos_t = cos_.data();
   tg.sin_t = sin_.data();
+  tg.rope_cols = static_cast<int>(cos_.extent(1));
   tg.head_dim = c.head_dim;
   tg.adjacent = c.rope_layout == RopeLayout::Adjacent;
   const AttnShape& sh = cache_.shape(l);

@@ -184,7 +184,7 @@ class Engine {
   KVCache<E> cache_;
   std::vector<RopeMap<E>> rope_map_;   // pruned model, per layer: RoPE units of the reduced heads
   std::vector<bool> rope_pairs_only_;  // pruned model, per layer: every RoPE unit a whole pair
-  Mat<E> cos_, sin_;                   // [max_ctx][head_dim/2], by frequency index
+  Mat<E> cos_, sin_;                   // [max_ctx][frequencies], by index (Config::rope_inv_freq)
   int cap_rows_ = 0, cap_out_ = 0;
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out

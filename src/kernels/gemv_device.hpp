@@ -178,7 +178,7 @@ inline constexpr int kUnroll = R == 1 ? 4 : 2;
 
 /// Slots of a warp's reduction: R·NT dot products, and with kNorm NT sums of squares.
 template <int R, int NT, bool kNorm>
-inline constexpr int kSlots = kNorm ? (R + 1) * NT : R * NT;
+inline constexpr int kSlots = kNorm ? (R + 1) * NT : R* NT;
 
 /// Lane `lane`'s partial dot products of R weight rows with NT tokens (tokens t0 … t0+nt−1,
 /// nt ≤ NT), into acc[r·NT + t]. With kNorm the products are with x ∘ g, and the lane also sums
@@ -447,9 +447,10 @@ struct QKVTarget {
   int k_base = 0;  ///< compacted prompt positions (kept apart, not written here)
   const int* pos = nullptr;      ///< [n] position of each row (row t is sequence t / T_call)
   int T = 1;                     ///< tokens per sequence in the call
-  const float* cos_t = nullptr;  ///< [max_ctx][head_dim/2]
+  const float* cos_t = nullptr;  ///< [max_ctx][rope_cols]
   const float* sin_t = nullptr;
-  int head_dim = 0;      ///< the model's head width (the RoPE tables' 2·columns)
+  int head_dim = 0;      ///< the model's head width
+  int rope_cols = 0;     ///< columns of the RoPE tables (0: head_dim/2)
   bool adjacent = true;  ///< RoPE pairs (2j, 2j+1), else (j, j + head_dim/2)
   /// A pruned layer's RoPE units (RopeMap: [n_kv][units] pairs (i0, i1) of the reduced head
   /// rotated by frequency freq; every unit a pair): null for a dense layer, whose q/k heads are
@@ -476,6 +477,7 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
   const int qd = static_cast<int>(wq.extent(0)), kd = static_cast<int>(wk.extent(0));
   const int vd = static_cast<int>(wv.extent(0));
   const int half = tg.head_dim / 2;
+  const int cols = tg.rope_cols > 0 ? tg.rope_cols : half;
   // Dense: a head is head_dim wide with head_dim/2 pairs at fixed places. Pruned: a head is
   // qk_dim wide and its pairs come from the layer's unit table (the KV head's for a query head).
   const bool mapped = tg.unit_i0 != nullptr;
@@ -523,8 +525,8 @@ void gemv_qkv_rope(const E& exec, const CMat<E>& x,
             const bool isq = u < qpairs;
             int r0, r1, j;
             pair_of(isq, isq ? u : u - qpairs, r0, r1, j);
-            const float c = tg.cos_t[static_cast<std::size_t>(p) * half + j];
-            const float sn = tg.sin_t[static_cast<std::size_t>(p) * half + j];
+            const float c = tg.cos_t[static_cast<std::size_t>(p) * cols + j];
+            const float sn = tg.sin_t[static_cast<std::size_t>(p) * cols + j];
             const float ra = a * c - b * sn, rb = a * sn + b * c;
             if (isq) {
               tg.q[static_cast<std::size_t>(row) * qd + r0] = ra;

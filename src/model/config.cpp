@@ -99,8 +99,40 @@ int Config::max_att_dim() const {
   return widest(n_layer, [this](int l) { return att_dim(l); });
 }
 
+namespace {
+/// The distinct reduced K widths of a naive-RoPE model, ascending (their frequency blocks follow
+/// the full head's in rope_inv_freq), and the first table column of width w's block.
+std::vector<int> naive_widths(const Config& c) {
+  std::vector<int> ws;
+  for (int l = 0; l < c.n_layer; ++l) ws.push_back(c.qk_head_dim(l));
+  std::sort(ws.begin(), ws.end());
+  ws.erase(std::unique(ws.begin(), ws.end()), ws.end());
+  return ws;
+}
+int naive_block(const Config& c, int w) {
+  int col = c.head_dim / 2;
+  for (int x : naive_widths(c)) {
+    if (x == w) return col;
+    col += x / 2;
+  }
+  fail("no naive RoPE block of width {}", w);
+}
+}  // namespace
+
 RopeUnits Config::rope_units(int l) const {
   const int w = qk_head_dim(l);
+  if (naive_rope()) {  // the pairs of a head of width w, in this model's layout
+    RopeUnits u;
+    u.units = w / 2;
+    const int col = naive_block(*this, w);
+    for (int h = 0; h < n_kv_head; ++h)
+      for (int i = 0; i < w / 2; ++i) {
+        u.i0.push_back(rope_layout == RopeLayout::Adjacent ? 2 * i : i);
+        u.i1.push_back(rope_layout == RopeLayout::Adjacent ? 2 * i + 1 : i + w / 2);
+        u.freq.push_back(col + i);
+      }
+    return u;
+  }
   std::vector<std::vector<int>> i0(static_cast<std::size_t>(n_kv_head)), i1(i0), fr(i0);
   std::size_t most = 0;
   for (int h = 0; h < n_kv_head; ++h) {
@@ -155,6 +187,14 @@ std::vector<double> Config::rope_inv_freq(const std::vector<float>& freq_factors
     }
     if (!freq_factors.empty()) f /= freq_factors[j];
     inv[j] = f;
+  }
+  if (naive_rope()) {
+    require(!rope_scaling.enabled && freq_factors.empty(),
+            "a naively re-paired pruned model (kvpruner-naive) needs plain RoPE: this model scales "
+            "its frequencies (Llama-3 rope_scaling or rope_freqs)");
+    for (int w : naive_widths(*this))
+      for (int i = 0; i < w / 2; ++i)
+        inv.push_back(std::pow(static_cast<double>(rope_theta), -2.0 * i / w));
   }
   return inv;
 }

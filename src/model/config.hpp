@@ -42,13 +42,13 @@ struct LayerAttention {
 
 /// How a pruned model was made (GGUF keys sparsim.prune.*); empty method = not pruned.
 struct PruneRecord {
-  std::string method;              ///< "rap" or "kvpruner"
+  std::string method;              ///< "rap", "kvpruner" or "kvpruner-naive"
   double retain = 1.0;             ///< target mean retain ratio ρ
   int flops_context = 0;           ///< context the attention FLOP fraction is reported at
   std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
   std::string calibration;         ///< model and corpus fingerprints of the Fisher scores
-  /// the selection recipe ("score=fisher budget=adaptive pair=joint k_share=0.5 kv=balanced"; "" in files
-  /// written before the recipe was recorded, which all used that default)
+  /// the selection recipe ("score=fisher budget=adaptive pair=joint k_share=0.5 kv=balanced"; "" in
+  /// files written before the recipe was recorded, which all used that default)
   std::string recipe;
 };
 
@@ -112,6 +112,10 @@ struct Config {
   bool rope_first(int c) const {
     return rope_layout == RopeLayout::Adjacent ? c % 2 == 0 : c < head_dim / 2;
   }
+  /// The naive KVPruner (prune.method "kvpruner-naive"): the kept K channels of a head are
+  /// re-packed as a smaller head of width w = qk_head_dim(l) and rotated as its pairs, at that
+  /// head's frequencies base^(−2i/w), not at the frequencies the channels had.
+  bool naive_rope() const { return pruned() && prune.method == "kvpruner-naive"; }
   /// How RoPE rotates the heads of layer l (see RopeUnits).
   struct RopeUnits rope_units(int l) const;
   /// Throws sparsim::Error naming the first inconsistent field.
@@ -119,7 +123,8 @@ struct Config {
   /// Number of parameters (embedding counted once when tied), at this model's widths.
   std::uint64_t n_params() const;
   /// Inverse RoPE frequencies θ_j for j < head_dim/2, with Llama-3 scaling applied and, when
-  /// given, per-frequency divisors (GGUF `rope_freqs.weight`).
+  /// given, per-frequency divisors (GGUF `rope_freqs.weight`); for naive_rope(), followed by
+  /// the w/2 frequencies of each distinct reduced width w (ascending), which rope_units index.
   std::vector<double> rope_inv_freq(const std::vector<float>& freq_factors = {}) const;
 };
 

@@ -13,13 +13,22 @@
 namespace sparsim::pruning {
 
 const char* method_name(PruneMethod m) {
-  return m == PruneMethod::Rap ? "rap" : "kvpruner";
+  switch (m) {
+    case PruneMethod::Rap:
+      return "rap";
+    case PruneMethod::KvPruner:
+      return "kvpruner";
+    case PruneMethod::KvPrunerNaive:
+      return "kvpruner-naive";
+  }
+  return "?";
 }
 
 PruneMethod parse_prune_method(const std::string& s) {
   if (s == "rap") return PruneMethod::Rap;
   if (s == "kvpruner") return PruneMethod::KvPruner;
-  fail("pruning method '{}' is not rap or kvpruner", s);
+  if (s == "kvpruner-naive") return PruneMethod::KvPrunerNaive;
+  fail("pruning method '{}' is not rap, kvpruner or kvpruner-naive", s);
 }
 
 ScoreSource parse_score_source(const std::string& s) {
@@ -218,6 +227,9 @@ Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOpti
       "channel scores for {} layers of {} KV heads of width {}, the model has {} of {} of "
       "width {}",
       sc.n_layer, sc.n_kv_head, sc.head_dim, full.n_layer, full.n_kv_head, full.head_dim);
+  require(opt.method != PruneMethod::KvPrunerNaive || !full.rope_scaling.enabled,
+          "kvpruner-naive re-pairs the kept channels as a smaller head with plain RoPE; this "
+          "model scales its RoPE frequencies (rope_scaling)");
   const int D = full.head_dim, half = D / 2, H = full.n_kv_head;
   // σ_ℓ = Σ_h Σ_j σ_p: the layer weights of the adaptive budgets (uniform: equal weights)
   std::vector<double> w(static_cast<std::size_t>(full.n_layer), 1.0);

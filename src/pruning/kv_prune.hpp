@@ -32,9 +32,12 @@ namespace sparsim::pruning {
 using calibration::FisherScores;
 using calibration::rope_layout_name;
 
-enum class PruneMethod { Rap, KvPruner };
+/// KvPruner keeps each kept channel's own RoPE frequency (index-aware, the paper's Appendix F
+/// variant); KvPrunerNaive (the paper's main-table KVPruner) re-packs the same channels as a
+/// smaller head and rotates them as its pairs (Config::naive_rope).
+enum class PruneMethod { Rap, KvPruner, KvPrunerNaive };
 const char* method_name(PruneMethod m);
-/// "rap" / "kvpruner"; throws sparsim::Error naming the choices otherwise.
+/// "rap" / "kvpruner" / "kvpruner-naive"; throws sparsim::Error naming the choices otherwise.
 PruneMethod parse_prune_method(const std::string& s);
 
 /// σ_ℓ = Σ_h Σ_j √F_p of every layer.
