@@ -85,7 +85,9 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
     double kv = 0, free_b = 0, total_b = 0;
     for (int l = 0; l < c.n_layer; ++l) {
       const AttnShape sh = attn_shape(c, l);
-      kv += 4.0 * max_seqs * static_cast<double>(max_ctx) * (sh.k_width() + sh.v_width());
+      kv +=
+          4.0 * max_seqs * static_cast<double>(max_ctx) * (c.k_cache_width(l) + c.v_cache_width(l));
+      (void)sh;
     }
     if (device_blas::memory_info(free_b, total_b))
       require(
@@ -97,6 +99,14 @@ Engine<E>::Engine(std::shared_ptr<const Weights<E>> weights, int max_seqs, int m
           total_b / (1 << 30));
   }
   cache_ = KVCache<E>(c, max_seqs, max_ctx);
+  if (c.low_rank_kv()) {
+    k_rebuilt_ = Cache<E>("sparsim::k_rebuilt", max_seqs, max_ctx, c.kv_dim());
+    v_rebuilt_ = Cache<E>("sparsim::v_rebuilt", max_seqs, max_ctx, c.kv_dim());
+    ctx_pos_ = IVec<E>("sparsim::ctx_pos", max_ctx);
+    auto hp = Kokkos::create_mirror_view(ctx_pos_);
+    for (int p = 0; p < max_ctx; ++p) hp(p) = p;
+    Kokkos::deep_copy(ctx_pos_, hp);
+  }
   // a pruned layer that kept every channel rotates pair by pair, as a dense one (bitwise)
   if (c.pruned())
     for (int l = 0; l < c.n_layer; ++l) {
@@ -442,7 +452,23 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   const bool gated = tgate_ && tgate_->active(l);
   int n_keep = n;
   std::vector<int> h_skip;
-  if (!gated) {
+  if (c.low_rank_kv()) {
+    // the cache holds the latents A·x; keys and values are rebuilt at attention time
+    require(!gated && !selector_,
+            "a low-rank K/V model ({}) caches latents: token gating and K-channel pruning act on "
+            "cached keys and do not apply to it",
+            c.prune.method);
+    Mat<E> hk = rows(k_, n, c.k_cache_width(l)), hv = rows(v_, n, c.v_cache_width(l));
+    proj(xn, Proj::Q, l, q, ph);
+    proj(xn, Proj::K, l, hk, ph);
+    proj(xn, Proj::V, l, hv, ph);
+    rope(l, q, pos, true);
+    mark(flops::Op::RoPE);
+    cache_.store(exec_, l, CMat<E>(hk), CMat<E>(hv), n_seq, T, p0);
+    attend_low_rank(l, CMat<E>(q), att, n_seq, T, p0, ph);
+    observe(l, Site::O, att);
+    proj(att, Proj::O, l, tmp, ph);
+  } else if (!gated) {
     // (the same kernels as the gated path, so that a gate that skips nothing is bitwise dense)
     proj(xn, Proj::Q, l, q, ph);
     proj(xn, Proj::K, l, k, ph);
@@ -478,7 +504,9 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       n_keep = n - n_skip;
     }
   }
-  if (h_skip.empty()) {
+  if (c.low_rank_kv()) {
+    // (attended above)
+  } else if (h_skip.empty()) {
     if (gated) {
       proj(xn, Proj::Q, l, q, ph);
       rope(l, q, pos, true);
@@ -542,7 +570,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       ledger_->add(flops::Op::GatherScatter, l, ph, 0, 0, 0, 4.0 * (4.0 * g + z));
     }
   }
-  if (record_mass_ && !cache_.layer(l).compacted() && h_skip.empty())
+  if (record_mass_ && !cache_.layer(l).compacted() && h_skip.empty() && !c.low_rank_kv())
     sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), sh, n_seq, T, p0,
                             mass_[static_cast<std::size_t>(l)],
                             mass_queries_[static_cast<std::size_t>(l)]);
@@ -636,6 +664,41 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
                      p0 + T);
   }
   mark(flops::Op::AttnScore);
+}
+
+template <class E>
+void Engine<E>::attend_low_rank(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T,
+                                int p0, flops::Phase ph) {
+  const Config& c = w_->cfg;
+  const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
+  const KVLayer<E>& kv = cache_.layer(l);
+  const int ctx = p0 + T, kd = c.kv_dim(), rk = c.k_cache_width(l), rv = c.v_cache_width(l);
+  const IVec<E> pos(ctx_pos_.data(), ctx);
+  const Mat<E> none;
+  for (int s = 0; s < n_seq; ++s) {
+    // sequence s's first ctx cached rows are contiguous (LayoutRight [seq][pos][width])
+    const CMat<E> hk(kv.k.data() + static_cast<std::size_t>(s) * kv.k.stride(0), ctx, rk);
+    const CMat<E> hv(kv.v.data() + static_cast<std::size_t>(s) * kv.v.stride(0), ctx, rv);
+    const Mat<E> k(k_rebuilt_.data() + static_cast<std::size_t>(s) * k_rebuilt_.stride(0), ctx, kd);
+    const Mat<E> v(v_rebuilt_.data() + static_cast<std::size_t>(s) * v_rebuilt_.stride(0), ctx, kd);
+    linear(exec_, hk, lw.k_up, k, scratch_, seg_);
+    linear(exec_, hv, lw.v_up, v, scratch_, seg_);
+    rope_qk(l, none, k, pos);  // keys rotate after they are rebuilt (PaLU: K before RoPE)
+  }
+  mark(flops::Op::KVReconstruct);
+  attention(exec_, q, k_rebuilt_, v_rebuilt_, out, n_seq, T, p0, c.n_head, c.n_kv_head, c.head_dim,
+            c.head_dim, 1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  mark(flops::Op::AttnScore);
+  if (ledger_) {
+    // per sequence: read ctx latents and the block-diagonal up factors, write the rebuilt keys and
+    // values; rotate the rebuilt keys. The same work whatever the runtime methods (dense = real).
+    const LayerLowRank& r = c.low_rank[static_cast<std::size_t>(l)];
+    const double gd = static_cast<double>(c.lr_group) * c.head_dim, rows = 1.0 * n_seq * ctx;
+    const double fl = 2.0 * rows * gd * (r.k_rank() + r.v_rank()) + 6.0 * rows * kd / 2;
+    const double by = static_cast<double>(lw.k_up.bytes() + lw.v_up.bytes()) * n_seq +
+                      4.0 * rows * (rk + rv) + 4.0 * rows * 2 * kd;
+    ledger_->add(flops::Op::KVReconstruct, l, ph, fl, fl, by, by, 3 * n_seq);
+  }
 }
 
 template <class E>
@@ -870,8 +933,8 @@ template <class E>
 bool Engine<E>::use_fused(int T) const {
   const Config& c = w_->cfg;
   return device_path_ && fused_ && T == 1 && !profile_ && !observer_ && !w_->rotated() &&
-         !(masker_ && sparse_.count > 0) && !record_mass_ && c.head_dim % 2 == 0 &&
-         max_seqs_ < kWidenRows;
+         !c.low_rank_kv() && !(masker_ && sparse_.count > 0) && !record_mass_ &&
+         c.head_dim % 2 == 0 && max_seqs_ < kWidenRows;
 }
 
 template <class E>

@@ -149,6 +149,10 @@ class Engine {
   void plain_proj(const CMat<E>& x, const Matrix<E>& w, const Mat<E>& y, flops::Op op, int layer,
                   flops::Phase ph, double realised_fraction = 1.0, int dense_rows = -1);
   void attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0);
+  /// A low-rank K/V layer (PaLU, SVD-LLM): rebuilds the keys (then rotates them) and values of
+  /// positions 0 … p0+T−1 from the cached latents and attends over them.
+  void attend_low_rank(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0,
+                       flops::Phase ph);
   /// RoPE of layer l on the query (is_q) or key rows x at positions pos: a pruned layer by its
   /// rotation units (each kept pair at its own frequency), a dense one pair by pair.
   void rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q);
@@ -182,6 +186,8 @@ class Engine {
   flops::Ledger* ledger_;
   E exec_;
   KVCache<E> cache_;
+  Cache<E> k_rebuilt_, v_rebuilt_;     // low-rank layers: keys and values rebuilt from the latents
+  IVec<E> ctx_pos_;                    // 0 … max_ctx−1, the positions of rebuilt keys
   std::vector<RopeMap<E>> rope_map_;   // pruned model, per layer: RoPE units of the reduced heads
   std::vector<bool> rope_pairs_only_;  // pruned model, per layer: every RoPE unit a whole pair
   Mat<E> cos_, sin_;                   // [max_ctx][frequencies], by index (Config::rope_inv_freq)

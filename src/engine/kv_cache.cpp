@@ -14,8 +14,9 @@ KVCache<E>::KVCache(const Config& c, int max_seqs, int max_ctx)
   for (int l = 0; l < c.n_layer; ++l) {
     shapes_.push_back(attn_shape(c, l));
     KVLayer<E> kl;
-    kl.k = Cache<E>("sparsim::kcache", max_seqs, max_ctx, shapes_.back().k_width());
-    kl.v = Cache<E>("sparsim::vcache", max_seqs, max_ctx, shapes_.back().v_width());
+    // a low-rank layer caches its latents (Config::k_cache_width)
+    kl.k = Cache<E>("sparsim::kcache", max_seqs, max_ctx, c.k_cache_width(l));
+    kl.v = Cache<E>("sparsim::vcache", max_seqs, max_ctx, c.v_cache_width(l));
     layers_.push_back(kl);
   }
   kept_counts_.resize(static_cast<std::size_t>(c.n_layer));

@@ -61,6 +61,8 @@ const char* to_string(Op op) {
       return "gather_scatter";
     case Op::ChannelSelect:
       return "channel_select";
+    case Op::KVReconstruct:
+      return "kv_reconstruct";
     case Op::LMHead:
       return "lm_head";
     case Op::Other:
@@ -195,10 +197,9 @@ void Ledger::write(io::Group& g) const {
                        "inside it), {}",
                        shape)});
   g.write("kernels", kernels.data(), dims,
-          {"launch",
-           fmt::format("distinct kernel launches, each counted once on the op owning the "
-                       "kernel, {}",
-                       shape)});
+          {"launch", fmt::format("distinct kernel launches, each counted once on the op owning the "
+                                 "kernel, {}",
+                                 shape)});
 
   std::vector<std::string> phases, ops, layers;
   std::vector<std::int64_t> layer_index;

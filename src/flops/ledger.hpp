@@ -42,6 +42,7 @@ enum class Op : std::uint8_t {
   GateSimilarity,  ///< token gate: similarity test and anchor update (Token Filtering)
   GatherScatter,   ///< token gate: gathering the kept rows and scattering their outputs back
   ChannelSelect,   ///< K-cache channel selection and compaction (ThinK, GRACE)
+  KVReconstruct,   ///< keys and values rebuilt from cached latents (PaLU, SVD-LLM)
   Other
 };
 inline constexpr int kNumOps = static_cast<int>(Op::Other) + 1;

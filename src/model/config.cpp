@@ -57,6 +57,28 @@ void Config::validate() const {
       check(a.v_channels, a.v_dim, "V");
     }
   }
+  if (!low_rank.empty()) {
+    require(attn.empty(), "model config: low-rank K/V factors on a model with pruned head widths");
+    require(static_cast<int>(low_rank.size()) == n_layer,
+            "model config: low-rank factors given for {} layers, the model has {}", low_rank.size(),
+            n_layer);
+    require(lr_group >= 1 && n_kv_head % lr_group == 0,
+            "model config: low-rank group of {} KV heads does not divide the {} KV heads", lr_group,
+            n_kv_head);
+    const int groups = n_kv_head / lr_group, gd = lr_group * head_dim;
+    for (int l = 0; l < n_layer; ++l)
+      for (const auto* r : {&low_rank[static_cast<std::size_t>(l)].k_ranks,
+                            &low_rank[static_cast<std::size_t>(l)].v_ranks}) {
+        require(static_cast<int>(r->size()) == groups,
+                "model config: layer {} lists {} low-rank groups, expected {}", l, r->size(),
+                groups);
+        for (int x : *r)
+          require(x >= 1 && x <= gd,
+                  "model config: layer {} has a low-rank group of rank {}; ranks must be in 1 … "
+                  "{} (the group's {} KV heads × {})",
+                  l, x, gd, lr_group, head_dim);
+      }
+  }
   if (rope_scaling.enabled) {
     require(rope_scaling.factor >= 1 && rope_scaling.original_context > 0 &&
                 rope_scaling.high_freq_factor > rope_scaling.low_freq_factor,
@@ -67,13 +89,39 @@ void Config::validate() const {
   }
 }
 
+int LayerLowRank::k_rank() const {
+  int r = 0;
+  for (int x : k_ranks) r += x;
+  return r;
+}
+int LayerLowRank::v_rank() const {
+  int r = 0;
+  for (int x : v_ranks) r += x;
+  return r;
+}
+
+int Config::k_cache_width(int l) const {
+  return low_rank.empty() ? k_dim(l) : low_rank[static_cast<std::size_t>(l)].k_rank();
+}
+int Config::v_cache_width(int l) const {
+  return low_rank.empty() ? v_dim(l) : low_rank[static_cast<std::size_t>(l)].v_rank();
+}
+
+std::uint64_t Config::kv_params(int l) const {
+  const std::uint64_t d = d_model;
+  if (low_rank.empty()) return d * static_cast<std::uint64_t>(k_dim(l) + v_dim(l));
+  const LayerLowRank& r = low_rank[static_cast<std::size_t>(l)];
+  const std::uint64_t gd = static_cast<std::uint64_t>(lr_group) * head_dim;
+  return (d + gd) * static_cast<std::uint64_t>(r.k_rank() + r.v_rank());
+}
+
 std::uint64_t Config::n_params() const {
   const std::uint64_t d = d_model, v = vocab;
   std::uint64_t n = v * d * (tied_embeddings ? 1 : 2) + d;
   for (int l = 0; l < n_layer; ++l)
-    n += 2 * d                                                                          // norms
-         + d * static_cast<std::uint64_t>(q_dim(l) + k_dim(l) + v_dim(l) + att_dim(l))  // q k v o
-         + 3 * d * static_cast<std::uint64_t>(d_ff);  // gate, up, down
+    n += 2 * d                                                                   // norms
+         + d * static_cast<std::uint64_t>(q_dim(l) + att_dim(l)) + kv_params(l)  // q o, k v
+         + 3 * d * static_cast<std::uint64_t>(d_ff);                             // gate, up, down
   return n;
 }
 

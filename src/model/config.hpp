@@ -40,9 +40,20 @@ struct LayerAttention {
   std::vector<int> v_channels;
 };
 
+/// Low-rank keys and values of one layer (PaLU, SVD-LLM: METHODS.md §5): W_k ≈ B_k·A_k, the
+/// KV heads taken `group` at a time (Config::lr_group), group g factorised at rank k_ranks[g]
+/// (B_k block-diagonal, [n_kv·D][Σ ranks]; A_k [Σ ranks][d_model]); the cache holds the latent
+/// A_k·x of every token, and keys are rebuilt as B_k·latent, then rotated, at attention time.
+/// The same for V.
+struct LayerLowRank {
+  std::vector<int> k_ranks, v_ranks;  ///< rank of each group of KV heads
+  int k_rank() const;                 ///< latent width of the keys (Σ k_ranks)
+  int v_rank() const;
+};
+
 /// How a pruned model was made (GGUF keys sparsim.prune.*); empty method = not pruned.
 struct PruneRecord {
-  std::string method;              ///< "rap", "kvpruner" or "kvpruner-naive"
+  std::string method;              ///< "rap", "kvpruner", "kvpruner-naive", "palu" or "svd-llm"
   double retain = 1.0;             ///< target mean retain ratio ρ
   int flops_context = 0;           ///< context the attention FLOP fraction is reported at
   std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
@@ -73,6 +84,10 @@ struct Config {
   /// head_dim wide). The softmax scale stays 1/sqrt(head_dim) and RoPE frequencies stay those
   /// of head_dim whatever the widths.
   std::vector<LayerAttention> attn;
+  /// Per-layer low-rank K/V factors (PaLU, SVD-LLM); empty when W_k and W_v are whole. Heads keep
+  /// their full width (attn is empty): only the cache and the K/V projections change.
+  std::vector<LayerLowRank> low_rank;
+  int lr_group = 0;  ///< KV heads per low-rank group (divides n_kv_head)
   PruneRecord prune;
 
   /// Widths of the full (unpruned) model.
@@ -80,6 +95,13 @@ struct Config {
   int kv_dim() const { return n_kv_head * head_dim; }
 
   bool pruned() const { return !attn.empty(); }
+  bool low_rank_kv() const { return !low_rank.empty(); }
+  /// Cache width per token of layer l's keys / values: the latent rank of a low-rank layer,
+  /// else k_dim(l) / v_dim(l).
+  int k_cache_width(int l) const;
+  int v_cache_width(int l) const;
+  /// Parameters of layer l's K and V projections (a low-rank layer: A and the blocks of B).
+  std::uint64_t kv_params(int l) const;
   /// Per-head width of q and k in layer l.
   int qk_head_dim(int l) const { return attn.empty() ? head_dim : attn[l].qk_dim; }
   /// Per-head width of v (and of the attention output) in layer l.

@@ -184,7 +184,7 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
     }
   }
   std::int64_t kv = s.n_kv_head.value_or(heads);
-  if (hd > 0 && kv > 0 && s.qk_widths.empty()) {
+  if (hd > 0 && kv > 0 && s.qk_widths.empty() && s.k_ranks.empty()) {
     const auto k = c.shape(c.block(0, 2));
     if (k && k->size() == 2 && static_cast<std::int64_t>((*k)[0]) != kv * hd) {
       const auto rows = static_cast<std::int64_t>((*k)[0]);
@@ -263,6 +263,43 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
     for (std::int64_t l = 0; l < upto; ++l) {
       if (!present.count(l)) {
         c.add(fmt::format("no tensors for block {} ('{}{}.*')", l, n.block_prefix, l));
+        continue;
+      }
+      if (!s.k_ranks.empty()) {
+        // a low-rank layer: the down factors' rows are the layer's ranks, the up factors map
+        // them back to the n_kv·head_dim keys and values
+        const std::int64_t groups = s.lr_group > 0 && kv % s.lr_group == 0 ? kv / s.lr_group : 0;
+        const auto rank_of = [&](const std::vector<std::int64_t>& r) -> std::uint64_t {
+          std::int64_t sum = 0;
+          for (std::int64_t g = 0; g < groups; ++g) {
+            const auto i = static_cast<std::size_t>(l * groups + g);
+            if (i >= r.size() || r[i] < 1) return 0;
+            sum += r[i];
+          }
+          return static_cast<std::uint64_t>(sum);
+        };
+        const std::uint64_t rk = rank_of(s.k_ranks), rv = rank_of(s.v_ranks);
+        if (groups == 0 || rk == 0 || rv == 0) {
+          c.add(
+              fmt::format("the low-rank layout (group of {} KV heads, {} key and {} value "
+                          "ranks) does not give layer {} its ranks",
+                          s.lr_group, s.k_ranks.size(), s.v_ranks.size(), l));
+          continue;
+        }
+        const std::string lk = fmt::format("a key rank of {} (the low-rank layout)", rk);
+        const std::string lv = fmt::format("a value rank of {} (the low-rank layout)", rv);
+        for (int i = 0; i < 9; ++i) {
+          if (i == 2) {
+            c.expect(c.block(static_cast<int>(l), i), {rk, D}, lk.c_str());
+          } else if (i == 3) {
+            c.expect(c.block(static_cast<int>(l), i), {rv, D}, lv.c_str());
+          } else {
+            c.expect(c.block(static_cast<int>(l), i), want[i], from[i].c_str());
+          }
+        }
+        const std::string p = n.block_prefix + std::to_string(l);
+        c.expect(p + ".attn_k_up.weight", {K, rk}, lk.c_str());
+        c.expect(p + ".attn_v_up.weight", {K, rv}, lv.c_str());
         continue;
       }
       if (s.qk_widths.empty()) {

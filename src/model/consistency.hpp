@@ -44,6 +44,11 @@ struct StatedShape {
   /// A pruned model (RAP, KVPruner): per-layer q/k and v head widths (empty: every head
   /// head_dim wide); the attention tensors of layer l are checked against these.
   std::vector<std::int64_t> qk_widths, v_widths;
+  /// A low-rank K/V model (PaLU, SVD-LLM): the rank of each group of `lr_group` KV heads of every
+  /// layer, [layer][group] (empty: W_k and W_v whole); attn_k / attn_v of layer l are then
+  /// [Σ ranks][d_model] and attn_k_up / attn_v_up [n_kv·head_dim][Σ ranks].
+  std::vector<std::int64_t> k_ranks, v_ranks;
+  std::int64_t lr_group = 0;
 };
 
 /// Name → shape as the file lists it.

@@ -53,6 +53,12 @@ std::vector<std::string> check_gguf_model(const gguf::File& f) {
   for (auto [k, dst] : {std::pair{prune_keys::kKeyWidths, &s.qk_widths},
                         std::pair{prune_keys::kValueWidths, &s.v_widths}})
     if (f.has(k)) *dst = f.require_int_array(k);  // entry count: read_pruned_layout
+  if (f.has(prune_keys::kLowRankGroup)) {
+    s.lr_group = static_cast<std::int64_t>(f.require_uint(prune_keys::kLowRankGroup));
+    for (auto [k, dst] : {std::pair{prune_keys::kLowRankKeyRanks, &s.k_ranks},
+                          std::pair{prune_keys::kLowRankValueRanks, &s.v_ranks}})
+      *dst = f.require_int_array(k);
+  }
   TensorShapes shapes;
   for (const auto& t : f.tensors()) shapes[t.name] = t.ne;
   return check_llama_shapes(s, shapes, n);

@@ -88,8 +88,12 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
     LayerWeights<E> lw;
     lw.attn_norm = L.vec(p + "attn_norm.weight", d);
     lw.wq = L.mat(p + "attn_q.weight", c.q_dim(l), d);
-    lw.wk = L.mat(p + "attn_k.weight", c.k_dim(l), d);
-    lw.wv = L.mat(p + "attn_v.weight", c.v_dim(l), d);
+    lw.wk = L.mat(p + "attn_k.weight", c.k_cache_width(l), d);
+    lw.wv = L.mat(p + "attn_v.weight", c.v_cache_width(l), d);
+    if (c.low_rank_kv()) {
+      lw.k_up = L.mat(p + "attn_k_up.weight", c.k_dim(l), c.k_cache_width(l));
+      lw.v_up = L.mat(p + "attn_v_up.weight", c.v_dim(l), c.v_cache_width(l));
+    }
     lw.wo = L.mat(p + "attn_output.weight", d, c.att_dim(l));
     lw.ffn_norm = L.vec(p + "ffn_norm.weight", d);
     lw.w_gate = L.mat(p + "ffn_gate.weight", c.d_ff, d);

@@ -21,6 +21,60 @@ std::vector<int> int_array(const gguf::File& f, const char* key, std::size_t wan
   return out;
 }
 
+/// sparsim.prune.* of f into c.prune (a pruned or low-rank layout was found).
+void read_record(const gguf::File& f, Config& c) {
+  using namespace prune_keys;
+  c.prune = PruneRecord{};
+  c.prune.method = f.get_string(kMethod).value_or("");
+  require(!c.prune.method.empty(), "{}: pruned layout without '{}'", f.path(), kMethod);
+  c.prune.retain = f.get_float(kRetain).value_or(0.0);
+  require(c.prune.retain > 0 && c.prune.retain <= 1, "{}: metadata key '{}' = {} is outside (0, 1]",
+          f.path(), kRetain, c.prune.retain);
+  c.prune.flops_context = static_cast<int>(f.get_uint(kFlopsContext).value_or(0));
+  c.prune.source_fingerprint = f.get_string(kSource).value_or("");
+  c.prune.calibration = f.get_string(kCalibration).value_or("");
+  c.prune.recipe = f.get_string(kRecipe).value_or("");
+}
+
+void write_record(gguf::Writer& w, const Config& c) {
+  using namespace prune_keys;
+  w.set(kMethod, c.prune.method);
+  w.set(kRetain, c.prune.retain);
+  w.set(kFlopsContext, static_cast<std::uint32_t>(c.prune.flops_context));
+  w.set(kSource, c.prune.source_fingerprint);
+  w.set(kCalibration, c.prune.calibration);
+  if (!c.prune.recipe.empty()) w.set(kRecipe, c.prune.recipe);
+}
+
+/// The low-rank K/V layout (sparsim.low_rank.*) of f into c.low_rank; false when absent.
+bool read_low_rank(const gguf::File& f, Config& c) {
+  using namespace prune_keys;
+  if (!f.has(kLowRankGroup) && !f.has(kLowRankKeyRanks) && !f.has(kLowRankValueRanks)) return false;
+  const auto g = f.get_uint(kLowRankGroup);
+  require(g && *g >= 1 && c.n_kv_head % static_cast<int>(*g) == 0,
+          "{}: metadata key '{}' must divide the {} KV heads", f.path(), kLowRankGroup,
+          c.n_kv_head);
+  c.lr_group = static_cast<int>(*g);
+  const std::size_t G = static_cast<std::size_t>(c.n_kv_head / c.lr_group);
+  const auto L = static_cast<std::size_t>(c.n_layer);
+  const std::vector<int> kr = int_array(f, kLowRankKeyRanks, L * G);
+  const std::vector<int> vr = int_array(f, kLowRankValueRanks, L * G);
+  c.low_rank.assign(L, LayerLowRank{});
+  for (std::size_t l = 0; l < L; ++l) {
+    c.low_rank[l].k_ranks.assign(kr.begin() + static_cast<std::ptrdiff_t>(l * G),
+                                 kr.begin() + static_cast<std::ptrdiff_t>((l + 1) * G));
+    c.low_rank[l].v_ranks.assign(vr.begin() + static_cast<std::ptrdiff_t>(l * G),
+                                 vr.begin() + static_cast<std::ptrdiff_t>((l + 1) * G));
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: inconsistent low-rank layout: {}", f.path(), e.what());
+  }
+  read_record(f, c);
+  return true;
+}
+
 }  // namespace
 
 void read_pruned_layout(const gguf::File& f, Config& c) {
@@ -28,10 +82,12 @@ void read_pruned_layout(const gguf::File& f, Config& c) {
   const bool any = f.has(kKeyWidths) || f.has(kValueWidths) || f.has(kKeyChannels) ||
                    f.has(kValueChannels) || f.has(kFreqIndex);
   if (!any) {
+    if (read_low_rank(f, c)) return;
     require(!f.has(kMethod), "{}: metadata key '{}' is set but the per-layer widths ('{}') are not",
             f.path(), kMethod, kKeyWidths);
     return;
   }
+  require(!f.has(kLowRankGroup), "{}: both a pruned layout and low-rank K/V factors", f.path());
   const auto L = static_cast<std::size_t>(c.n_layer);
   const std::vector<int> kw = int_array(f, kKeyWidths, L);
   const std::vector<int> vw = int_array(f, kValueWidths, L);
@@ -76,20 +132,24 @@ void read_pruned_layout(const gguf::File& f, Config& c) {
               "whose RoPE frequency index is {}",
               f.path(), kFreqIndex, fi[ok], ch, l, c.rope_freq_index(ch));
     }
-  c.prune = PruneRecord{};
-  c.prune.method = f.get_string(kMethod).value_or("");
-  require(!c.prune.method.empty(), "{}: pruned layout without '{}'", f.path(), kMethod);
-  c.prune.retain = f.get_float(kRetain).value_or(0.0);
-  require(c.prune.retain > 0 && c.prune.retain <= 1, "{}: metadata key '{}' = {} is outside (0, 1]",
-          f.path(), kRetain, c.prune.retain);
-  c.prune.flops_context = static_cast<int>(f.get_uint(kFlopsContext).value_or(0));
-  c.prune.source_fingerprint = f.get_string(kSource).value_or("");
-  c.prune.calibration = f.get_string(kCalibration).value_or("");
-  c.prune.recipe = f.get_string(kRecipe).value_or("");
+  read_record(f, c);
 }
 
 void write_pruned_layout(gguf::Writer& w, const Config& c) {
   using namespace prune_keys;
+  if (c.low_rank_kv()) {
+    c.validate();
+    std::vector<std::int32_t> kr, vr;
+    for (const LayerLowRank& r : c.low_rank) {
+      kr.insert(kr.end(), r.k_ranks.begin(), r.k_ranks.end());
+      vr.insert(vr.end(), r.v_ranks.begin(), r.v_ranks.end());
+    }
+    w.set(kLowRankGroup, static_cast<std::uint32_t>(c.lr_group));
+    w.set(kLowRankKeyRanks, kr);
+    w.set(kLowRankValueRanks, vr);
+    write_record(w, c);
+    return;
+  }
   if (!c.pruned()) return;
   c.validate();
   std::vector<std::uint32_t> kw, vw;
@@ -108,12 +168,7 @@ void write_pruned_layout(gguf::Writer& w, const Config& c) {
   w.set(kKeyChannels, kc);
   w.set(kValueChannels, vc);
   w.set(kFreqIndex, fi);
-  w.set(kMethod, c.prune.method);
-  w.set(kRetain, c.prune.retain);
-  w.set(kFlopsContext, static_cast<std::uint32_t>(c.prune.flops_context));
-  w.set(kSource, c.prune.source_fingerprint);
-  w.set(kCalibration, c.prune.calibration);
-  if (!c.prune.recipe.empty()) w.set(kRecipe, c.prune.recipe);
+  write_record(w, c);
 }
 
 }  // namespace sparsim

@@ -16,6 +16,15 @@
 ///                                                 tensor not copied as stored
 ///                                                 (retyped/requantized)
 ///
+/// A low-rank K/V model (PaLU, SVD-LLM) instead carries, beside the prune.* keys:
+///
+///   low_rank.group                    uint32      KV heads per factorised group
+///   low_rank.key_ranks                int32[L·G]  rank of each group's keys, [layer][group]
+///   low_rank.value_ranks              int32[L·G]
+///
+/// and its blk.N.attn_k / attn_v tensors are the down factors A ([rank][d_model]), with the up
+/// factors B ([n_kv·D][rank], block-diagonal over the groups) in blk.N.attn_k_up / attn_v_up.
+///
 /// `llama.attention.key_length` stays the full head dimension D: it sets the softmax scale
 /// 1/√D and the RoPE frequencies θ_j = base^(−2j/D) of the reduced heads.
 #include "model/config.hpp"
@@ -41,6 +50,9 @@ inline constexpr const char* kCalibration = "sparsim.prune.calibration";
 inline constexpr const char* kRecipe = "sparsim.prune.recipe";
 inline constexpr const char* kTensorType = "sparsim.prune.tensor_type";
 inline constexpr const char* kRetyped = "sparsim.prune.retyped_tensors";
+inline constexpr const char* kLowRankGroup = "sparsim.low_rank.group";
+inline constexpr const char* kLowRankKeyRanks = "sparsim.low_rank.key_ranks";
+inline constexpr const char* kLowRankValueRanks = "sparsim.low_rank.value_ranks";
 }  // namespace prune_keys
 
 /// Reads the pruned layout of `f` into c.attn and c.prune (c's shape fields must be set). A file

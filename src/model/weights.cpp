@@ -45,7 +45,8 @@ std::size_t Weights<E>::bytes() const {
   if (!cfg.tied_embeddings) b += output.bytes();
   for (const auto& l : layers) {
     b += (l.attn_norm.extent(0) + l.ffn_norm.extent(0)) * 4;
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+    for (const auto* m :
+         {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.k_up, &l.v_up})
       b += m->bytes();
   }
   for (const auto& m : rot_attn_mlp) b += m.bytes();

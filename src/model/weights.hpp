@@ -29,6 +29,9 @@ struct LayerWeights {
   Matrix<ExecSpace> w_gate;             ///< [d_ff][d_model]
   Matrix<ExecSpace> w_up;               ///< [d_ff][d_model]
   Matrix<ExecSpace> w_down;             ///< [d_model][d_ff]
+  /// A low-rank K/V layer (Config::low_rank): wk / wv hold the down factors A ([rank][d_model]),
+  /// these the up factors B ([n_kv·head_dim][rank]); empty otherwise.
+  Matrix<ExecSpace> k_up, v_up;
 
   const Matrix<ExecSpace>& proj(Proj p) const {
     switch (p) {
