@@ -14,6 +14,7 @@
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
+#include "pruning/low_rank.hpp"
 #include "records.hpp"
 
 #include <nlohmann/json.hpp>
@@ -262,11 +263,11 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
   return 0;
 }
 
-/// The ops of the attention module: the q, k, v, o projections, RoPE (with the cache store) and
-/// the attention kernel (the ops RAP narrows).
-constexpr std::array<flops::Op, 6> kAttentionOps = {flops::Op::QProj, flops::Op::KProj,
-                                                    flops::Op::VProj, flops::Op::OProj,
-                                                    flops::Op::RoPE,  flops::Op::AttnScore};
+/// The ops of the attention module: the q, k, v, o projections, RoPE (with the cache store), the
+/// attention kernel (the ops RAP narrows) and a low-rank model's rebuilding of K and V.
+constexpr std::array<flops::Op, 7> kAttentionOps = {
+    flops::Op::QProj, flops::Op::KProj,     flops::Op::VProj,        flops::Op::OProj,
+    flops::Op::RoPE,  flops::Op::AttnScore, flops::Op::KVReconstruct};
 
 /// Seconds of the attention module in a profile.
 double attention_seconds(const std::array<double, flops::kNumOps>& sec) {
@@ -587,6 +588,7 @@ int cmd_bench(int argc, char** argv) {
             j["attention_decode_op_seconds"][key][flops::to_string(kAttentionOps[i])] = v;
           }
         if (cfg_a.pruned()) j["pruned"] = pruning::prune_report(cfg_a).json();
+        if (cfg_a.low_rank_kv()) j["low_rank"] = pruning::low_rank_summary(cfg_a).json();
         io::write_file_atomically(json_out, j.dump(2) + "\n");
       }
       return 0;

@@ -18,6 +18,7 @@
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "pruning/kv_prune.hpp"
+#include "pruning/low_rank.hpp"
 #include "records.hpp"
 #include "run_summary.hpp"
 #include "sparsity/plan.hpp"
@@ -481,6 +482,14 @@ int cmd_eval(int argc, char** argv) {
           pr.method, pr.retain, pr.kv_bytes_fraction, pr.attn_params_fraction,
           pr.attn_flops_fraction, pr.orphan_ratio);
     }
+    if (c.low_rank_kv()) {
+      const pruning::LowRankReport lr = pruning::low_rank_summary(c);
+      std::cout << fmt::format(
+          "          low-rank K/V ({}, ρ {:.2f}): KV cache {:.3f}, attention parameters {:.3f}, "
+          "FLOPs {:.3f} (prefill), {:.3f} (decode step) of the full model\n",
+          lr.method, lr.retain, lr.kv_bytes_fraction, lr.attn_params_fraction,
+          lr.attn_flops_fraction, lr.attn_decode_flops_fraction);
+    }
     if (!no_ppl) {
       std::cout << fmt::format(
           "corpus    {}  ({} documents, {} bytes, {} tokens, fingerprint {})\n", corpus.source,
@@ -565,6 +574,7 @@ int cmd_eval(int argc, char** argv) {
       j["pruned"] = pr.json();
       pr.add_columns(cols);
     }
+    if (c.low_rank_kv()) j["low_rank"] = pruning::low_rank_summary(c).json();
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
       const PplSpread sp = ppl_spread(ppl);
@@ -605,7 +615,8 @@ int cmd_eval(int argc, char** argv) {
       j["retrieval"] = {
           {"task", task},          {"accuracy", rr.accuracy}, {"items", ritems.size()},
           {"lengths", ro.lengths}, {"depths", ro.depths},     {"samples", ro.samples},
-          {"seed", ro.seed},       {"digits", ro.digits},     {"cells", cells}};
+          {"seed", ro.seed},       {"digits", ro.digits},     {"cells", cells},
+          {"correct", rr.correct}};  // per prompt, in item order (paired comparisons)
       cols.add("retrieval_task", task, "", "generated retrieval task");
       cols.add("retrieval_accuracy", rr.accuracy, "1",
                "retrieval accuracy over every (length, depth) cell's prompts");
@@ -748,7 +759,7 @@ int cmd_eval(int argc, char** argv) {
       tm.write_scalar("wall_seconds", wall_s, {"s", "whole command"});
       tm.set_attr("resumed_windows", static_cast<std::int64_t>(resumed));
       if (sparse) report.write(root);
-      if (c.pruned()) write_prune_group(root, c);
+      if (c.pruned() || c.low_rank_kv()) write_prune_group(root, c);
       if (dumper) dumper->write(root, plan);
       io::Group fl = root.create_group("flops");
       ledger.write(fl);

@@ -5,6 +5,7 @@
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
 #include "pruning/kv_prune.hpp"
+#include "pruning/low_rank.hpp"
 
 #include <filesystem>
 
@@ -90,7 +91,16 @@ int cmd_inspect(int argc, char** argv) {
       c.n_layer, c.d_model, c.n_head, c.n_kv_head, c.head_dim, c.d_ff, c.vocab, c.context_length,
       c.rope_theta, c.tied_embeddings ? "tied" : "separate");
   double kv_per_tok = 0;  // fp32 K and V of every layer
-  for (int l = 0; l < c.n_layer; ++l) kv_per_tok += 4.0 * (c.k_dim(l) + c.v_dim(l));
+  for (int l = 0; l < c.n_layer; ++l) kv_per_tok += 4.0 * (c.k_cache_width(l) + c.v_cache_width(l));
+  if (c.low_rank_kv()) {
+    const pruning::LowRankReport r = pruning::low_rank_summary(c);
+    std::cout << fmt::format(
+        "\nlow-rank   {} at ρ {:.3f} from model {}\n           ranks: {}\n"
+        "           recipe {}; the cache holds the latents, K (before RoPE) and V are rebuilt "
+        "at attention time\n",
+        r.method, r.retain, c.prune.source_fingerprint, c.prune.calibration, c.prune.recipe);
+    std::cout << r.text();
+  }
   if (c.pruned()) {
     const pruning::PruneReport r = pruning::prune_report(c);
     std::cout << fmt::format(

@@ -1,5 +1,6 @@
-// sparsim prune: weight-side KV pruning (RAP, KVPruner) from Fisher scores, written out as a
-// smaller GGUF model that every command runs.
+// sparsim prune: weight-side KV pruning (RAP, KVPruner) from Fisher scores, or low-rank K/V
+// factorisation (PaLU, SVD-LLM; prune_low_rank.cpp), written out as a smaller GGUF model that
+// every command runs.
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -7,6 +8,7 @@
 #include "io/run_guard.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
+#include "prune_low_rank.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/pruned_gguf.hpp"
 #include "records.hpp"
@@ -14,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -26,16 +29,21 @@ int cmd_prune(int argc, char** argv) {
   std::string score = "fisher", budget = "adaptive", pair_score = "joint", kv_budget = "balanced";
   double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
+  LowRankPrune lr;
+  bool no_whiten = false;
   po::options_description d("sparsim prune options");
   add_model_option(d, model_arg, "the full model (GGUF)");
   d.add_options()(
       "method", po::value(&method)->default_value("rap"),
       "rap (whole RoPE pairs of K, per-layer budgets from the Fisher scores), kvpruner "
       "(single K channels by Fisher score, each rotated at its own RoPE frequency; same "
-      "budgets) or kvpruner-naive (the same channels re-packed as a smaller head and rotated "
-      "as its consecutive pairs, at that head's frequencies)")(
+      "budgets), kvpruner-naive (the same channels re-packed as a smaller head and rotated "
+      "as its consecutive pairs, at that head's frequencies), palu (whitened low-rank W_k and "
+      "W_v per group of KV heads, ranks by Fisher score; the cache holds the latents) or "
+      "svd-llm (whitened low-rank W_k and W_v over all KV heads, equal ranks)")(
       "retain", po::value(&retain)->default_value(0.7),
-      "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model")(
+      "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model "
+      "(palu, svd-llm: the KV-cache width kept, Σ ranks over Σ K and V widths)")(
       "calibration", po::value(&calib_path),
       "calibration file with Fisher scores of this model (sparsim calibrate --fisher; required)")(
       "out,o", po::value(&out), "pruned model to write (GGUF; required)")(
@@ -62,18 +70,65 @@ int cmd_prune(int argc, char** argv) {
       "channels, V 2·(1 − share)·ρ (0.5: equal K and V budgets)")(
       "kv-budget", po::value(&kv_budget)->default_value(kv_budget),
       "balanced (K and V widths by --k-share) or pooled (each layer's kept channels split "
-      "between K and V by their score mass: one allocation over both)");
+      "between K and V by their score mass: one allocation over both)")(
+      "group", po::value(&lr.opt.group)->default_value(0),
+      "palu, svd-llm: KV heads factorised together (0: the method's default, PaLU 4 capped at "
+      "the model's KV heads, SVD-LLM all of them)")(
+      "no-whiten", po::bool_switch(&no_whiten),
+      "palu, svd-llm: plain SVD of the weights instead of the truncation-aware whitening "
+      "(the ablation; needs no corpus)")(
+      "corpus,c", po::value(&lr.corpus_arg)->default_value("default"),
+      "palu, svd-llm: text of the whitening statistics (a file, a directory, JSONL or "
+      "'default')")("text-field", po::value(&lr.text_field)->default_value("text"),
+                    "JSONL field holding the text")(
+      "whiten-seqs", po::value(&lr.seqs)->default_value(lr.seqs),
+      "palu, svd-llm: whitening sequences (consecutive, from the start of the corpus)")(
+      "whiten-tokens", po::value(&lr.tokens)->default_value(lr.tokens),
+      "palu, svd-llm: tokens per whitening sequence");
   add_common_options(d, co);
   po::variables_map vm;
   if (!parse(argc, argv,
-             "usage: sparsim prune --method rap|kvpruner --retain R --calibration C --out M.gguf "
+             "usage: sparsim prune --method rap|kvpruner|kvpruner-naive|palu|svd-llm --retain R "
+             "[--calibration C] --out M.gguf "
              "[--model smollm2] [--json S] [--type auto|source|TYPE]",
              d, vm))
     return 0;
   // Everything a user can get wrong is checked before anything is written.
+  require(!out.empty(), "prune: --out FILE is required");
+  const bool low_rank = method == "palu" || method == "svd-llm";
+  require(low_rank || method == "rap" || method == "kvpruner" || method == "kvpruner-naive",
+          "pruning method '{}' is not rap, kvpruner, kvpruner-naive, palu or svd-llm", method);
+  for (const char* o :
+       {"group", "no-whiten", "corpus", "text-field", "whiten-seqs", "whiten-tokens"})
+    require(low_rank || vm[o].defaulted(), "--{} applies to --method palu and svd-llm only", o);
+  if (low_rank) {
+    for (const char* o :
+         {"score", "budget", "pair-score", "k-share", "kv-budget", "type", "flops-context"})
+      require(vm[o].defaulted(), "--{} does not apply to --method {} (a RAP / KVPruner option)", o,
+              method);
+    lr.opt.method =
+        method == "palu" ? pruning::LowRankMethod::Palu : pruning::LowRankMethod::SvdLlm;
+    lr.opt.retain = retain;
+    lr.opt.whiten = !no_whiten;
+    require(std::isfinite(retain) && retain > 0 && retain <= 1, "--retain {} is outside (0, 1]",
+            retain);
+    require(lr.opt.group >= 0, "--group {} must be positive (or 0: the method's default)",
+            lr.opt.group);
+    require(lr.seqs >= 1 && lr.tokens >= 2,
+            "--whiten-seqs must be >= 1 and --whiten-tokens >= 2, got {} and {}", lr.seqs,
+            lr.tokens);
+    require(!no_whiten || vm["corpus"].defaulted(),
+            "--no-whiten factorises the weights alone; --corpus is not read");
+    lr.co = co;
+    lr.model_arg = model_arg;
+    lr.calib_path = calib_path;
+    lr.out = out;
+    lr.json_out = json_out;
+    lr.command = command_line(argc, argv);
+    return prune_low_rank(lr);
+  }
   const pruning::PruneMethod pm = pruning::parse_prune_method(method);
   const pruning::CutType cut = pruning::CutType::parse(type);
-  require(!out.empty(), "prune: --out FILE is required");
   pruning::PruneOptions po_;
   po_.method = pm;
   po_.retain = retain;

@@ -2,6 +2,7 @@
 
 #include "io/run_file.hpp"
 #include "pruning/kv_prune.hpp"
+#include "pruning/low_rank.hpp"
 
 #include <Kokkos_Core.hpp>
 
@@ -70,6 +71,32 @@ void write_run_header(io::Group root, int argc, char** argv, const std::string& 
 }
 
 void write_prune_group(io::Group root, const Config& cfg) {
+  if (cfg.low_rank_kv()) {
+    const pruning::LowRankReport r = pruning::low_rank_summary(cfg);
+    io::Group g = root.create_group("low_rank");
+    g.set_attr("method", r.method);
+    g.set_attr("retain", r.retain);
+    g.set_attr("retain_realised", r.retain_realised);
+    g.set_attr("group", r.group);
+    g.set_attr("whiten", r.whiten ? 1 : 0);
+    g.set_attr("kv_bytes_fraction", r.kv_bytes_fraction);
+    g.set_attr("kv_params_fraction", r.kv_params_fraction);
+    g.set_attr("attn_params_fraction", r.attn_params_fraction);
+    g.set_attr("attn_flops_fraction", r.attn_flops_fraction);
+    g.set_attr("attn_decode_flops_fraction", r.attn_decode_flops_fraction);
+    g.set_attr("flops_context", r.flops_context);
+    g.set_attr("source_fingerprint", cfg.prune.source_fingerprint);
+    g.set_attr("calibration", cfg.prune.calibration);
+    g.set_attr("recipe", cfg.prune.recipe);
+    std::vector<std::int32_t> kr, vr;
+    for (const auto& l : r.layers) {
+      kr.push_back(l.k_rank);
+      vr.push_back(l.v_rank);
+    }
+    g.write<std::int32_t>("k_rank", kr, {"1", "[layer] latent width of the keys (Σ group ranks)"});
+    g.write<std::int32_t>("v_rank", vr, {"1", "[layer] latent width of the values"});
+    return;
+  }
   if (!cfg.pruned()) return;
   const pruning::PruneReport r = pruning::prune_report(cfg);
   io::Group g = root.create_group("pruned");
@@ -80,6 +107,7 @@ void write_prune_group(io::Group root, const Config& cfg) {
   g.set_attr("kv_bytes_fraction", r.kv_bytes_fraction);
   g.set_attr("attn_params_fraction", r.attn_params_fraction);
   g.set_attr("attn_flops_fraction", r.attn_flops_fraction);
+  g.set_attr("attn_decode_flops_fraction", r.attn_decode_flops_fraction);
   g.set_attr("flops_context", r.flops_context);
   g.set_attr("source_fingerprint", cfg.prune.source_fingerprint);
   g.set_attr("calibration", cfg.prune.calibration);

@@ -322,6 +322,84 @@ TYPED_TEST(LowRankModel, LedgerCountsTheReconstruction) {
   }());
 }
 
+/// Row-major host copy of an F32 matrix, in double.
+template <class E>
+std::vector<double> host_f32(const Matrix<E>& m) {
+  EXPECT_EQ(m.dtype, DType::F32);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.f32);
+  std::vector<double> out(static_cast<std::size_t>(m.rows) * m.cols);
+  for (int i = 0; i < m.rows; ++i)
+    for (int j = 0; j < m.cols; ++j) out[static_cast<std::size_t>(i) * m.cols + j] = h(i, j);
+  return out;
+}
+
+// The attention inputs' second moments gathered through the engine equal the mean of x·xᵀ over
+// every observed row (plain loops), and on those inputs the whitened factorisation loses less
+// than the plain SVD of the same rank in every layer (it is the optimum of that loss).
+TYPED_TEST(LowRankModel, WhiteningOnTheModelsInputsBeatsPlainSvd) {
+  using E = TypeParam;
+  TempDir dir;
+  auto w = load_model<E>(make_model(dir, "m.gguf", tiny_spec(44)), LoadOptions{});
+  const Config& c = w->cfg;
+  const int d = c.d_model, L = c.n_layer;
+  std::vector<std::vector<int>> seqs(3);  // 120 rows: a positive definite 64×64 moment
+  for (int s = 0; s < 3; ++s)
+    for (int t = 0; t < 40; ++t) seqs[s].push_back(3 + (t * 53 + s * 17 + t * t) % (c.vocab - 3));
+  const auto grams = pruning::attention_input_grams<E>(w, seqs);
+  ASSERT_EQ(static_cast<int>(grams.size()), L);
+  // reference: every row the observer sees, one sequence at a time, summed in plain loops
+  std::vector<std::vector<double>> ref(L, std::vector<double>(static_cast<std::size_t>(d) * d));
+  {
+    Engine<E> e(w, 1, 40);
+    e.set_observer([&](int l, Site site, const CMat<E>& x) {
+      if (site != Site::Attn) return;
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+      for (std::size_t r = 0; r < h.extent(0); ++r)
+        for (int i = 0; i < d; ++i)
+          for (int j = 0; j < d; ++j)
+            ref[l][static_cast<std::size_t>(i) * d + j] +=
+                static_cast<double>(h(r, i)) * static_cast<double>(h(r, j)) / 120.0;
+    });
+    for (const auto& s : seqs) e.forward_tail({s}, 0, 1);
+  }
+  for (int l = 0; l < L; ++l) {
+    double err = 0, scale = 0;
+    for (std::size_t i = 0; i < ref[l].size(); ++i) {
+      err = std::max(err, std::fabs(grams[l][i] - ref[l][i]));
+      scale = std::max(scale, std::fabs(ref[l][i]));
+    }
+    EXPECT_LE(err, 1e-12 * scale) << l;
+  }
+  LowRankOptions o;
+  o.retain = 0.3;
+  const Config plan = pruning::plan_low_rank(c, o, nullptr);
+  auto white = rebuilt(*pruning::factorise(*w, plan, grams), *w);
+  auto plain = rebuilt(*pruning::factorise(*w, plan, {}), *w);
+  // tr(Δ·G·Δᵀ): the mean squared output error over the observed inputs
+  auto loss = [&](const std::vector<double>& full, const std::vector<double>& approx, int rows,
+                  const std::vector<double>& g) {
+    std::vector<double> delta(full.size());
+    for (std::size_t i = 0; i < full.size(); ++i) delta[i] = full[i] - approx[i];
+    const auto dg = matmul(delta, g, rows, d, d);
+    double t = 0;
+    for (std::size_t i = 0; i < delta.size(); ++i) t += dg[i] * delta[i];
+    return t;
+  };
+  int strictly = 0;
+  for (int l = 0; l < L; ++l)
+    for (int which = 0; which < 2; ++which) {
+      auto pick = [&](const Weights<E>& x) {
+        return host_f32(which == 0 ? x.layers[l].wk : x.layers[l].wv);
+      };
+      const auto full = pick(*w);
+      const double lw = loss(full, pick(*white), c.kv_dim(), grams[l]);
+      const double lp = loss(full, pick(*plain), c.kv_dim(), grams[l]);
+      EXPECT_LE(lw, lp * (1 + 1e-6)) << l << " " << which;
+      strictly += lw < lp * (1 - 1e-3);
+    }
+  EXPECT_GT(strictly, 0);
+}
+
 // Written as a GGUF and read back: the same layout and bitwise the same logits; bad layouts are
 // named.
 TYPED_TEST(LowRankModel, GgufRoundTrip) {

@@ -390,19 +390,43 @@ std::shared_ptr<Weights<E>> fuse_pruned(const Weights<E>& full, const Config& pr
 // Costs
 
 double attention_params(const Config& c, int l) {
-  return static_cast<double>(c.d_model) * (c.q_dim(l) + c.k_dim(l) + c.v_dim(l) + c.att_dim(l));
+  // W_q and W_o, and W_k, W_v (or their low-rank factors)
+  return static_cast<double>(c.d_model) * (c.q_dim(l) + c.att_dim(l)) +
+         static_cast<double>(c.kv_params(l));
 }
+
+namespace {
+/// Rebuilding K and V of `rows` cached positions from their latents (block-diagonal up factors)
+/// and rotating the rebuilt keys: the ledger's kv_reconstruct; 0 for a model without latents.
+double reconstruct_flops(const Config& c, int l, double rows) {
+  if (!c.low_rank_kv()) return 0;
+  const LayerLowRank& r = c.low_rank[static_cast<std::size_t>(l)];
+  const double gd = static_cast<double>(c.lr_group) * c.head_dim;
+  return 2.0 * rows * gd * (r.k_rank() + r.v_rank()) + 3.0 * rows * c.kv_dim();
+}
+/// RoPE of n tokens' queries and keys (a low-rank model rotates its keys as it rebuilds them).
+double rope_flops(const Config& c, int l, double n) {
+  return 3.0 * n * (static_cast<double>(c.q_dim(l)) + (c.low_rank_kv() ? 0 : c.k_dim(l)));
+}
+}  // namespace
 
 double attention_flops(const Config& c, int l, int context) {
   const double n = context;
   const double pairs = n * (n + 1) / 2;  // (query, key) pairs of a causal prefill
   const double nh = c.n_head;
   const double proj = 2.0 * n * attention_params(c, l);
-  const double rope = 3.0 * n * (static_cast<double>(c.q_dim(l)) + c.k_dim(l));
   const double score = 2.0 * pairs * nh * c.qk_head_dim(l);
   const double softmax = 5.0 * pairs * nh;
   const double value = 2.0 * pairs * nh * c.v_head_dim(l);
-  return proj + rope + score + softmax + value;
+  return proj + rope_flops(c, l, n) + reconstruct_flops(c, l, n) + score + softmax + value;
+}
+
+double attention_decode_flops(const Config& c, int l, int context) {
+  const double n = context, nh = c.n_head;
+  const double proj = 2.0 * attention_params(c, l);
+  const double attend =
+      2.0 * n * nh * c.qk_head_dim(l) + 5.0 * n * nh + 2.0 * n * nh * c.v_head_dim(l);
+  return proj + rope_flops(c, l, 1) + reconstruct_flops(c, l, n) + attend;
 }
 
 PruneReport prune_report(const Config& pruned) {
@@ -415,7 +439,10 @@ PruneReport prune_report(const Config& pruned) {
   r.retain = pruned.prune.retain;
   r.flops_context = pruned.prune.flops_context > 0 ? pruned.prune.flops_context : 2048;
   double kv = 0, kv_full = 0, par = 0, par_full = 0, fl = 0, fl_full = 0, kept_k = 0, orphans = 0;
+  double dec = 0, dec_full = 0;
   for (int l = 0; l < pruned.n_layer; ++l) {
+    dec += attention_decode_flops(pruned, l, r.flops_context);
+    dec_full += attention_decode_flops(full, l, r.flops_context);
     LayerCost lc;
     lc.qk_dim = pruned.qk_head_dim(l);
     lc.v_dim = pruned.v_head_dim(l);
@@ -451,6 +478,7 @@ PruneReport prune_report(const Config& pruned) {
   r.kv_bytes_fraction = kv / kv_full;  // fp32 cache: bytes ∝ channels
   r.attn_params_fraction = par / par_full;
   r.attn_flops_fraction = fl / fl_full;
+  r.attn_decode_flops_fraction = dec / dec_full;
   r.orphan_ratio = kept_k > 0 ? orphans / kept_k : 0.0;
   return r;
 }
@@ -464,6 +492,7 @@ nlohmann::json PruneReport::json() const {
                       {"kv_bytes_fraction", kv_bytes_fraction},
                       {"attn_params_fraction", attn_params_fraction},
                       {"attn_flops_fraction", attn_flops_fraction},
+                      {"attn_decode_flops_fraction", attn_decode_flops_fraction},
                       {"flops_context", flops_context}};
   nlohmann::json ls = nlohmann::json::array();
   for (std::size_t l = 0; l < layers.size(); ++l) {
@@ -514,9 +543,9 @@ std::string PruneReport::table() const {
   s += fmt::format(
       "  method {}, retain {:.3f} (realised {:.4f}), orphan ratio {:.4f}\n"
       "  KV cache {:.4f}, attention parameters {:.4f}, attention FLOPs {:.4f} of the full model "
-      "(prefill of {} tokens)\n",
+      "(prefill of {} tokens), {:.4f} (one decode step at that context)\n",
       method, retain, retain_realised, orphan_ratio, kv_bytes_fraction, attn_params_fraction,
-      attn_flops_fraction, flops_context);
+      attn_flops_fraction, flops_context, attn_decode_flops_fraction);
   return s;
 }
 

@@ -128,6 +128,7 @@ struct PruneReport {
   double kv_bytes_fraction = 1;
   double attn_params_fraction = 1;
   double attn_flops_fraction = 1;
+  double attn_decode_flops_fraction = 1;  ///< one decode step at flops_context
   int flops_context = 0;
   std::vector<LayerCost> layers;
   nlohmann::json json() const;
@@ -138,9 +139,13 @@ struct PruneReport {
 };
 
 /// Attention FLOPs of layer l for a prefill of `context` tokens (the projections q, k, v, o,
-/// RoPE, scores, softmax and value mixing; the formulas of the engine's ledger).
+/// RoPE, scores, softmax and value mixing; for a low-rank model the rebuilding of K and V from
+/// the latents; the formulas of the engine's ledger).
 double attention_flops(const Config& c, int l, int context);
-/// Attention parameters (W_q, W_k, W_v, W_o) of layer l.
+/// The same for one decode step of one sequence at `context` cached positions (a low-rank model
+/// rebuilds K and V of every cached position at each step).
+double attention_decode_flops(const Config& c, int l, int context);
+/// Attention parameters (W_q, W_k, W_v, W_o, or the low-rank factors of W_k and W_v) of layer l.
 double attention_params(const Config& c, int l);
 
 /// The report of a pruned config (throws for a dense one).

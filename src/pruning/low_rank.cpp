@@ -3,6 +3,7 @@
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/host_tasks.hpp"
+#include "engine/engine.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_config.hpp"
 #include "model/gguf_writer.hpp"
@@ -160,6 +161,44 @@ Config plan_low_rank(const Config& full, const LowRankOptions& o,
   return c;
 }
 
+LowRankReport low_rank_summary(const Config& lr) {
+  require(lr.low_rank_kv(), "low-rank summary: the model has no low-rank layout");
+  Config full = lr;
+  full.low_rank.clear();
+  full.lr_group = 0;
+  full.prune = PruneRecord{};
+  LowRankReport rep;
+  rep.method = lr.prune.method;
+  rep.retain = lr.prune.retain;
+  rep.group = lr.lr_group;
+  rep.whiten = lr.prune.recipe.find("whiten=no") == std::string::npos;
+  rep.flops_context = lr.prune.flops_context > 0 ? lr.prune.flops_context : 2048;
+  double kv = 0, kv_full = 0, par = 0, par_full = 0, ap = 0, ap_full = 0;
+  double fl = 0, fl_full = 0, dec = 0, dec_full = 0;
+  for (int l = 0; l < lr.n_layer; ++l) {
+    const LayerLowRank& r = lr.low_rank[static_cast<size_t>(l)];
+    rep.layers.push_back({r.k_rank(), r.v_rank(), 0.0, 0.0});
+    kv += lr.k_cache_width(l) + lr.v_cache_width(l);
+    kv_full += full.k_dim(l) + full.v_dim(l);
+    par += static_cast<double>(lr.kv_params(l));
+    par_full += static_cast<double>(full.kv_params(l));
+    ap += attention_params(lr, l);
+    ap_full += attention_params(full, l);
+    fl += attention_flops(lr, l, rep.flops_context);
+    fl_full += attention_flops(full, l, rep.flops_context);
+    dec += attention_decode_flops(lr, l, rep.flops_context);
+    dec_full += attention_decode_flops(full, l, rep.flops_context);
+  }
+  rep.retain_realised = kv / kv_full;
+  rep.kv_bytes_fraction = kv / kv_full;  // fp32 cache: bytes ∝ widths
+  rep.kv_params_fraction = par / par_full;
+  rep.params_fraction = static_cast<double>(lr.n_params()) / static_cast<double>(full.n_params());
+  rep.attn_params_fraction = ap / ap_full;
+  rep.attn_flops_fraction = fl / fl_full;
+  rep.attn_decode_flops_fraction = dec / dec_full;
+  return rep;
+}
+
 nlohmann::json LowRankReport::json() const {
   nlohmann::json ls = nlohmann::json::array();
   for (const Layer& l : layers)
@@ -173,6 +212,10 @@ nlohmann::json LowRankReport::json() const {
           {"kv_bytes_fraction", kv_bytes_fraction},
           {"kv_params_fraction", kv_params_fraction},
           {"params_fraction", params_fraction},
+          {"attn_params_fraction", attn_params_fraction},
+          {"attn_flops_fraction", attn_flops_fraction},
+          {"attn_decode_flops_fraction", attn_decode_flops_fraction},
+          {"flops_context", flops_context},
           {"layers", ls}};
 }
 
@@ -180,10 +223,13 @@ std::string LowRankReport::text() const {
   std::string s = fmt::format(
       "{}: KV-cache budget ρ = {:.3f}, realised {:.4f}; groups of {} KV head{}; {}\n"
       "  KV cache {:.4f} of the full model's bytes, K/V parameters {:.4f}, all parameters "
-      "{:.4f}\n  layer  k_rank  v_rank  k_loss    v_loss\n",
+      "{:.4f}\n  attention parameters {:.4f}, attention FLOPs {:.4f} (prefill of {} tokens), "
+      "{:.4f} (one decode step at that context; K and V rebuilt)\n"
+      "  layer  k_rank  v_rank  k_loss    v_loss\n",
       method, retain, retain_realised, group, group == 1 ? "" : "s",
       whiten ? "whitened (truncation-aware)" : "plain SVD", kv_bytes_fraction, kv_params_fraction,
-      params_fraction);
+      params_fraction, attn_params_fraction, attn_flops_fraction, flops_context,
+      attn_decode_flops_fraction);
   for (size_t l = 0; l < layers.size(); ++l)
     s += fmt::format("  {:5d}  {:6d}  {:6d}  {:.6f}  {:.6f}\n", l, layers[l].k_rank,
                      layers[l].v_rank, layers[l].k_loss, layers[l].v_loss);
@@ -240,6 +286,60 @@ std::vector<float> f32_values(const Matrix<E>& m) {
 }  // namespace
 
 template <class E>
+std::vector<std::vector<double>> attention_input_grams(
+    std::shared_ptr<const Weights<E>> w, const std::vector<std::vector<int>>& seqs,
+    const std::function<void(int, int)>& progress) {
+  require(!seqs.empty(), "attention input statistics: no calibration sequences");
+  int T = 0;
+  for (const auto& s : seqs) {
+    require(!s.empty(), "attention input statistics: an empty calibration sequence");
+    T = std::max(T, static_cast<int>(s.size()));
+  }
+  const Config& c = w->cfg;
+  require(T <= c.context_length,
+          "attention input statistics: sequences of {} tokens exceed the "
+          "model's context of {}",
+          T, c.context_length);
+  const int L = c.n_layer, d = c.d_model;
+  std::vector<std::vector<double>> g(static_cast<size_t>(L),
+                                     std::vector<double>(static_cast<size_t>(d) * d, 0.0));
+  std::int64_t n_tokens = 0;
+  Engine<E> eng(w, 1, T);
+  std::vector<float> host;
+  std::vector<double> x;
+  eng.set_observer([&](int layer, Site site, const CMat<E>& v) {
+    if (site != Site::Attn) return;
+    const int n = static_cast<int>(v.extent(0));
+    host.resize(static_cast<size_t>(n) * d);
+    Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace,
+                 Kokkos::MemoryTraits<Kokkos::Unmanaged>>
+        h(host.data(), static_cast<size_t>(n), static_cast<size_t>(d));
+    Kokkos::deep_copy(h, v);
+    x.assign(host.begin(), host.end());
+    SingleThreadedBlas single;
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0, x.data(), d, 1.0,
+                g[static_cast<size_t>(layer)].data(), d);
+  });
+  int done = 0;
+  for (const auto& s : seqs) {
+    eng.forward_tail({s}, 0, 1);
+    n_tokens += static_cast<std::int64_t>(s.size());
+    if (progress) progress(++done, static_cast<int>(seqs.size()));
+  }
+  eng.set_observer({});
+  for (auto& m : g) {
+    for (int i = 0; i < d; ++i)
+      for (int j = i; j < d; ++j) {
+        double& u = m[static_cast<size_t>(i) * d + j];
+        require(std::isfinite(u), "attention input statistics: a non-finite activation");
+        u /= static_cast<double>(n_tokens);
+        m[static_cast<size_t>(j) * d + i] = u;
+      }
+  }
+  return g;
+}
+
+template <class E>
 std::shared_ptr<Weights<E>> factorise(const Weights<E>& full, const Config& plan,
                                       const std::vector<std::vector<double>>& grams,
                                       LowRankReport* report) {
@@ -285,13 +385,8 @@ std::shared_ptr<Weights<E>> factorise(const Weights<E>& full, const Config& plan
   }
   auto out = std::make_shared<Weights<E>>(full);
   out->cfg = plan;
-  LowRankReport rep;
-  rep.method = plan.prune.method;
-  rep.retain = plan.prune.retain;
-  rep.group = g;
+  LowRankReport rep = low_rank_summary(plan);
   rep.whiten = whiten;
-  rep.layers.resize(static_cast<size_t>(L));
-  double kv = 0, kv_full = 0, par = 0, par_full = 0;
   for (int l = 0; l < L; ++l) {
     const LayerLowRank& r = plan.low_rank[static_cast<size_t>(l)];
     for (int which = 0; which < 2; ++which) {
@@ -318,17 +413,7 @@ std::shared_ptr<Weights<E>> factorise(const Weights<E>& full, const Config& plan
       (which == 0 ? rep.layers[static_cast<size_t>(l)].k_loss
                   : rep.layers[static_cast<size_t>(l)].v_loss) = tot > 0 ? disc / tot : 0.0;
     }
-    rep.layers[static_cast<size_t>(l)].k_rank = r.k_rank();
-    rep.layers[static_cast<size_t>(l)].v_rank = r.v_rank();
-    kv += plan.k_cache_width(l) + plan.v_cache_width(l);
-    kv_full += c.k_dim(l) + c.v_dim(l);
-    par += static_cast<double>(plan.kv_params(l));
-    par_full += static_cast<double>(c.kv_params(l));
   }
-  rep.retain_realised = kv / kv_full;
-  rep.kv_bytes_fraction = kv / kv_full;  // fp32 cache: bytes ∝ widths
-  rep.kv_params_fraction = par / par_full;
-  rep.params_fraction = static_cast<double>(plan.n_params()) / static_cast<double>(c.n_params());
   if (report) *report = rep;
   return out;
 }
@@ -376,6 +461,9 @@ void write_low_rank_gguf(const std::string& source, const Weights<E>& lr, const 
 }
 
 #define SPARSIM_INSTANTIATE_LOW_RANK(E)                                                           \
+  template std::vector<std::vector<double>> attention_input_grams<E>(                             \
+      std::shared_ptr<const Weights<E>>, const std::vector<std::vector<int>>&,                    \
+      const std::function<void(int, int)>&);                                                      \
   template std::shared_ptr<Weights<E>> factorise<E>(                                              \
       const Weights<E>&, const Config&, const std::vector<std::vector<double>>&, LowRankReport*); \
   template void write_low_rank_gguf<E>(const std::string&, const Weights<E>&, const std::string&);

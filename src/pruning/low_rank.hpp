@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +41,7 @@ struct Factors {
 /// Truncated SVD of w [m][d] at `rank` (1 … min(m, d)), plain when `gram` is empty, else whitened
 /// by the Cholesky factor of gram [d][d] (symmetric; a ridge of 1e-6 × its mean diagonal, grown
 /// tenfold until the factorisation succeeds, when it is not positive definite). LAPACK (dgesdd,
-/// dpotrf, dtrtrs). Throws sparsim::Error for a bad rank, shape or non-finite input.
+/// dpotrf; BLAS dtrsm). Throws sparsim::Error for a bad rank, shape or non-finite input.
 Factors truncated_svd(const std::vector<double>& w, int m, int d, int rank,
                       const std::vector<double>& gram = {});
 
@@ -75,6 +76,10 @@ struct LowRankReport {
   int group = 0;
   bool whiten = true;
   double kv_bytes_fraction = 0, kv_params_fraction = 0, params_fraction = 0;
+  /// attention parameters, FLOPs of a prefill of flops_context tokens and of one decode step at
+  /// that context, the rebuilding of K and V included (pruning/kv_prune.hpp's formulas)
+  double attn_params_fraction = 0, attn_flops_fraction = 0, attn_decode_flops_fraction = 0;
+  int flops_context = 0;
   struct Layer {
     int k_rank = 0, v_rank = 0;
     double k_loss = 0, v_loss = 0;  ///< relative truncation loss (whitened or plain)
@@ -83,6 +88,20 @@ struct LowRankReport {
   nlohmann::json json() const;
   std::string text() const;
 };
+
+/// The second moment Σ x xᵀ / n of the attention input x (the normalised block input that W_q,
+/// W_k and W_v see) of every layer, from dense forward passes over `seqs`, one at a time: [L] of
+/// [d][d], row-major, symmetric (SVD-LLM's whitening matrix before its Cholesky factor). Summed in
+/// float64 by single-threaded BLAS (dsyrk) in token order, so the result does not depend on the
+/// thread count. `progress(done, total)` after each sequence.
+template <class E>
+std::vector<std::vector<double>> attention_input_grams(
+    std::shared_ptr<const Weights<E>> w, const std::vector<std::vector<int>>& seqs,
+    const std::function<void(int, int)>& progress = {});
+
+/// The figures of a low-rank model that its config alone gives (method, ranks, bytes, parameters
+/// and attention FLOPs against the full model; losses 0): what eval, inspect and run files show.
+LowRankReport low_rank_summary(const Config& lr);
 
 /// Factorises W_k and W_v of `full` as `plan` says (whitened with grams[l], [d][d] of layer l's
 /// attention input, when o.whiten), giving the low-rank model's weights (fp32 factors) on the
