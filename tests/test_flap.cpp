@@ -355,7 +355,9 @@ TYPED_TEST(FlapModel, PrunedEqualsDenseWithZeroedHeadsPlusBiases) {
                 lr.by_op(flops::Op::OProj).flops_realised);
       EXPECT_LT(la.by_op(flops::Op::SwiGLU).flops_realised,
                 lr.by_op(flops::Op::SwiGLU).flops_realised);
-      if (fewer_kv) EXPECT_LT(a.cache().bytes(), r.cache().bytes());
+      if (fewer_kv) {
+        EXPECT_LT(a.cache().bytes(), r.cache().bytes());
+      }
     }
 }
 
