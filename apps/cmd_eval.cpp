@@ -17,6 +17,7 @@
 #include "method_setup.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
+#include "pruning/flap.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/low_rank.hpp"
 #include "records.hpp"
@@ -575,6 +576,15 @@ int cmd_eval(int argc, char** argv) {
       pr.add_columns(cols);
     }
     if (c.low_rank_kv()) j["low_rank"] = pruning::low_rank_summary(c).json();
+    j["n_params"] = c.n_params();
+    if (c.structured()) {  // FLAP: kept heads and FFN widths against the full model
+      Config full = c;
+      full.structure.clear();
+      nlohmann::json sj = pruning::flap_report(full, c, 1.0 - c.prune.retain).json();
+      sj["n_params_full"] = full.n_params();
+      sj["recipe"] = c.prune.recipe;
+      j["structured"] = sj;
+    }
     if (!no_ppl) {
       j["perplexity"] = ppl.perplexity();
       const PplSpread sp = ppl_spread(ppl);

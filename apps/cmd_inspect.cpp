@@ -4,6 +4,7 @@
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
+#include "pruning/flap.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/low_rank.hpp"
 
@@ -122,6 +123,21 @@ int cmd_inspect(int argc, char** argv) {
           std::cout << fmt::format("  {:>3}.{}:{}\n", l, h, line);
         }
     }
+  }
+  if (c.structured()) {
+    Config full = c;
+    full.structure.clear();
+    const pruning::FlapReport r = pruning::flap_report(full, c, 1.0 - c.prune.retain);
+    std::cout << fmt::format(
+        "\nstructured {} from model {}\n           statistics: {}\n           recipe: {}\n"
+        "           kept query heads, KV heads and FFN channels per layer; W_o and W_down "
+        "outputs carry biases\n",
+        c.prune.method, c.prune.source_fingerprint, c.prune.calibration, c.prune.recipe);
+    std::cout << r.table();
+    if (all_meta)
+      for (int l = 0; l < c.n_layer; ++l)
+        std::cout << fmt::format("  {:>3} query heads: {}\n", l,
+                                 fmt::join(c.structure[static_cast<std::size_t>(l)].q_heads, " "));
   }
   std::cout << "\nmemory estimate (weights as stored on the device; fp32 KV cache)\n";
   for (DType t : {DType::F32, DType::BF16, DType::F16}) {

@@ -1,14 +1,18 @@
-// sparsim prune: weight-side KV pruning (RAP, KVPruner) from Fisher scores, or low-rank K/V
-// factorisation (PaLU, SVD-LLM; prune_low_rank.cpp), written out as a smaller GGUF model that
+// sparsim prune: weight-side KV pruning (RAP, KVPruner) from Fisher scores, low-rank K/V
+// factorisation (PaLU, SVD-LLM; prune_low_rank.cpp), or structured pruning of whole heads and FFN
+// channels (FLAP) from statistics gathered over a corpus, written out as a smaller GGUF model that
 // every command runs.
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "eval/corpus.hpp"
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
+#include "model_io.hpp"
 #include "prune_low_rank.hpp"
+#include "pruning/flap.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/pruned_gguf.hpp"
 #include "records.hpp"
@@ -23,9 +27,119 @@
 
 namespace sparsim::app {
 
+namespace {
+
+/// The written model must be one sparsim runs: load it back (shapes, layout, fingerprint); on
+/// failure it is removed.
+template <class E>
+ModelInfo check_written(const std::string& out, const Config& plan) {
+  ModelInfo mo;
+  try {
+    auto wp = load_model<E>(out, LoadOptions{}, &mo);
+    require(wp->cfg.pruned() == plan.pruned() && wp->cfg.structured() == plan.structured() &&
+                wp->cfg.n_params() == plan.n_params(),
+            "the written model does not read back as pruned");
+  } catch (const Error& e) {
+    std::error_code ec;
+    std::filesystem::remove(out, ec);
+    fail("prune: the written model {} does not load ({}); removed", out, e.what());
+  }
+  return mo;
+}
+
+struct FlapArgs {
+  std::string model_arg, corpus_arg, text_field, out, json_out;
+  pruning::CutType cut;
+  pruning::PruneOptions po;
+  CommonOptions co;
+};
+
+/// prune --method flap: statistics over corpus windows, scores, the global structure search,
+/// the biases, the reduced GGUF.
+int prune_flap(int argc, char** argv, FlapArgs& a) {
+  const ResolvedModel rm = resolve_model(a.model_arg);
+  require(detect_model_format(rm.path) == ModelFormat::Gguf,
+          "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
+          "tensors and tokenizer",
+          rm.path);
+  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(a.corpus_arg)}},
+                {{"--out", a.out}, {"--json", a.json_out}});
+  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  Runtime rt(a.co);
+  return with_backend(a.co.backend, [&](auto exec) {
+    using E = decltype(exec);
+    (void)exec;
+    Stopwatch wall;
+    ModelInfo mi;
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
+    const Config& c = w->cfg;
+    require(!c.pruned() && !c.structured() && !c.low_rank_kv(),
+            "{} is already pruned ({}); prune the full model", rm.path, c.prune.method);
+    pruning::PruneOptions& po = a.po;
+    require(po.flap_tokens <= c.context_length,
+            "--flap-tokens {} exceeds the model's context of {}", po.flap_tokens, c.context_length);
+    const Tokenizer tok = tokenizer_for(rm.path);
+    const std::vector<int> stream = corpus_stream(corpus, tok);
+    const std::size_t need = static_cast<std::size_t>(po.flap_windows) * po.flap_tokens;
+    require(stream.size() >= need,
+            "prune --method flap: the corpus {} has {} tokens; {} windows of {} need {} "
+            "(a longer corpus, or fewer --flap-windows / --flap-tokens)",
+            corpus.source, stream.size(), po.flap_windows, po.flap_tokens, need);
+    std::vector<std::vector<int>> windows;
+    for (int i = 0; i < po.flap_windows; ++i) {
+      const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * po.flap_tokens;
+      windows.emplace_back(b, b + po.flap_tokens);
+    }
+    po.source_fingerprint = mi.fingerprint;
+    po.calibration = fmt::format("corpus {} ({} windows of {} tokens)", corpus.fingerprint,
+                                 po.flap_windows, po.flap_tokens);
+    log().info("FLAP statistics: {} windows of {} tokens", po.flap_windows, po.flap_tokens);
+    Stopwatch stats_clock;
+    const pruning::FlapStats st = pruning::flap_statistics<E>(w, windows);
+    const double stats_s = stats_clock.seconds();
+    const pruning::FlapScores sc = pruning::flap_scores(*w, st);
+    const Config pc = pruning::plan_flap(c, sc, po);
+    const pruning::OutputBiases biases = pruning::flap_biases(*w, pc, st);
+    const pruning::WrittenModel written =
+        pruning::write_pruned_gguf(rm.path, pc, a.out, a.cut, &biases);
+    const ModelInfo mo = check_written<E>(a.out, pc);
+    const pruning::FlapReport rep = pruning::flap_report(c, pc, po.ratio);
+    std::cout << fmt::format(
+        "pruned flap -> {}\n  source {} (fingerprint {})\n  statistics {} ({} tokens, {:.1f} "
+        "s)\n  recipe {}\n  output fingerprint {}, {} parameters (full: {})\n\n",
+        a.out, mi.path, mi.fingerprint, po.calibration, st.tokens, stats_s, pc.prune.recipe,
+        mo.fingerprint, pc.n_params(), c.n_params());
+    std::cout << rep.table() << written.text();
+    std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
+    if (!a.json_out.empty()) {
+      nlohmann::json j = rep.json();
+      j.update(written.json());
+      j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
+      j["output"] = {{"path", a.out}, {"fingerprint", mo.fingerprint}};
+      j["calibration"] = {{"corpus_path", corpus.source},
+                          {"corpus_fingerprint", corpus.fingerprint},
+                          {"windows", po.flap_windows},
+                          {"tokens_per_window", po.flap_tokens},
+                          {"tokens", st.tokens}};
+      j["recipe"] = pc.prune.recipe;
+      j["n_params"] = pc.n_params();
+      j["n_params_full"] = c.n_params();
+      j["statistics_seconds"] = stats_s;
+      j["wall_seconds"] = wall.seconds();
+      j["command"] = command_line(argc, argv);
+      io::write_file_atomically(a.json_out, j.dump(2) + "\n");
+    }
+    return 0;
+  });
+}
+
+}  // namespace
+
 int cmd_prune(int argc, char** argv) {
   CommonOptions co;
-  std::string model_arg, method, calib_path, out, json_out, type;
+  std::string model_arg, method, calib_path, out, json_out, type, corpus_arg, text_field;
+  double ratio = 0.2;
+  int flap_windows = 64, flap_tokens = 128;
   std::string score = "fisher", budget = "adaptive", pair_score = "joint", kv_budget = "balanced";
   double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
@@ -39,8 +153,20 @@ int cmd_prune(int argc, char** argv) {
       "(single K channels by Fisher score, each rotated at its own RoPE frequency; same "
       "budgets), kvpruner-naive (the same channels re-packed as a smaller head and rotated "
       "as its consecutive pairs, at that head's frequencies), palu (whitened low-rank W_k and "
-      "W_v per group of KV heads, ranks by Fisher score; the cache holds the latents) or "
-      "svd-llm (whitened low-rank W_k and W_v over all KV heads, equal ranks)")(
+      "W_v per group of KV heads, ranks by Fisher score; the cache holds the latents), "
+      "svd-llm (whitened low-rank W_k and W_v over all KV heads, equal ranks) or flap (whole "
+      "attention heads and FFN channels by fluctuation score, one ranking over the model, "
+      "removed parts' mean output folded into biases; statistics from --corpus)")(
+      "ratio", po::value(&ratio)->default_value(ratio),
+      "flap: share of the blocks' projection parameters removed, in (0, 1)")(
+      "corpus,c", po::value(&corpus_arg)->default_value("default"),
+      "flap, palu, svd-llm: calibration / whitening text (a file, a directory, JSONL, or "
+      "'default')")("text-field", po::value(&text_field)->default_value("text"),
+                    "JSONL field holding the text")(
+      "flap-windows", po::value(&flap_windows)->default_value(flap_windows),
+      "flap: calibration windows (consecutive, from the start of the corpus)")(
+      "flap-tokens", po::value(&flap_tokens)->default_value(flap_tokens),
+      "flap: tokens per calibration window (each run from position 0)")(
       "retain", po::value(&retain)->default_value(0.7),
       "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model "
       "(palu, svd-llm: the KV-cache width kept, Σ ranks over Σ K and V widths)")(
@@ -77,35 +203,35 @@ int cmd_prune(int argc, char** argv) {
       "no-whiten", po::bool_switch(&no_whiten),
       "palu, svd-llm: plain SVD of the weights instead of the truncation-aware whitening "
       "(the ablation; needs no corpus)")(
-      "corpus,c", po::value(&lr.corpus_arg)->default_value("default"),
-      "palu, svd-llm: text of the whitening statistics (a file, a directory, JSONL or "
-      "'default')")("text-field", po::value(&lr.text_field)->default_value("text"),
-                    "JSONL field holding the text")(
       "whiten-seqs", po::value(&lr.seqs)->default_value(lr.seqs),
       "palu, svd-llm: whitening sequences (consecutive, from the start of the corpus)")(
       "whiten-tokens", po::value(&lr.tokens)->default_value(lr.tokens),
       "palu, svd-llm: tokens per whitening sequence");
   add_common_options(d, co);
   po::variables_map vm;
-  if (!parse(argc, argv,
-             "usage: sparsim prune --method rap|kvpruner|kvpruner-naive|palu|svd-llm --retain R "
-             "[--calibration C] --out M.gguf "
-             "[--model smollm2] [--json S] [--type auto|source|TYPE]",
-             d, vm))
+  if (!parse(
+          argc, argv,
+          "usage: sparsim prune --method rap|kvpruner|kvpruner-naive|palu|svd-llm --retain R "
+          "[--calibration C] --out M.gguf [--model smollm2] [--json S] [--type auto|source|TYPE]\n"
+          "       sparsim prune --method flap --ratio P [--corpus C] --out M.gguf",
+          d, vm))
     return 0;
   // Everything a user can get wrong is checked before anything is written.
   require(!out.empty(), "prune: --out FILE is required");
   const bool low_rank = method == "palu" || method == "svd-llm";
-  require(low_rank || method == "rap" || method == "kvpruner" || method == "kvpruner-naive",
-          "pruning method '{}' is not rap, kvpruner, kvpruner-naive, palu or svd-llm", method);
-  for (const char* o :
-       {"group", "no-whiten", "corpus", "text-field", "whiten-seqs", "whiten-tokens"})
+  require(low_rank || method == "rap" || method == "kvpruner" || method == "kvpruner-naive" ||
+              method == "flap",
+          "pruning method '{}' is not rap, kvpruner, kvpruner-naive, palu, svd-llm or flap",
+          method);
+  for (const char* o : {"group", "no-whiten", "whiten-seqs", "whiten-tokens"})
     require(low_rank || vm[o].defaulted(), "--{} applies to --method palu and svd-llm only", o);
   if (low_rank) {
-    for (const char* o :
-         {"score", "budget", "pair-score", "k-share", "kv-budget", "type", "flops-context"})
-      require(vm[o].defaulted(), "--{} does not apply to --method {} (a RAP / KVPruner option)", o,
-              method);
+    for (const char* o : {"score", "budget", "pair-score", "k-share", "kv-budget", "type",
+                          "flops-context", "ratio", "flap-windows", "flap-tokens"})
+      require(vm[o].defaulted(),
+              "--{} does not apply to --method {} (a RAP / KVPruner / FLAP option)", o, method);
+    lr.corpus_arg = corpus_arg;
+    lr.text_field = text_field;
     lr.opt.method =
         method == "palu" ? pruning::LowRankMethod::Palu : pruning::LowRankMethod::SvdLlm;
     lr.opt.retain = retain;
@@ -138,7 +264,21 @@ int cmd_prune(int argc, char** argv) {
   po_.pair_score = pruning::parse_pair_score(pair_score);
   po_.k_share = k_share;
   po_.kv_budget = pruning::parse_kv_budget(kv_budget);
+  po_.ratio = ratio;
+  po_.flap_windows = flap_windows;
+  po_.flap_tokens = flap_tokens;
   po_.validate();
+  require(flops_context >= 1, "--flops-context must be positive, got {}", flops_context);
+  if (pm == pruning::PruneMethod::Flap) {
+    for (const char* o :
+         {"retain", "calibration", "score", "budget", "pair-score", "k-share", "kv-budget"})
+      require(!vm.count(o) || vm[o].defaulted(),
+              "--{} applies to K/V channel pruning (rap, kvpruner), not to flap", o);
+    FlapArgs a{model_arg, corpus_arg, text_field, out, json_out, cut, po_, co};
+    return prune_flap(argc, argv, a);
+  }
+  for (const char* o : {"ratio", "flap-windows", "flap-tokens", "corpus", "text-field"})
+    require(vm[o].defaulted(), "--{} does not apply to --method {}", o, method);
   // (given at all, even at its default value, --k-share is a balanced-budget option)
   require(po_.kv_budget == pruning::KvBudget::Balanced || vm["k-share"].defaulted(),
           "--kv-budget pooled sets the K/V split itself; --k-share applies to balanced budgets");
@@ -149,7 +289,6 @@ int cmd_prune(int argc, char** argv) {
   require(fisher || vm["pair-score"].defaulted(),
           "--pair-score applies to Fisher scores only (a magnitude pair score is the sum of its "
           "rows' squared norms)");
-  require(flops_context >= 1, "--flops-context must be positive, got {}", flops_context);
   std::optional<sparsity::Calibration> calopt;
   if (!calib_path.empty()) {
     calopt = sparsity::read_calibration(calib_path);
@@ -196,16 +335,7 @@ int cmd_prune(int argc, char** argv) {
                              : pruning::plan_pruning(c, pruning::magnitude_channel_scores(*w), po_);
     const pruning::WrittenModel written = pruning::write_pruned_gguf(rm.path, pc, out, cut);
     // The file must be a model sparsim runs: load it back (shapes, layout, fingerprint).
-    ModelInfo mo;
-    try {
-      auto wp = load_model<E>(out, LoadOptions{}, &mo);
-      require(wp->cfg.pruned() && wp->cfg.attn.size() == pc.attn.size(),
-              "the written model does not read back as pruned");
-    } catch (const Error& e) {
-      std::error_code ec;
-      std::filesystem::remove(out, ec);
-      fail("prune: the written model {} does not load ({}); removed", out, e.what());
-    }
+    const ModelInfo mo = check_written<E>(out, pc);
     const pruning::PruneReport rep = pruning::prune_report(pc);
     std::cout << fmt::format(
         "pruned {} -> {}\n  source {} (fingerprint {})\n  scores {} "

@@ -50,8 +50,8 @@ int prune_low_rank(const LowRankPrune& a) {
     ModelInfo mi;
     std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
     const Config& c = w->cfg;
-    require(!c.pruned() && !c.low_rank_kv(), "{} is already pruned ({}); prune the full model",
-            rm.path, c.prune.method);
+    require(!c.pruned() && !c.low_rank_kv() && !c.structured(),
+            "{} is already pruned ({}); prune the full model", rm.path, c.prune.method);
     if (cal) cal->check_model(mi.fingerprint, c, mi.path);
     pruning::LowRankOptions opt = a.opt;
     opt.source_fingerprint = mi.fingerprint;

@@ -133,7 +133,8 @@ TEST_F(CliLowRank, BadInputFailsClearlyWithoutOutput) {
   expect_fail(prune("svd-llm", "0", out), "(0, 1]");
   expect_fail(prune("palu", "1.5", out), "(0, 1]");
   expect_fail(prune("svd-llm", "nan", out), "(0, 1]");
-  expect_fail(prune("magic", "0.5", out), "not rap, kvpruner, kvpruner-naive, palu or svd-llm");
+  expect_fail(prune("magic", "0.5", out),
+              "not rap, kvpruner, kvpruner-naive, palu, svd-llm or flap");
   // PaLU needs the Fisher scores, of this model
   expect_fail(
       sparsim_bin() + " prune --model " + model_ + " --method palu --retain 0.5 --out " + out,

@@ -119,6 +119,8 @@ Backprop<E, T>::Backprop(std::shared_ptr<const Weights<E>> w, int max_tokens, E 
           "backprop: {} tokens exceed the model's context of {} tokens", max_tokens,
           c.context_length);
   require(!w_->rotated(), "backprop: a WINA-rotated model is not supported");
+  require(!c.structured(), "backprop: a structurally pruned model ({}) is not supported",
+          c.prune.method);
   State& s = *s_;
   for (int l = 0; l < c.n_layer; ++l) {
     const LayerWeights<E>& L = w_->layers[static_cast<std::size_t>(l)];

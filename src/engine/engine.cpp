@@ -157,8 +157,8 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     rx_ = alloc("sparsim::rx", n, c.d_model);
     sparse_flags_ = IVec<E>("sparsim::sparse_rows", n);
     sparse_flags_host_ = Kokkos::create_mirror_view(sparse_flags_);
-    gate_ = alloc("sparsim::gate", n, c.d_ff);
-    up_ = alloc("sparsim::up", n, c.d_ff);
+    gate_ = alloc("sparsim::gate", n, c.max_d_ff());
+    up_ = alloc("sparsim::up", n, c.max_d_ff());
     tok_ = IVec<E>("sparsim::tokens", n);
     pos_ = IVec<E>("sparsim::positions", n);
     seq_ = IVec<E>("sparsim::sequences", n);
@@ -424,7 +424,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   IVec<E> pos(pos_.data(), n);
   Mat<E> x = x_in, xn = rows(xn_, n), q = rows(q_, n, c.q_dim(l)), k = rows(k_, n, c.k_dim(l)),
          v = rows(v_, n, c.v_dim(l)), att = rows(att_, n, c.att_dim(l)), tmp = rows(tmp_, n),
-         gate = rows(gate_, n), up = rows(up_, n), rx = rows(rx_, n);
+         gate = rows(gate_, n, c.d_ff_at(l)), up = rows(up_, n, c.d_ff_at(l)), rx = rows(rx_, n);
   const bool rot = w_->rotated();
   // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
   auto residual = [&](const Matrix<E>* r) {
@@ -444,12 +444,26 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     }
     mark(flops::Op::Residual);
   };
+  // a structurally pruned layer: W_o and W_down outputs carry biases
+  auto add_bias = [&](const Kokkos::View<float*, DeviceOf<E>>& b) {
+    if (b.extent(0) == 0) return;
+    add_row_bias(exec_, tmp, CVec<E>(b));
+    mark(flops::Op::Residual);
+    if (ledger_) {
+      const double nd = static_cast<double>(n) * c.d_model;
+      ledger_->add(flops::Op::Residual, l, ph, nd, nd, 8.0 * nd + 4.0 * c.d_model,
+                   8.0 * nd + 4.0 * c.d_model, 1);
+    }
+  };
   observe(l, Site::BlockIn, x);
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
   observe(l, Site::Attn, xn);
   const AttnShape& sh = cache_.shape(l);
   const bool gated = tgate_ && tgate_->active(l);
+  require(!c.structured() || (!gated && !selector_),
+          "a structurally pruned model ({}) runs without token gating and K-channel pruning",
+          c.prune.method);
   int n_keep = n;
   std::vector<int> h_skip;
   if (c.low_rank_kv()) {
@@ -574,6 +588,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), sh, n_seq, T, p0,
                             mass_[static_cast<std::size_t>(l)],
                             mass_queries_[static_cast<std::size_t>(l)]);
+  add_bias(lw.o_bias);
   residual(rot ? &w_->rot_attn_mlp[l] : nullptr);
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
@@ -584,6 +599,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   mark(flops::Op::SwiGLU);
   observe(l, Site::Down, gate);
   proj(gate, Proj::Down, l, tmp, ph);
+  add_bias(lw.down_bias);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);
   block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data(), false,
                gated);
@@ -612,9 +628,8 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
   ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw),
                rope_launches, fused ? 0 : rope_launches);
   attention_ledger(l, ph, n_seq, T, p0, skip, fused ? 1 : 2);
-  const double sw = 6.0 * n * c.d_ff;
-  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * c.d_ff, 12.0 * n * c.d_ff, 1,
-               fused ? 0 : 1);
+  const double ff = c.d_ff_at(l), sw = 6.0 * n * ff;
+  ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * ff, 12.0 * n * ff, 1, fused ? 0 : 1);
   const int res_launches = fused || !rot ? 2 : 4;
   ledger_->add(flops::Op::Residual, l, ph, 2 * nd, 2 * nd, 2 * 12.0 * nd, 2 * 12.0 * nd,
                res_launches, fused ? 0 : res_launches);
@@ -948,7 +963,9 @@ bool Engine<E>::fusable(int l) const {
   const bool widths =
       pruned_rope(l) ? rope_pairs_only_[static_cast<std::size_t>(l)] : sh.qk_dim == c.head_dim;
   (void)kv;  // compacted prompt keys and dropped positions: the split kernel reads them
-  return !(tgate_ && tgate_->active(l)) && widths && sh.v_dim <= c.head_dim &&
+  // (the fused kernels add no output biases: a structurally pruned layer runs op by op)
+  return !c.structured() && lw.o_bias.extent(0) == 0 && lw.down_bias.extent(0) == 0 &&
+         !(tgate_ && tgate_->active(l)) && widths && sh.v_dim <= c.head_dim &&
          (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
          lw.w_up.dtype == lw.w_gate.dtype;

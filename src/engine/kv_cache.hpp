@@ -32,8 +32,8 @@ namespace sparsim {
 /// The attention shape of `layer` (the one place the engine reads head widths from).
 inline AttnShape attn_shape(const Config& c, int layer) {
   AttnShape s;
-  s.n_head = c.n_head;
-  s.n_kv_head = c.n_kv_head;
+  s.n_head = c.n_head_at(layer);  // a structurally pruned model's kept heads (Config::structure)
+  s.n_kv_head = c.n_kv_head_at(layer);
   s.qk_dim = c.qk_head_dim(layer);  // a pruned model's own widths (Config::attn)
   s.v_dim = c.v_head_dim(layer);
   s.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));

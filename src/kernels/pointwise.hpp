@@ -315,4 +315,15 @@ void add_inplace(const E& exec, const Mat<E>& x, const CMat<E>& y) {
       KOKKOS_LAMBDA(const int t, const int j) { x(t, j) += y(t, j); });
 }
 
+/// x(t, j) += b(j): a projection's output bias, added to every row.
+template <class E>
+void add_row_bias(const E& exec, const Mat<E>& x, const CVec<E>& b) {
+  const int n = static_cast<int>(x.extent(0));
+  const int d = static_cast<int>(x.extent(1));
+  Kokkos::parallel_for(
+      "sparsim::kernels::row_bias",
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, d})),
+      KOKKOS_LAMBDA(const int t, const int j) { x(t, j) += b(j); });
+}
+
 }  // namespace sparsim

@@ -79,6 +79,41 @@ void Config::validate() const {
                   l, x, gd, lr_group, head_dim);
       }
   }
+  if (!structure.empty()) {
+    require(attn.empty() && low_rank.empty(),
+            "model config: removed heads and FFN channels together with pruned head widths or "
+            "low-rank K/V factors");
+    require(static_cast<int>(structure.size()) == n_layer,
+            "model config: kept heads and FFN channels given for {} layers, the model has {}",
+            structure.size(), n_layer);
+    const int group = n_head / n_kv_head;
+    for (int l = 0; l < n_layer; ++l) {
+      const LayerStructure& s = structure[static_cast<std::size_t>(l)];
+      auto check = [&](const std::vector<int>& v, int n, const char* what) {
+        require(!v.empty(), "model config: layer {} keeps no {}", l, what);
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          require(v[i] >= 0 && v[i] < n, "model config: layer {} keeps {} {}, outside 0 … {}", l,
+                  what, v[i], n - 1);
+          require(i == 0 || v[i] > v[i - 1],
+                  "model config: layer {} kept {} are not strictly ascending at position {}", l,
+                  what, i);
+        }
+      };
+      check(s.q_heads, n_head, "query heads");
+      check(s.ffn, d_ff, "FFN channels");
+      std::vector<int> per(static_cast<std::size_t>(n_kv_head), 0);
+      for (int h : s.q_heads) ++per[static_cast<std::size_t>(h / group)];
+      int m = 0;
+      for (int x : per)
+        if (x > 0) {
+          require(m == 0 || x == m,
+                  "model config: layer {} keeps {} and {} query heads of two KV heads; the kept "
+                  "KV heads of a layer must keep the same number of query heads",
+                  l, m, x);
+          m = x;
+        }
+    }
+  }
   if (rope_scaling.enabled) {
     require(rope_scaling.factor >= 1 && rope_scaling.original_context > 0 &&
                 rope_scaling.high_freq_factor > rope_scaling.low_freq_factor,
@@ -87,6 +122,28 @@ void Config::validate() const {
             rope_scaling.factor, rope_scaling.low_freq_factor, rope_scaling.high_freq_factor,
             rope_scaling.original_context);
   }
+}
+
+int Config::n_kv_head_at(int l) const {
+  return structure.empty() ? n_kv_head : static_cast<int>(kv_heads_at(l).size());
+}
+
+std::vector<int> Config::kv_heads_at(int l) const {
+  std::vector<int> kv;
+  if (structure.empty()) {
+    for (int h = 0; h < n_kv_head; ++h) kv.push_back(h);
+    return kv;
+  }
+  const int group = n_head / n_kv_head;
+  for (int h : structure[static_cast<std::size_t>(l)].q_heads)
+    if (kv.empty() || kv.back() != h / group) kv.push_back(h / group);
+  return kv;
+}
+
+int Config::max_d_ff() const {
+  int m = 0;
+  for (int l = 0; l < n_layer; ++l) m = std::max(m, d_ff_at(l));
+  return m;
 }
 
 int LayerLowRank::k_rank() const {
@@ -121,7 +178,8 @@ std::uint64_t Config::n_params() const {
   for (int l = 0; l < n_layer; ++l)
     n += 2 * d                                                                   // norms
          + d * static_cast<std::uint64_t>(q_dim(l) + att_dim(l)) + kv_params(l)  // q o, k v
-         + 3 * d * static_cast<std::uint64_t>(d_ff);                             // gate, up, down
+         + 3 * d * static_cast<std::uint64_t>(d_ff_at(l))                        // gate, up, down
+         + (structure.empty() ? 0 : 2 * d);                                      // o, down biases
   return n;
 }
 

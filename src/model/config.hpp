@@ -51,11 +51,21 @@ struct LayerLowRank {
   int v_rank() const;
 };
 
+/// Structured pruning of one layer (FLAP, METHODS.md): whole query heads and whole FFN channels
+/// removed. A KV head goes when every query head of its group goes; the kept query heads of a
+/// layer are shared out evenly over its kept KV heads (the attention kernels' GQA grouping).
+/// The outputs of W_o and W_down carry biases (Weights: o_bias, down_bias) that stand in for
+/// the mean contribution of what was removed.
+struct LayerStructure {
+  std::vector<int> q_heads;  ///< kept query heads (their index in the full model), ascending
+  std::vector<int> ffn;      ///< kept FFN channels (their index in the full model), ascending
+};
+
 /// How a pruned model was made (GGUF keys sparsim.prune.*); empty method = not pruned.
 struct PruneRecord {
-  std::string method;              ///< "rap", "kvpruner", "kvpruner-naive", "palu" or "svd-llm"
-  double retain = 1.0;             ///< target mean retain ratio ρ
-  int flops_context = 0;           ///< context the attention FLOP fraction is reported at
+  std::string method;     ///< "rap", "kvpruner", "kvpruner-naive", "palu", "svd-llm" or "flap"
+  double retain = 1.0;    ///< target mean retain ratio ρ
+  int flops_context = 0;  ///< context the attention FLOP fraction is reported at
   std::string source_fingerprint;  ///< fingerprint of the model it was pruned from
   std::string calibration;         ///< model and corpus fingerprints of the Fisher scores
   /// the selection recipe ("score=fisher budget=adaptive pair=joint k_share=0.5 kv=balanced"; "" in
@@ -88,6 +98,9 @@ struct Config {
   /// their full width (attn is empty): only the cache and the K/V projections change.
   std::vector<LayerLowRank> low_rank;
   int lr_group = 0;  ///< KV heads per low-rank group (divides n_kv_head)
+  /// Per-layer kept query heads and FFN channels of a structurally pruned model (FLAP), whose
+  /// W_o and W_down outputs carry biases; empty for a whole model. Heads keep head_dim.
+  std::vector<LayerStructure> structure;
   PruneRecord prune;
 
   /// Widths of the full (unpruned) model.
@@ -95,6 +108,21 @@ struct Config {
   int kv_dim() const { return n_kv_head * head_dim; }
 
   bool pruned() const { return !attn.empty(); }
+  bool structured() const { return !structure.empty(); }
+  /// Query heads, key/value heads and FFN width of layer l (the model's own when whole).
+  int n_head_at(int l) const {
+    return structure.empty()
+               ? n_head
+               : static_cast<int>(structure[static_cast<std::size_t>(l)].q_heads.size());
+  }
+  int n_kv_head_at(int l) const;
+  int d_ff_at(int l) const {
+    return structure.empty() ? d_ff
+                             : static_cast<int>(structure[static_cast<std::size_t>(l)].ffn.size());
+  }
+  /// The kept KV heads of layer l (index in the full model), ascending.
+  std::vector<int> kv_heads_at(int l) const;
+  int max_d_ff() const;
   bool low_rank_kv() const { return !low_rank.empty(); }
   /// Cache width per token of layer l's keys / values: the latent rank of a low-rank layer,
   /// else k_dim(l) / v_dim(l).
@@ -106,10 +134,11 @@ struct Config {
   int qk_head_dim(int l) const { return attn.empty() ? head_dim : attn[l].qk_dim; }
   /// Per-head width of v (and of the attention output) in layer l.
   int v_head_dim(int l) const { return attn.empty() ? head_dim : attn[l].v_dim; }
-  int q_dim(int l) const { return n_head * qk_head_dim(l); }     ///< rows of W_q
-  int k_dim(int l) const { return n_kv_head * qk_head_dim(l); }  ///< rows of W_k, K-cache width
-  int v_dim(int l) const { return n_kv_head * v_head_dim(l); }   ///< rows of W_v, V-cache width
-  int att_dim(int l) const { return n_head * v_head_dim(l); }    ///< columns of W_o
+  int q_dim(int l) const { return n_head_at(l) * qk_head_dim(l); }  ///< rows of W_q
+  /// rows of W_k, K-cache width
+  int k_dim(int l) const { return n_kv_head_at(l) * qk_head_dim(l); }
+  int v_dim(int l) const { return n_kv_head_at(l) * v_head_dim(l); }  ///< rows of W_v
+  int att_dim(int l) const { return n_head_at(l) * v_head_dim(l); }   ///< columns of W_o
   /// Widest of each over the layers (buffer sizes).
   int max_q_dim() const;
   int max_k_dim() const;

@@ -147,7 +147,7 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
     const auto q = c.shape(c.block(0, 1));
     const auto k = c.shape(c.block(0, 2));
     const std::int64_t rk = k && k->size() == 2 ? static_cast<std::int64_t>((*k)[0]) : -1;
-    if (s.qk_widths.empty() && q && q->size() == 2 && hd > 0 &&
+    if (s.qk_widths.empty() && s.head_counts.empty() && q && q->size() == 2 && hd > 0 &&
         static_cast<std::int64_t>((*q)[0]) != heads * hd) {
       const auto rq = static_cast<std::int64_t>((*q)[0]);
       const std::string width_from =
@@ -184,7 +184,7 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
     }
   }
   std::int64_t kv = s.n_kv_head.value_or(heads);
-  if (hd > 0 && kv > 0 && s.qk_widths.empty() && s.k_ranks.empty()) {
+  if (hd > 0 && kv > 0 && s.qk_widths.empty() && s.k_ranks.empty() && s.head_counts.empty()) {
     const auto k = c.shape(c.block(0, 2));
     if (k && k->size() == 2 && static_cast<std::int64_t>((*k)[0]) != kv * hd) {
       const auto rows = static_cast<std::int64_t>((*k)[0]);
@@ -210,7 +210,7 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
   std::int64_t ff = s.d_ff.value_or(0);
   {
     const auto g = c.shape(c.block(0, 6));
-    if (g && g->size() == 2 && static_cast<std::int64_t>((*g)[0]) != ff) {
+    if (g && g->size() == 2 && static_cast<std::int64_t>((*g)[0]) != ff && s.ffn_widths.empty()) {
       const auto rows = static_cast<std::int64_t>((*g)[0]);
       c.add(fmt::format("{} contradicts tensor '{}' of shape {} ({} rows)",
                         s.d_ff ? c.key(n.d_ff, ff) : fmt::format("absent key '{}'", n.d_ff),
@@ -300,6 +300,34 @@ std::vector<std::string> check_llama_shapes(const StatedShape& s, const TensorSh
         const std::string p = n.block_prefix + std::to_string(l);
         c.expect(p + ".attn_k_up.weight", {K, rk}, lk.c_str());
         c.expect(p + ".attn_v_up.weight", {K, rv}, lv.c_str());
+        continue;
+      }
+      if (!s.head_counts.empty()) {
+        // a structurally pruned layer: its own head counts and FFN width, and two biases
+        const auto li = static_cast<std::size_t>(l);
+        if (li >= s.head_counts.size() || li >= s.kv_counts.size() || li >= s.ffn_widths.size() ||
+            s.head_counts[li] < 1 || s.kv_counts[li] < 1 || s.ffn_widths[li] < 1) {
+          c.add(fmt::format("the structural layout does not give layer {} its heads and FFN width",
+                            l));
+          continue;
+        }
+        const auto H = static_cast<std::uint64_t>(s.head_counts[li] * hd),
+                   KV = static_cast<std::uint64_t>(s.kv_counts[li] * hd),
+                   FL = static_cast<std::uint64_t>(s.ffn_widths[li]);
+        const Shape lw[9] = {want[0], {H, D},  {KV, D}, {KV, D}, {D, H},
+                             want[5], {FL, D}, {FL, D}, {D, FL}};
+        const std::string hf =
+            fmt::format("{} kept query heads of {} (the structural layout)", s.head_counts[li], hd);
+        const std::string kf = fmt::format("{} kept key/value heads of {} (the structural layout)",
+                                           s.kv_counts[li], hd);
+        const std::string ffs =
+            fmt::format("{} kept FFN channels (the structural layout)", s.ffn_widths[li]);
+        const std::string* sf[9] = {&from[0], &hf, &kf, &kf, &hf, &from[5], &ffs, &ffs, &ffs};
+        for (int i = 0; i < 9; ++i)
+          c.expect(c.block(static_cast<int>(l), i), lw[i], sf[i]->c_str());
+        const std::string p = n.block_prefix + std::to_string(l);
+        c.expect(p + ".attn_output.bias", {D}, from_width.c_str());
+        c.expect(p + ".ffn_down.bias", {D}, from_width.c_str());
         continue;
       }
       if (s.qk_widths.empty()) {

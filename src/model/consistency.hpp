@@ -49,6 +49,9 @@ struct StatedShape {
   /// [Σ ranks][d_model] and attn_k_up / attn_v_up [n_kv·head_dim][Σ ranks].
   std::vector<std::int64_t> k_ranks, v_ranks;
   std::int64_t lr_group = 0;
+  /// A structurally pruned model (FLAP): kept query heads, KV heads and FFN channels of every
+  /// layer (empty: whole); its blocks also hold the biases of W_o and W_down.
+  std::vector<std::int64_t> head_counts, kv_counts, ffn_widths;
 };
 
 /// Name → shape as the file lists it.

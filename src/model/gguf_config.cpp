@@ -59,6 +59,24 @@ std::vector<std::string> check_gguf_model(const gguf::File& f) {
                           std::pair{prune_keys::kLowRankValueRanks, &s.v_ranks}})
       *dst = f.require_int_array(k);
   }
+  if (s.n_layer && *s.n_layer > 0 && *s.n_layer < (1 << 20)) {
+    read_structure_counts(f, static_cast<int>(*s.n_layer), s.head_counts, s.ffn_widths);
+    if (!s.head_counts.empty()) {
+      // KV heads of each layer: the groups its kept query heads fall in
+      const std::int64_t nh = s.n_head.value_or(0), nkv = s.n_kv_head.value_or(nh);
+      const std::vector<std::int64_t> qh = f.require_int_array(prune_keys::kQueryHeads);
+      std::size_t o = 0;
+      for (std::int64_t cnt : s.head_counts) {
+        std::int64_t kv = 0, last = -1;
+        for (std::int64_t i = 0; i < cnt && o < qh.size() && nkv > 0 && nh % nkv == 0; ++i, ++o) {
+          const std::int64_t g = qh[o] / (nh / nkv);
+          if (g != last) ++kv;
+          last = g;
+        }
+        s.kv_counts.push_back(kv);
+      }
+    }
+  }
   TensorShapes shapes;
   for (const auto& t : f.tensors()) shapes[t.name] = t.ne;
   return check_llama_shapes(s, shapes, n);

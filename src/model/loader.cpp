@@ -96,9 +96,13 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
     }
     lw.wo = L.mat(p + "attn_output.weight", d, c.att_dim(l));
     lw.ffn_norm = L.vec(p + "ffn_norm.weight", d);
-    lw.w_gate = L.mat(p + "ffn_gate.weight", c.d_ff, d);
-    lw.w_up = L.mat(p + "ffn_up.weight", c.d_ff, d);
-    lw.w_down = L.mat(p + "ffn_down.weight", d, c.d_ff);
+    lw.w_gate = L.mat(p + "ffn_gate.weight", c.d_ff_at(l), d);
+    lw.w_up = L.mat(p + "ffn_up.weight", c.d_ff_at(l), d);
+    lw.w_down = L.mat(p + "ffn_down.weight", d, c.d_ff_at(l));
+    if (c.structured()) {
+      lw.o_bias = L.vec(p + "attn_output.bias", d);
+      lw.down_bias = L.vec(p + "ffn_down.bias", d);
+    }
     w->layers.push_back(std::move(lw));
   }
   w->out_norm = L.vec("output_norm.weight", d);

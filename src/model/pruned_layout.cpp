@@ -75,19 +75,74 @@ bool read_low_rank(const gguf::File& f, Config& c) {
   return true;
 }
 
+bool any_structure(const gguf::File& f) {
+  using namespace prune_keys;
+  return f.has(kHeadCounts) || f.has(kQueryHeads) || f.has(kFfnWidths) || f.has(kFfnChannels);
+}
+
+/// The structural layout (sparsim.structure.*) of f into c.structure; false when absent.
+bool read_structure(const gguf::File& f, Config& c) {
+  using namespace prune_keys;
+  if (!any_structure(f)) return false;
+  const auto L = static_cast<std::size_t>(c.n_layer);
+  const std::vector<int> hc = int_array(f, kHeadCounts, L);
+  const std::vector<int> fc = int_array(f, kFfnWidths, L);
+  std::size_t nh = 0, nf = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    require(hc[l] >= 1 && hc[l] <= c.n_head && fc[l] >= 1 && fc[l] <= c.d_ff,
+            "{}: layer {} keeps {} query heads ('{}') and {} FFN channels ('{}'); they must be in "
+            "1 … {} and 1 … {}",
+            f.path(), l, hc[l], kHeadCounts, fc[l], kFfnWidths, c.n_head, c.d_ff);
+    nh += static_cast<std::size_t>(hc[l]);
+    nf += static_cast<std::size_t>(fc[l]);
+  }
+  const std::vector<int> qh = int_array(f, kQueryHeads, nh);
+  const std::vector<int> fch = int_array(f, kFfnChannels, nf);
+  c.structure.assign(L, LayerStructure{});
+  std::size_t oh = 0, of = 0;
+  for (std::size_t l = 0; l < L; ++l) {
+    const auto h = static_cast<std::ptrdiff_t>(oh), g = static_cast<std::ptrdiff_t>(of);
+    c.structure[l].q_heads.assign(qh.begin() + h, qh.begin() + h + hc[l]);
+    c.structure[l].ffn.assign(fch.begin() + g, fch.begin() + g + fc[l]);
+    oh += static_cast<std::size_t>(hc[l]);
+    of += static_cast<std::size_t>(fc[l]);
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    fail("{}: inconsistent structural layout: {}", f.path(), e.what());
+  }
+  read_record(f, c);
+  return true;
+}
+
 }  // namespace
+
+void read_structure_counts(const gguf::File& f, int n_layer, std::vector<std::int64_t>& heads,
+                           std::vector<std::int64_t>& ffn) {
+  heads.clear();
+  ffn.clear();
+  if (!any_structure(f)) return;
+  const auto L = static_cast<std::size_t>(n_layer);
+  for (const int x : int_array(f, prune_keys::kHeadCounts, L)) heads.push_back(x);
+  for (const int x : int_array(f, prune_keys::kFfnWidths, L)) ffn.push_back(x);
+}
 
 void read_pruned_layout(const gguf::File& f, Config& c) {
   using namespace prune_keys;
   const bool any = f.has(kKeyWidths) || f.has(kValueWidths) || f.has(kKeyChannels) ||
                    f.has(kValueChannels) || f.has(kFreqIndex);
   if (!any) {
+    require(!(any_structure(f) && f.has(kLowRankGroup)),
+            "{}: both a structural layout and low-rank K/V factors", f.path());
+    if (read_structure(f, c)) return;
     if (read_low_rank(f, c)) return;
     require(!f.has(kMethod), "{}: metadata key '{}' is set but the per-layer widths ('{}') are not",
             f.path(), kMethod, kKeyWidths);
     return;
   }
   require(!f.has(kLowRankGroup), "{}: both a pruned layout and low-rank K/V factors", f.path());
+  require(!any_structure(f), "{}: both pruned head widths and a structural layout", f.path());
   const auto L = static_cast<std::size_t>(c.n_layer);
   const std::vector<int> kw = int_array(f, kKeyWidths, L);
   const std::vector<int> vw = int_array(f, kValueWidths, L);
@@ -147,6 +202,23 @@ void write_pruned_layout(gguf::Writer& w, const Config& c) {
     w.set(kLowRankGroup, static_cast<std::uint32_t>(c.lr_group));
     w.set(kLowRankKeyRanks, kr);
     w.set(kLowRankValueRanks, vr);
+    write_record(w, c);
+    return;
+  }
+  if (c.structured()) {
+    c.validate();
+    std::vector<std::uint32_t> hc, fc;
+    std::vector<std::int32_t> qh, fch;
+    for (const LayerStructure& s : c.structure) {
+      hc.push_back(static_cast<std::uint32_t>(s.q_heads.size()));
+      fc.push_back(static_cast<std::uint32_t>(s.ffn.size()));
+      qh.insert(qh.end(), s.q_heads.begin(), s.q_heads.end());
+      fch.insert(fch.end(), s.ffn.begin(), s.ffn.end());
+    }
+    w.set(kHeadCounts, hc);
+    w.set(kQueryHeads, qh);
+    w.set(kFfnWidths, fc);
+    w.set(kFfnChannels, fch);
     write_record(w, c);
     return;
   }

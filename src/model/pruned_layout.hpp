@@ -25,6 +25,17 @@
 /// and its blk.N.attn_k / attn_v tensors are the down factors A ([rank][d_model]), with the up
 /// factors B ([n_kv·D][rank], block-diagonal over the groups) in blk.N.attn_k_up / attn_v_up.
 ///
+/// A structurally pruned model (FLAP) instead carries, beside the prune.* keys:
+///
+///   structure.head_count_per_layer    uint32[L]   kept query heads of each layer
+///   structure.query_heads             int32[Σ_l]  kept query heads (full-model index), [layer][i]
+///   structure.ffn_length_per_layer    uint32[L]   kept FFN channels of each layer
+///   structure.ffn_channels            int32[Σ_l]  kept FFN channels (full-model index)
+///
+/// with W_q, W_k, W_v, W_o, W_gate, W_up, W_down of every block cut to the kept heads (a KV head
+/// goes with the last query head of its group) and channels, and two more F32 tensors per block,
+/// blk.N.attn_output.bias and blk.N.ffn_down.bias ([d_model]), added to those projections' outputs.
+///
 /// `llama.attention.key_length` stays the full head dimension D: it sets the softmax scale
 /// 1/√D and the RoPE frequencies θ_j = base^(−2j/D) of the reduced heads.
 #include "model/config.hpp"
@@ -53,12 +64,22 @@ inline constexpr const char* kRetyped = "sparsim.prune.retyped_tensors";
 inline constexpr const char* kLowRankGroup = "sparsim.low_rank.group";
 inline constexpr const char* kLowRankKeyRanks = "sparsim.low_rank.key_ranks";
 inline constexpr const char* kLowRankValueRanks = "sparsim.low_rank.value_ranks";
+inline constexpr const char* kHeadCounts = "sparsim.structure.head_count_per_layer";
+inline constexpr const char* kQueryHeads = "sparsim.structure.query_heads";
+inline constexpr const char* kFfnWidths = "sparsim.structure.ffn_length_per_layer";
+inline constexpr const char* kFfnChannels = "sparsim.structure.ffn_channels";
 }  // namespace prune_keys
 
-/// Reads the pruned layout of `f` into c.attn and c.prune (c's shape fields must be set). A file
-/// without sparsim.attention.* keys leaves c dense. Throws sparsim::Error naming the file and the
-/// key for a partial or inconsistent layout (wrong lengths, widths outside 1 … head_dim, channels
-/// out of range or not ascending, a frequency index that does not match its channel).
+/// Per-layer kept query-head and FFN-channel counts of a structurally pruned file (empty vectors
+/// when it is not one); throws naming the key when a count list has the wrong length.
+void read_structure_counts(const gguf::File& f, int n_layer, std::vector<std::int64_t>& heads,
+                           std::vector<std::int64_t>& ffn);
+
+/// Reads the pruned layout of `f` into c.attn (c.structure, c.low_rank) and c.prune (c's shape
+/// fields must be set). A file without sparsim.attention.* keys leaves c dense. Throws
+/// sparsim::Error naming the file and the key for a partial or inconsistent layout (wrong lengths,
+/// widths outside 1 … head_dim, channels out of range or not ascending, a frequency index that does
+/// not match its channel).
 void read_pruned_layout(const gguf::File& f, Config& c);
 
 /// Adds the keys above but prune.tensor_type and prune.retyped_tensors (which only the writer of

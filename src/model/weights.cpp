@@ -44,7 +44,9 @@ std::size_t Weights<E>::bytes() const {
   std::size_t b = tok_embd.bytes() + out_norm.extent(0) * 4;
   if (!cfg.tied_embeddings) b += output.bytes();
   for (const auto& l : layers) {
-    b += (l.attn_norm.extent(0) + l.ffn_norm.extent(0)) * 4;
+    b += (l.attn_norm.extent(0) + l.ffn_norm.extent(0) + l.o_bias.extent(0) +
+          l.down_bias.extent(0)) *
+         4;
     for (const auto* m :
          {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down, &l.k_up, &l.v_up})
       b += m->bytes();

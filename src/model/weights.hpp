@@ -32,6 +32,10 @@ struct LayerWeights {
   /// A low-rank K/V layer (Config::low_rank): wk / wv hold the down factors A ([rank][d_model]),
   /// these the up factors B ([n_kv·head_dim][rank]); empty otherwise.
   Matrix<ExecSpace> k_up, v_up;
+  /// A structurally pruned layer (Config::structure): biases added to the outputs of W_o and
+  /// W_down ([d_model] each), standing in for what the removed heads and channels gave on
+  /// average; empty otherwise.
+  Kokkos::View<float*, Dev> o_bias, down_bias;
 
   const Matrix<ExecSpace>& proj(Proj p) const {
     switch (p) {

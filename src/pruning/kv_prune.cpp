@@ -3,6 +3,7 @@
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "io/summary_columns.hpp"
+#include "pruning/detail/select.hpp"
 
 #include <fmt/format.h>
 
@@ -20,6 +21,8 @@ const char* method_name(PruneMethod m) {
       return "kvpruner";
     case PruneMethod::KvPrunerNaive:
       return "kvpruner-naive";
+    case PruneMethod::Flap:
+      return "flap";
   }
   return "?";
 }
@@ -28,7 +31,8 @@ PruneMethod parse_prune_method(const std::string& s) {
   if (s == "rap") return PruneMethod::Rap;
   if (s == "kvpruner") return PruneMethod::KvPruner;
   if (s == "kvpruner-naive") return PruneMethod::KvPrunerNaive;
-  fail("pruning method '{}' is not rap, kvpruner or kvpruner-naive", s);
+  if (s == "flap") return PruneMethod::Flap;
+  fail("pruning method '{}' is not rap, kvpruner, kvpruner-naive or flap", s);
 }
 
 ScoreSource parse_score_source(const std::string& s) {
@@ -64,6 +68,18 @@ std::string PruneOptions::recipe() const {
 }
 
 void PruneOptions::validate() const {
+  if (method == PruneMethod::Flap) {
+    // FLAP removes whole heads and FFN channels: a share of the block parameters, not a
+    // retain ratio of K/V channels
+    require(ratio > 0 && ratio < 1 && std::isfinite(ratio),
+            "--ratio must be in (0, 1) for flap (the share of the block parameters removed), got "
+            "{}",
+            ratio);
+    require(flap_windows >= 1 && flap_tokens >= 2,
+            "--flap-windows must be >= 1 and --flap-tokens >= 2, got {} and {}", flap_windows,
+            flap_tokens);
+    return;
+  }
   require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
           retain);
   require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
@@ -221,6 +237,8 @@ Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOpti
   require(!full.pruned(), "the model is already pruned ({}); prune the full model",
           full.prune.method);
   opt.validate();
+  require(opt.method != PruneMethod::Flap,
+          "plan_pruning plans K/V channel pruning; FLAP's plan is pruning::plan_flap");
   const double rk = 2 * opt.k_share * opt.retain, rv = 2 * (1 - opt.k_share) * opt.retain;
   require(
       sc.n_layer == full.n_layer && sc.n_kv_head == full.n_kv_head && sc.head_dim == full.head_dim,
@@ -301,51 +319,7 @@ Config plan_pruning(const Config& full, const ChannelScores& sc, const PruneOpti
 // ---------------------------------------------------------------------------------------------
 // Fusion
 
-namespace {
-
-/// A device matrix with the given rows (and, if not empty, columns) of `src`, in its type.
-template <class E, class S>
-Kokkos::View<S**, Layout, DeviceOf<E>> select(const Kokkos::View<S**, Layout, DeviceOf<E>>& src,
-                                              const std::vector<int>& rows,
-                                              const std::vector<int>& cols,
-                                              const std::string& name) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), src);
-  const int nr = rows.empty() ? static_cast<int>(src.extent(0)) : static_cast<int>(rows.size());
-  const int nc = cols.empty() ? static_cast<int>(src.extent(1)) : static_cast<int>(cols.size());
-  Kokkos::View<S**, Layout, DeviceOf<E>> out(Kokkos::view_alloc(name, Kokkos::WithoutInitializing),
-                                             nr, nc);
-  auto ho = Kokkos::create_mirror_view(out);
-  for (int r = 0; r < nr; ++r) {
-    const int sr = rows.empty() ? r : rows[static_cast<std::size_t>(r)];
-    for (int k = 0; k < nc; ++k)
-      ho(r, k) = h(sr, cols.empty() ? k : cols[static_cast<std::size_t>(k)]);
-  }
-  Kokkos::deep_copy(out, ho);
-  return out;
-}
-
-template <class E>
-Matrix<E> select_matrix(const Matrix<E>& m, const std::vector<int>& rows,
-                        const std::vector<int>& cols, const std::string& name) {
-  Matrix<E> o;
-  o.dtype = m.dtype;
-  o.rows = rows.empty() ? m.rows : static_cast<int>(rows.size());
-  o.cols = cols.empty() ? m.cols : static_cast<int>(cols.size());
-  switch (m.dtype) {
-    case DType::F32:
-      o.f32 = select<E>(m.f32, rows, cols, name);
-      break;
-    case DType::BF16:
-      o.bf16 = select<E>(m.bf16, rows, cols, name);
-      break;
-    case DType::F16:
-      o.f16 = select<E>(m.f16, rows, cols, name);
-      break;
-  }
-  return o;
-}
-
-}  // namespace
+using detail::select_matrix;
 
 template <class E>
 std::shared_ptr<Weights<E>> fuse_pruned(const Weights<E>& full, const Config& pruned) {

@@ -35,9 +35,11 @@ using calibration::rope_layout_name;
 /// KvPruner keeps each kept channel's own RoPE frequency (index-aware, the paper's Appendix F
 /// variant); KvPrunerNaive (the paper's main-table KVPruner) re-packs the same channels as a
 /// smaller head and rotates them as its pairs (Config::naive_rope).
-enum class PruneMethod { Rap, KvPruner, KvPrunerNaive };
+/// Flap removes whole attention heads and FFN channels instead (pruning/flap.hpp).
+enum class PruneMethod { Rap, KvPruner, KvPrunerNaive, Flap };
 const char* method_name(PruneMethod m);
-/// "rap" / "kvpruner" / "kvpruner-naive"; throws sparsim::Error naming the choices otherwise.
+/// "rap" / "kvpruner" / "kvpruner-naive" / "flap"; throws sparsim::Error naming the choices
+/// otherwise.
 PruneMethod parse_prune_method(const std::string& s);
 
 /// σ_ℓ = Σ_h Σ_j √F_p of every layer.
@@ -94,10 +96,15 @@ struct PruneOptions {
   /// K and V budgets, m_ℓ pairs of K and 2m_ℓ channels of V per head).
   double k_share = 0.5;
   KvBudget kv_budget = KvBudget::Balanced;
+  /// FLAP: the share of the blocks' projection parameters removed, in (0, 1), and the
+  /// calibration windows its statistics are gathered over (windows × tokens, from the corpus)
+  double ratio = 0.2;
+  int flap_windows = 64, flap_tokens = 128;
   /// "score=… budget=… pair=… k_share=… kv=…", as recorded in the pruned model
   std::string recipe() const;
   /// Throws sparsim::Error naming the option at fault: retain outside (0, 1], k_share outside
-  /// (0, 1) or asking K or V for more than all its channels, a k_share with pooled budgets.
+  /// (0, 1) or asking K or V for more than all its channels, a k_share with pooled budgets;
+  /// for flap, a ratio outside (0, 1) or no calibration windows.
   void validate() const;
 };
 Config plan_pruning(const Config& full, const ChannelScores& s, const PruneOptions& opt);

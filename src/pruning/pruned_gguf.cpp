@@ -17,27 +17,46 @@ namespace sparsim::pruning {
 
 namespace {
 
-/// Layer and projection of a tensor name "blk.<l>.attn_{q,k,v,output}.weight"; false otherwise.
-bool attention_tensor(const std::string& name, int& layer, std::string& which) {
+/// Layer and projection of a tensor name "blk.<l>.<which>.weight" that `pruned` cuts: the
+/// attention projections attn_{q,k,v,output} of a pruned or structured model, and ffn_{gate,up,
+/// down} of a structured one; false otherwise.
+bool cut_tensor(const std::string& name, const Config& pruned, int& layer, std::string& which) {
   int l = -1;
   char buf[32] = {};
-  if (std::sscanf(name.c_str(), "blk.%d.attn_%31[a-z].weight", &l, buf) != 2) return false;
+  if (std::sscanf(name.c_str(), "blk.%d.%31[a-z_].weight", &l, buf) != 2) return false;
   const std::string w = buf;
-  if (name != fmt::format("blk.{}.attn_{}.weight", l, w)) return false;
-  if (w != "q" && w != "k" && w != "v" && w != "output") return false;
+  if (name != fmt::format("blk.{}.{}.weight", l, w)) return false;
+  const bool attn = w == "attn_q" || w == "attn_k" || w == "attn_v" || w == "attn_output";
+  const bool ffn = w == "ffn_gate" || w == "ffn_up" || w == "ffn_down";
+  if (!attn && !(ffn && pruned.structured())) return false;
   layer = l;
   which = w;
   return true;
 }
 
-/// Rows (q, k, v) or columns (output) of the full projection kept in layer l, ascending.
+/// Whether tensor `which` loses columns (W_o, W_down) rather than rows.
+bool cuts_columns(const std::string& which) {
+  return which == "attn_output" || which == "ffn_down";
+}
+
+/// Rows (q, k, v, gate, up) or columns (output, down) of the full projection kept in layer l,
+/// ascending.
 std::vector<int> kept_indices(const Config& full, const Config& pruned, int l,
                               const std::string& which) {
   const int D = full.head_dim, group = full.n_head / full.n_kv_head;
-  const bool query_heads = which == "q" || which == "output", keys = which == "q" || which == "k";
+  std::vector<int> sel;
+  if (pruned.structured()) {
+    const LayerStructure& st = pruned.structure[static_cast<std::size_t>(l)];
+    if (which == "ffn_gate" || which == "ffn_up" || which == "ffn_down") return st.ffn;
+    const bool query_heads = which == "attn_q" || which == "attn_output";
+    for (int h : query_heads ? st.q_heads : pruned.kv_heads_at(l))
+      for (int i = 0; i < D; ++i) sel.push_back(h * D + i);
+    return sel;
+  }
+  const bool query_heads = which == "attn_q" || which == "attn_output",
+             keys = which == "attn_q" || which == "attn_k";
   const int heads = query_heads ? full.n_head : full.n_kv_head;
   const int width = keys ? pruned.qk_head_dim(l) : pruned.v_head_dim(l);
-  std::vector<int> sel;
   for (int h = 0; h < heads; ++h) {
     const int kvh = query_heads ? h / group : h;
     for (int i = 0; i < width; ++i)
@@ -134,8 +153,11 @@ std::string lower(std::string s) {
 /// "attn_output" of "blk.3.attn_output.weight"; the name itself for other names.
 std::string tensor_kind(const std::string& name) {
   int l = -1;
-  std::string which;
-  return attention_tensor(name, l, which) ? "attn_" + which : name;
+  char buf[32] = {};
+  if (std::sscanf(name.c_str(), "blk.%d.%31[a-z_].weight", &l, buf) == 2 &&
+      name == fmt::format("blk.{}.{}.weight", l, buf))
+    return buf;
+  return name;
 }
 
 std::string megabytes(std::uint64_t b) {
@@ -171,10 +193,12 @@ void copy_metadata(const gguf::File& f, gguf::Writer& w) {
 }
 
 void check_shape(const std::string& source, const Config& full, const Config& pruned) {
-  require(!full.pruned(), "{}: the source model is already pruned", source);
+  require(!full.pruned() && !full.structured() && !full.low_rank_kv(),
+          "{}: the source model is already pruned", source);
   require(full.n_layer == pruned.n_layer && full.n_head == pruned.n_head &&
-              full.n_kv_head == pruned.n_kv_head && full.head_dim == pruned.head_dim &&
-              full.d_model == pruned.d_model && full.rope_layout == pruned.rope_layout,
+              full.d_ff == pruned.d_ff && full.n_kv_head == pruned.n_kv_head &&
+              full.head_dim == pruned.head_dim && full.d_model == pruned.d_model &&
+              full.rope_layout == pruned.rope_layout,
           "{}: the pruning plan was made for another model shape", source);
 }
 
@@ -247,9 +271,13 @@ nlohmann::json WrittenModel::json() const {
 }
 
 WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
-                               const std::string& out, const CutType& cut) {
-  require(pruned.pruned(), "write_pruned_gguf: the config is not pruned");
+                               const std::string& out, const CutType& cut,
+                               const OutputBiases* biases) {
+  require(pruned.pruned() || pruned.structured(), "write_pruned_gguf: the config is not pruned");
   pruned.validate();
+  const auto L = static_cast<std::size_t>(pruned.n_layer);
+  require(!pruned.structured() || (biases && biases->o.size() == L && biases->down.size() == L),
+          "write_pruned_gguf: a structurally pruned model needs the biases of every layer");
   gguf::File f = gguf::File::open(source);
   const Config full = config_from_gguf(f);
   check_shape(source, full, pruned);
@@ -261,7 +289,7 @@ WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
   for (const gguf::TensorInfo& t : f.tensors()) {
     int l = -1;
     std::string which;
-    if (!attention_tensor(t.name, l, which) || l < 0 || l >= full.n_layer) {
+    if (!cut_tensor(t.name, pruned, l, which) || l < 0 || l >= full.n_layer) {
       w.add_tensor(t.name, t.ne, t.type, t.data, t.nbytes);
       ++rep.kept;
       continue;
@@ -269,12 +297,24 @@ WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
     require(t.ne.size() == 2, "{}: tensor '{}' is not 2-D", source, t.name);
     const std::vector<int> sel = kept_indices(full, pruned, l, which);
     const std::uint64_t n = sel.size(), rows = t.ne[1];
-    if (which != "output") {  // whole rows, byte for byte
+    if (pruned.structured() && cuts_columns(which)) {  // the output's bias beside it
+      const std::vector<float>& b = which == "attn_output"
+                                        ? biases->o[static_cast<std::size_t>(l)]
+                                        : biases->down[static_cast<std::size_t>(l)];
+      require(b.size() == rows,
+              "write_pruned_gguf: layer {} bias of {} has {} entries, expected {}", l, which,
+              b.size(), rows);
+      std::vector<std::uint8_t> bytes(b.size() * sizeof(float));
+      std::memcpy(bytes.data(), b.data(), bytes.size());
+      w.add_tensor(fmt::format("blk.{}.{}.bias", l, which), {rows}, gguf::GGMLType::F32,
+                   std::move(bytes));
+    }
+    if (!cuts_columns(which)) {  // whole rows, byte for byte
       w.add_tensor(t.name, {t.ne[0], n}, t.type, copy_rows(t, sel));
       ++rep.kept;
       continue;
     }
-    // W_o [d_model][n_head·D]: the kept columns of every row
+    // W_o [d_model][n_head·D], W_down [d_model][d_ff]: the kept columns of every row
     require(sel.back() < static_cast<int>(t.ne[0]), "{}: tensor '{}' has {} columns", source,
             t.name, t.ne[0]);
     if (whole_blocks(sel, gguf::block_size(t.type))) {

@@ -61,11 +61,19 @@ struct WrittenModel {
   nlohmann::json json() const;
 };
 
+/// The output biases of a structurally pruned model: [layer][d_model] for W_o and W_down.
+struct OutputBiases {
+  std::vector<std::vector<float>> o, down;
+};
+
 /// Writes `out` (atomically: nothing is left at `out` on failure) from the GGUF model at
-/// `source`, whose config with `attn` cleared must equal `pruned`'s full shape. Throws
+/// `source`, whose config with `attn` / `structure` cleared must equal `pruned`'s full shape.
+/// A structurally pruned config (FLAP) also cuts W_gate, W_up (rows) and W_down (columns) and
+/// needs `biases`, written as blk.N.attn_output.bias and blk.N.ffn_down.bias (F32). Throws
 /// sparsim::Error, writing nothing, when a tensor's kept row length is not a multiple of the
 /// block size of the type `cut` asks for.
 WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
-                               const std::string& out, const CutType& cut = {});
+                               const std::string& out, const CutType& cut = {},
+                               const OutputBiases* biases = nullptr);
 
 }  // namespace sparsim::pruning
