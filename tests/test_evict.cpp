@@ -116,7 +116,9 @@ TEST(Evict, ChooseTokensAgainstBruteForce) {
           for (int p = n; p < T; ++p) want.push_back(p);
         }
         EXPECT_EQ(got, want) << pruning::to_string(m) << " T " << T << " C " << C;
-        if (C < T) EXPECT_LE(static_cast<int>(got.size()), C);
+        if (C < T) {
+          EXPECT_LE(static_cast<int>(got.size()), C);
+        }
       }
     }
   }
@@ -141,7 +143,9 @@ TEST(Evict, BudgetsAndPyramidSchedule) {
   double mean = 0;
   for (int l = 0; l < 32; ++l) {
     const int b = pruning::layer_budget(o, l, 32, 4096);
-    if (l > 0) EXPECT_LT(b, pruning::layer_budget(o, l - 1, 32, 4096));
+    if (l > 0) {
+      EXPECT_LT(b, pruning::layer_budget(o, l - 1, 32, 4096));
+    }
     mean += b / 32.0;
   }
   EXPECT_NEAR(mean, 512, 0.06 * 512);
@@ -254,7 +258,9 @@ TYPED_TEST(EvictEngine, VotesMatchDirectComputation) {
         }
         EXPECT_EQ(kept.idx[s][h], want) << pruning::to_string(m) << " s " << s << " h " << h;
       }
-    if (m != EvictMethod::Streaming) EXPECT_GT(kept.flops, 0.0);
+    if (m != EvictMethod::Streaming) {
+      EXPECT_GT(kept.flops, 0.0);
+    }
     EXPECT_EQ(ev.selections(), static_cast<std::uint64_t>(n_seq * nkv));
     EXPECT_NEAR(ev.kept_fraction(), 12.0 / T, 1e-12);
   }
@@ -475,8 +481,9 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
       for (const auto& seq : a.cache().kept_tokens(l))
         for (const auto& head : seq) EXPECT_EQ(static_cast<int>(head.size()), budget);
     }
-    if (cs.m == EvictMethod::PyramidKV)
+    if (cs.m == EvictMethod::PyramidKV) {
       EXPECT_GT(a.cache().kept_tokens(0)[0][0].size(), a.cache().kept_tokens(1)[0][0].size());
+    }
     EXPECT_LT(ev.kv_bytes_kept(), ev.kv_bytes_dense());
     ReferenceLlama r0(path), r1(path);
     for (int t = 0; t < P; ++t) r0.step(s0[t]), r1.step(s1[t]);
@@ -517,7 +524,9 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
     const auto att = led.by_op(flops::Op::AttnScore);
     EXPECT_LT(att.flops_realised, att.flops_dense);
     const auto sel_op = led.by_op(flops::Op::TokenEvict);
-    if (cs.m != EvictMethod::Streaming) EXPECT_GT(sel_op.flops_realised, 0.0);
+    if (cs.m != EvictMethod::Streaming) {
+      EXPECT_GT(sel_op.flops_realised, 0.0);
+    }
     EXPECT_EQ(sel_op.flops_dense, 0.0);
   }
 }

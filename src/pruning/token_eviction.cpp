@@ -83,7 +83,7 @@ int layer_budget(const EvictOptions& o, int layer, int n_layer, int T) {
     hi = T - w;
     lo = 2 * B - hi;
   }
-  const int steps = (hi - lo) / (n_layer - 1);
+  const int steps = std::max(0, (hi - lo) / (n_layer - 1));  // (a window above B: flat)
   return hi - layer * steps + w;
 }
 
