@@ -137,6 +137,9 @@ class TokenEvictor {
   /// Queries the policy reads for a prompt of T tokens: the last w positions (SnapKV's
   /// observation window; H2O: T, every query; StreamingLLM: none, 0).
   virtual int observation_window(int T) const = 0;
+  /// Whether a prompt of T tokens loses any token in some layer (false: the budget covers it, the
+  /// cache stays dense, and a protocol need not split a call at the prompt's end).
+  virtual bool evicts(int T) const = 0;
   /// `cache`: the layer's cache (dense layout; positions 0 … T − 1 hold the prompt's keys after
   /// RoPE); `q_obs` [n_seq·w][n_head·qk]: the queries (after RoPE) of the last
   /// w = observation_window(T) positions of each sequence, row s·w + i; `q_ok` [n_seq·w]: 1

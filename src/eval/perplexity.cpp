@@ -41,7 +41,8 @@ Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int
   const int T = static_cast<int>(seqs[0].size()), P = T - tail;
   ChannelSelector<E>* sel = eng.channel_selector();
   const bool compacts = sel && sel->compacts();
-  if (!compacts && !eng.token_evictor()) {
+  const bool evicts = eng.token_evictor() && eng.token_evictor()->evicts(P);
+  if (!compacts && !evicts) {
     eng.set_sparse_from(P);
     Mat<E> logits = eng.forward_tail(seqs, 0, tail);
     eng.set_sparse_from(Engine<E>::kDecodeOnly);
@@ -51,10 +52,11 @@ Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int
   // prefilled (its attention reads the full cache), the selector compacts its cached keys and
   // the evictor masks the tokens it evicts, and the scored rows then run as one call against
   // that cache, as decoded tokens do (their own keys and values all kept, full width).
-  require(!compacts || P >= sel->observation_window(),
+  const int w_obs = compacts ? sel->observation_window() : 0;
+  require(P >= w_obs,
           "K-channel pruning: the observation window of {} queries is longer than the {} "
           "prefilled tokens before the scored ones",
-          sel->observation_window(), P);
+          w_obs, P);
   std::vector<std::vector<int>> pre, post;
   for (const auto& s : seqs) {
     pre.emplace_back(s.begin(), s.begin() + P);

@@ -168,6 +168,13 @@ int TokenEvictorPolicy<E>::observation_window(int T) const {
 }
 
 template <class E>
+bool TokenEvictorPolicy<E>::evicts(int T) const {
+  for (int l = 0; l < n_layer_; ++l)
+    if (layer_budget(opt_, l, n_layer_, T) < T) return true;
+  return false;
+}
+
+template <class E>
 KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer<E>& cache,
                                          const AttnShape& sh, const CMat<E>& q_obs,
                                          const IVec<E>& q_ok, int n_seq, int T) {

@@ -91,6 +91,7 @@ class TokenEvictorPolicy final : public TokenEvictor<E> {
   TokenEvictorPolicy(const EvictOptions& opt, int n_layer, int n_kv_head, int max_seqs);
 
   int observation_window(int T) const override;
+  bool evicts(int T) const override;
   KeptTokens select(const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& shape,
                     const CMat<E>& q_obs, const IVec<E>& q_ok, int n_seq, int T) override;
   void account(int layer, double dense_bytes, double kept_bytes) override;
