@@ -173,7 +173,9 @@ def main():
     if BEGIN in page and END in page:
         page = page[:page.index(BEGIN)] + block + page[page.index(END) + len(END):]
     else:
-        page = page.rstrip("\n") + "\n\n## Results on SmolLM2\n\n" + block + "\n"
+        head = "## Results on SmolLM2"
+        page = page[:page.index(head)] if head in page else page.rstrip("\n") + "\n\n"
+        page = page + head + "\n\n" + block + "\n"
     atomic_write(args.page, page)
     print(table(rows, args))
 
