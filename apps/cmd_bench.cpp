@@ -1,5 +1,6 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
+#include "bench_evict.hpp"
 #include "bench_kv_prune.hpp"
 #include "common.hpp"
 #include "core/blas_core.hpp"
@@ -448,6 +449,10 @@ int cmd_bench(int argc, char** argv) {
   require(baseline.empty() || !ma.kv_prune,
           "--baseline and --method think/grace cannot be combined");
   require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
+  require(!ma.evict() || (!ma.token_filter && !ma.sparse() && baseline.empty() && !kv_synthetic &&
+                          run_out.empty()),
+          "bench times --evict against dense, composed with think or grace at most: drop the "
+          "other methods, --baseline, --kv-synthetic-cache and --out");
   require(run_out.empty() || baseline.empty(),
           "--out: not written for --baseline (its --json has the figures)");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",
@@ -630,6 +635,9 @@ int cmd_bench(int argc, char** argv) {
     // The method's model: the dense one, or its WINA rotation for rotated plans.
     std::shared_ptr<const Weights<E>> ws = w;
     const sparsity::Plan plan = prepare_method(ma, mi, ws, lo.storage);
+    if (ma.evict())
+      return bench_evict(exec, ma, w, mi, prompt, decode, reps, batch, clock, backend, rt.threads(),
+                         json_out);
     if (ma.kv_prune)
       return bench_kv_prune(exec, ma, w, mi, prompt, decode, reps, batch, kv_synthetic, storage,
                             backend, rt.threads(), json_out);

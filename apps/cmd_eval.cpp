@@ -300,7 +300,7 @@ int cmd_eval(int argc, char** argv) {
     int shortest = no_ppl ? 0 : po_.context;  // the sequences the token gate sees
     // the prompts prefilled before scored or decoded tokens (K-channel pruning's observations)
     int shortest_prefill = no_ppl ? std::numeric_limits<int>::max() : po_.context - po_.score - 1;
-    if (ma.kv_prune)
+    if (ma.kv_prune || ma.evict())
       for (const auto& it : tasks)
         shortest_prefill =
             std::min(shortest_prefill,
@@ -331,6 +331,8 @@ int cmd_eval(int argc, char** argv) {
                   &ledger, exec);
     std::unique_ptr<gating::TokenFilter<E>> tfg = make_token_filter(ma, eng, shortest);
     std::unique_ptr<pruning::KvChannelPruner<E>> kvp = make_kv_pruner(ma, eng, shortest_prefill);
+    std::unique_ptr<pruning::TokenEvictorPolicy<E>> evp =
+        make_token_evictor(ma, eng, shortest_prefill);
     sparsity::ActivationMasker<E> masker(c.n_layer);
     attach_masker(eng, masker, plan);
     std::unique_ptr<DumpingMasker<E>> dumper;
@@ -512,6 +514,17 @@ int cmd_eval(int argc, char** argv) {
                                  fmt::format("{:.3f} … {:.3f}", sp.ci95[0], sp.ci95[1]));
     }
     if (sparse) std::cout << report.table() << "\n";
+    nlohmann::json evj;
+    if (evp) {
+      evj = evict_json(*evp);
+      std::cout << fmt::format(
+          "  {:<22} {:>14}\n", "token eviction",
+          fmt::format("{} b={}", evj["method"].get<std::string>(), ma.ev.budget));
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "prompt tokens kept",
+                               evj["kept_fraction"].get<double>());
+      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "prompt KV bytes / dense",
+                               evj["kv_bytes_fraction"].get<double>());
+    }
     nlohmann::json kvj;
     if (kvp) {
       kvj = kv_prune_json(*kvp, eng);
@@ -605,6 +618,10 @@ int cmd_eval(int argc, char** argv) {
       j["tokens_scored"] = 0;
       j["windows"] = 0;
       j["corpus"] = {{"fingerprint", nullptr}};
+    }
+    if (evp) {
+      j["evict"] = evj;
+      add_evict_columns(evj, cols);
     }
     if (tfg) {
       j["token_filter"] = token_filter_json(*tfg);
@@ -745,6 +762,10 @@ int cmd_eval(int argc, char** argv) {
           mg.write<float>("attention_received", fig_mass.data(), dims,
                           {"1", "mean softmax weight from later queries [layer][position]"});
         }
+      }
+      if (evp) {
+        io::Group eg = root.create_group("evict");
+        evp->write(eg);
       }
       if (kvp) {
         io::Group kg = root.create_group("kv_prune");

@@ -113,6 +113,7 @@ int cmd_generate(int argc, char** argv) {
     attach_masker(eng, masker, plan);
     auto tfg = make_token_filter(ma, eng, T + max_tokens);
     auto kvp = make_kv_pruner(ma, eng, T);
+    auto evp = make_token_evictor(ma, eng, T);
     SynthRng rng(seed);
     Stopwatch sw;
     auto to_vec = [](const Mat<E>& m) {
@@ -147,6 +148,15 @@ int cmd_generate(int argc, char** argv) {
           kj["k_bytes"].get<double>() / kj["k_bytes_dense"].get<double>(),
           kj["recon_error_think_mean"].get<double>(), kj["recon_error_grace_mean"].get<double>(),
           1e3 * kvp->select_seconds(), 1e3 * kvp->gram_seconds());
+    }
+    if (evp) {
+      const nlohmann::json ej = evict_json(*evp);
+      log().info(
+          "token eviction ({}, budget {}): {:.4f} of the prompt's tokens kept; prompt KV {:.0f} of "
+          "{:.0f} bytes dense ({:.3f}); selection {:.2f} ms",
+          ej["method"].get<std::string>(), ma.ev.budget, ej["kept_fraction"].get<double>(),
+          ej["kv_bytes_kept"].get<double>(), ej["kv_bytes_dense"].get<double>(),
+          ej["kv_bytes_fraction"].get<double>(), 1e3 * evp->select_seconds());
     }
     if (tfg)
       log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,

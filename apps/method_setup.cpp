@@ -74,7 +74,26 @@ void MethodArgs::add_options(po::options_description& d) {
       "ThinK / GRACE: the last N prompt keys stay at full width, only the keys before them are "
       "compacted (ThinK's reference code keeps recent_size = 32; 0: compact the whole prompt)")(
       "kv-trace", po::value(&kv_trace)->default_value(1),
-      "ThinK / GRACE: sequences whose kept channels go to the run file");
+      "ThinK / GRACE: sequences whose kept channels go to the run file")(
+      "evict", po::value(&evict_method),
+      "KV-cache token eviction after prefill, per layer and KV head: streaming (attention sinks "
+      "+ recent window), h2o (accumulated attention + recent window), snapkv (observation-window "
+      "votes, pooled) or pyramidkv (snapkv with budgets falling with depth); composes with "
+      "--method (default: none)")("evict-budget", po::value(&ev.budget)->default_value(0.5),
+                                  "token eviction: tokens kept per head and layer, a fraction "
+                                  "of the prompt in (0, 1] or a whole number of tokens > 1")(
+      "evict-window", po::value(&ev.window)->default_value(32),
+      "token eviction: the last w prompt tokens, always kept; SnapKV / PyramidKV's observation "
+      "window (their queries vote), H2O's recent window")(
+      "evict-sinks", po::value(&ev.sinks)->default_value(4),
+      "token eviction, streaming: attention sinks, the first tokens always kept")(
+      "evict-kernel", po::value(&ev.kernel)->default_value(5),
+      "token eviction, snapkv / pyramidkv: pooling kernel size (odd; SnapKV's code: 5)")(
+      "evict-pool", po::value(&evict_pool)->default_value(evict_pool),
+      "token eviction, snapkv / pyramidkv: vote pooling, avg or max")(
+      "evict-beta", po::value(&ev.beta)->default_value(20),
+      "token eviction, pyramidkv: ratio of the deepest layer's budget to the shallowest's "
+      "(PyramidKV's code: 20)");
 }
 
 void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
@@ -106,6 +125,17 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
     for (const auto& [name, value] : *vm)
       require(name.rfind("kv-", 0) != 0 || value.defaulted(),
               "--{} is a K-cache channel pruning option: add think or grace to --method", name);
+  if (vm && !evict())
+    for (const auto& [name, value] : *vm)
+      require(name.rfind("evict-", 0) != 0 || value.defaulted(),
+              "--{} is a token eviction option: add --evict streaming|h2o|snapkv|pyramidkv", name);
+  if (evict()) {
+    ev.method = pruning::parse_evict_method(evict_method);
+    require(evict_pool == "avg" || evict_pool == "max", "--evict-pool must be avg or max, got '{}'",
+            evict_pool);
+    ev.pool = evict_pool == "avg" ? pruning::EvictPool::Avg : pruning::EvictPool::Max;
+    ev.validate();
+  }
   if (kv_prune) {
     const std::vector<double> ab = parse_double_list(kv_protect, "--kv-protect");
     require(ab.size() == 2, "--kv-protect takes two numbers a,b, got '{}'", kv_protect);

@@ -1,8 +1,10 @@
 #pragma once
 // The method options shared by sparsim eval, bench and generate, and the setup they share:
 // activation sparsity (calibration file -> plan -> (rotated) weights -> masker), Token
-// Filtering (a token gate before attention) and K-cache channel pruning (ThinK or GRACE, a
-// channel selector after prefill). --method joins one of each with '+'.
+// Filtering (a token gate before attention), K-cache channel pruning (ThinK or GRACE, a
+// channel selector after prefill) and KV-cache token eviction (--evict: StreamingLLM, H2O,
+// SnapKV, PyramidKV, a token evictor after prefill). --method joins one of each with '+';
+// --evict composes with all of them.
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -11,6 +13,7 @@
 #include "io/summary_columns.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_channel_pruner.hpp"
+#include "pruning/token_eviction.hpp"
 #include "sparsity/calibration.hpp"
 #include "sparsity/masker.hpp"
 #include "sparsity/plan.hpp"
@@ -39,13 +42,18 @@ struct MethodArgs {
   pruning::KvPruneOptions kv;
   std::string kv_protect = "0.05,0.25", kv_guard = "off";
   int kv_trace = 1;
+  std::string evict_method;  ///< --evict (empty: no eviction)
+  std::string evict_pool = "avg";
+  pruning::EvictOptions ev;
+  bool evict() const { return !evict_method.empty(); }
 
   /// Adds the options to `d` (in the order eval's --help lists them).
   void add_options(po::options_description& d);
   /// After parsing: checks the values, fills mopt / tf and reads the calibration file (so that
   /// bad arguments fail before the model is loaded; `read_calibration` false skips the reading).
   /// Throws sparsim::Error naming the option; with `vm`, a --tf-* (--kv-*) option given without
-  /// token-filter (think or grace) in --method is an error too.
+  /// token-filter (think or grace) in --method, or an --evict-* option without --evict, is an
+  /// error too.
   void resolve(const po::variables_map* vm = nullptr, bool read_calibration = true);
   bool sparse() const { return mopt.method != sparsity::Method::Dense; }
 };
@@ -96,6 +104,97 @@ std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a,
                                                          sh.qk_dim, eng.max_seqs(), a.kv_trace);
   eng.set_channel_selector(p.get());
   return p;
+}
+
+/// The token evictor for `eng` (nullptr without --evict), checked against the model and the
+/// shortest prompt it will prefill: the window (sinks) must be shorter than that prompt.
+template <class E>
+std::unique_ptr<pruning::TokenEvictorPolicy<E>> make_token_evictor(const MethodArgs& a,
+                                                                   Engine<E>& eng,
+                                                                   int shortest_prefill) {
+  if (!a.evict()) return nullptr;
+  const Config& c = eng.config();
+  require(!c.low_rank_kv(),
+          "--evict: a low-rank K/V model ({}) caches latents, not keys and values to evict",
+          c.prune.method);
+  a.ev.validate();
+  if (a.ev.method == pruning::EvictMethod::Streaming)
+    require(a.ev.sinks < shortest_prefill,
+            "--evict-sinks {}: not shorter than the prompt of {} tokens that is prefilled before "
+            "decoding",
+            a.ev.sinks, shortest_prefill);
+  else
+    require(a.ev.window < shortest_prefill,
+            "--evict-window {}: not shorter than the prompt of {} tokens that is prefilled "
+            "before decoding",
+            a.ev.window, shortest_prefill);
+  const AttnShape sh = eng.cache().shape(0);
+  auto v = std::make_unique<pruning::TokenEvictorPolicy<E>>(a.ev, c.n_layer, sh.n_kv_head,
+                                                            eng.max_seqs());
+  eng.set_token_evictor(v.get());
+  return v;
+}
+
+/// The `evict` object of the JSON summaries: the settings, per layer the tokens kept against
+/// the budget, and the prompt KV bytes (keys and values) dense and of the kept tokens.
+template <class E>
+nlohmann::json evict_json(const pruning::TokenEvictorPolicy<E>& v) {
+  const auto& o = v.options();
+  nlohmann::json per = nlohmann::json::array();
+  for (int l = 0; l < v.n_layer(); ++l) {
+    double kept = 0, budget = 0, prompt = 0;
+    std::uint64_t n = 0, evicting = 0;
+    nlohmann::json heads = nlohmann::json::array();
+    for (int h = 0; h < v.n_kv_head(); ++h) {
+      const auto& r = v.record(l, h);
+      kept += r.kept;
+      budget += r.budget;
+      prompt += r.prompt;
+      n += r.selections;
+      evicting += r.evicting;
+      heads.push_back(r.selections ? r.kept / static_cast<double>(r.selections) : 0.0);
+    }
+    const double nn = n ? static_cast<double>(n) : 1.0;
+    per.push_back({{"layer", l},
+                   {"kept_tokens_mean", kept / nn},
+                   {"kept_tokens_per_head", heads},
+                   {"budget_tokens_mean", budget / nn},
+                   {"prompt_tokens_mean", prompt / nn},
+                   {"selections", n},
+                   {"evicting", evicting},
+                   {"kv_bytes_dense", v.kv_bytes_dense(l)},
+                   {"kv_bytes_kept", v.kv_bytes_kept(l)}});
+  }
+  const double dense = v.kv_bytes_dense(), kept = v.kv_bytes_kept();
+  return {{"method", pruning::to_string(o.method)},
+          {"budget", o.budget},
+          {"budget_unit", o.budget > 1 ? "tokens" : "fraction"},
+          {"window", o.window},
+          {"sinks", o.sinks},
+          {"kernel", o.kernel},
+          {"pool", pruning::to_string(o.pool)},
+          {"beta", o.beta},
+          {"kept_fraction", v.kept_fraction()},
+          {"budget_use", v.budget_use()},
+          {"kv_bytes_dense", dense},
+          {"kv_bytes_kept", kept},
+          {"kv_bytes_fraction", dense > 0 ? kept / dense : 1.0},
+          {"selections", v.selections()},
+          {"prefills", v.prefills()},
+          {"select_seconds", v.select_seconds()},
+          {"per_layer", per}};
+}
+
+/// The sweep table's columns of token eviction, from the `evict` object evict_json made.
+inline void add_evict_columns(const nlohmann::json& ev, io::SummaryColumns& cols) {
+  cols.add("evict_method", ev["method"].get<std::string>(), "",
+           "KV-cache token eviction (streaming, h2o, snapkv or pyramidkv)");
+  cols.add("evict_budget", ev["budget"].get<double>(), "1",
+           "token budget per head and layer: a fraction of the prompt (≤ 1) or tokens (> 1)");
+  cols.add("evict_kept_fraction", ev["kept_fraction"].get<double>(), "1",
+           "prompt tokens kept over prompt tokens, all layers, heads and prefills");
+  cols.add("evict_kv_bytes_fraction", ev["kv_bytes_fraction"].get<double>(), "1",
+           "prompt K+V bytes of the kept tokens over a dense cache's");
 }
 
 /// The `kv_prune` object of the JSON summaries: the settings, the K-cache bytes of a dense cache

@@ -38,6 +38,9 @@ class ReferenceLlama {
   /// key channel out of every later score (K-cache channel pruning).
   std::function<bool(int, int)> skip;
   std::function<bool(int, int, int, int)> keep;
+  /// Token eviction: evicted(layer, pos, kv_head) true leaves that cached token out of every
+  /// later score and value mix of the head.
+  std::function<bool(int, int, int)> evicted;
 
   /// The full model with channels removed, as a pruned model computes it: per layer, flags
   /// [n_kv_head·head_dim] of the K and V channels that survive. A removed K channel has its rows
@@ -89,6 +92,10 @@ class ReferenceLlama {
         std::vector<double> s(pos + 1);
         double mx = -1e300;
         for (int t = 0; t <= pos; ++t) {
+          if (evicted && evicted(l, t, kvh)) {
+            s[t] = -1e300;  // weight exactly 0
+            continue;
+          }
           double a = 0;
           for (int i = 0; i < hd; ++i)
             if (!keep || keep(l, t, kvh, i)) a += q[hh * hd + i] * kc_[l][t][kvh * hd + i];

@@ -49,8 +49,9 @@ TEST(Ledger, NamesAreDistinct) {
   for (int o = 0; o < sparsim::flops::kNumOps; ++o)
     names.insert(sparsim::flops::to_string(static_cast<Op>(o)));
   EXPECT_EQ(names.size(), static_cast<std::size_t>(sparsim::flops::kNumOps));
-  EXPECT_EQ(sparsim::flops::kNumOps, 23);
+  EXPECT_EQ(sparsim::flops::kNumOps, 24);
   EXPECT_STREQ(sparsim::flops::to_string(Op::KVReconstruct), "kv_reconstruct");
+  EXPECT_STREQ(sparsim::flops::to_string(Op::TokenEvict), "token_evict");
   EXPECT_STREQ(sparsim::flops::to_string(Op::GateSimilarity), "gate_similarity");
   EXPECT_STREQ(sparsim::flops::to_string(Op::QProj), "q_proj");
   EXPECT_STREQ(sparsim::flops::to_string(Op::LMHead), "lm_head");

@@ -388,9 +388,11 @@ void Engine<E>::set_positions(int n_seq, int T, int p0) {
   if (p0 == 0)
     for (int l = 0; l < cache_.n_layer(); ++l) {
       // the dense key buffer is reallocated: captured decode graphs hold the old one
-      if (cache_.layer(l).compacted()) graphs_ = std::make_unique<Graphs>();
+      if (cache_.layer(l).compacted() || cache_.layer(l).has_evictions())
+        graphs_ = std::make_unique<Graphs>();
       cache_.reset_layout(l);
       cache_.clear_dropped(l);
+      cache_.clear_evicted(l);
     }
   // rows the masker sparsifies
   const int t0 = sparse_from_ == kDecodeOnly ? (T == 1 ? 0 : T) : sparse_from_;
@@ -468,9 +470,9 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   std::vector<int> h_skip;
   if (c.low_rank_kv()) {
     // the cache holds the latents A·x; keys and values are rebuilt at attention time
-    require(!gated && !selector_,
-            "a low-rank K/V model ({}) caches latents: token gating and K-channel pruning act on "
-            "cached keys and do not apply to it",
+    require(!gated && !selector_ && !evictor_,
+            "a low-rank K/V model ({}) caches latents: token gating, K-channel pruning and token "
+            "eviction act on cached keys and do not apply to it",
             c.prune.method);
     Mat<E> hk = rows(k_, n, c.k_cache_width(l)), hv = rows(v_, n, c.v_cache_width(l));
     proj(xn, Proj::Q, l, q, ph);
@@ -527,7 +529,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       mark(flops::Op::RoPE);
     }
     attend(l, CMat<E>(q), att, n_seq, T, p0);
-    if (selector_ && p0 == 0 && T > 1) select_channels(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
+    if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
     observe(l, Site::O, att);
     proj(att, Proj::O, l, tmp, ph);
   } else {
@@ -573,8 +575,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       cached_attention(exec_, CMat<E>(qg), ks, kp, cache_.layer(l), sh, ag, p0 + T);
       mark(flops::Op::AttnScore);
     }
-    if (selector_ && p0 == 0 && T > 1)
-      select_channels(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
+    if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
     proj(CMat<E>(ag), Proj::O, l, og, ph, krows, n);
     scatter_rows(exec_, CMat<E>(og), kr, tmp);
     mark(flops::Op::GatherScatter);
@@ -663,7 +664,7 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
   if (device_path_ && T == 1 && sh.v_dim <= hd) {
     // pruned widths (the model's scale), compacted prompt keys and dropped positions too
     attention_decode_split(exec_, q, kv, IVec<E>(pos_.data(), n_seq), out, n_seq, sh, attn_ws_);
-  } else if (!kv.compacted() && !kv.has_drops()) {
+  } else if (!kv.compacted() && !kv.has_drops() && !kv.has_evictions()) {
     if (device_path_ && T > 1 && !kOnHost<E>)  // a GPU: the vendor BLAS does the products
       attention_prefill_gemm(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head,
                              sh.qk_dim, sh.v_dim, sh.scale, attn_gemm_ws_, w_->bf16_compute);
@@ -726,6 +727,52 @@ void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p
   const double nh = sh.n_head, qk = sh.qk_dim, vd = sh.v_dim, g = sh.group();
   const double kw = sh.k_width(), vw = sh.v_width();
   double pairs = 0, pairs_real = 0, sf_real = 0, kb_real = 0;
+  if (kv.has_evictions()) {
+    // Per KV head: the positions evicted from it (among the prompt's first evicted_positions(l),
+    // those below k_base in the compacted region) are neither scored nor mixed by rows after
+    // the prompt. Head-weighted pairs (Σ over query heads of the positions read) replace the
+    // row count times n_head of the dense layout below.
+    const auto& toks = cache_.kept_tokens(l);
+    const int P = cache_.evicted_positions(l);
+    std::vector<double> ev_c(static_cast<std::size_t>(n_seq * sh.n_kv_head), 0.0), ev_f = ev_c;
+    for (int s = 0; s < n_seq && s < static_cast<int>(toks.size()); ++s)
+      for (int h = 0; h < sh.n_kv_head; ++h) {
+        const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
+        const int cb = std::min(base, P);  // evictable positions in the compacted region
+        const int kc = static_cast<int>(std::lower_bound(kp.begin(), kp.end(), cb) - kp.begin());
+        const std::size_t i = static_cast<std::size_t>(s * sh.n_kv_head + h);
+        ev_c[i] = cb - kc;
+        ev_f[i] = (P - cb) - (static_cast<int>(kp.size()) - kc);
+      }
+    double hp = 0, hp_real = 0, vb_real = 0;
+    for (int s = 0; s < n_seq; ++s) {
+      const std::size_t su = static_cast<std::size_t>(s);
+      for (int t = 0; t < T; ++t) {
+        const double np = p0 + t + 1;
+        pairs += np;
+        hp += np * nh;
+        if (skip && skip[s * T + t]) continue;
+        const double nb = std::min<double>(base, np), nf = np - nb;
+        for (int h = 0; h < sh.n_kv_head; ++h) {
+          const std::size_t hu = static_cast<std::size_t>(h), i = su * sh.n_kv_head + hu;
+          const bool after = np > P;  // the prompt's own rows attended before the eviction
+          const double evc = after ? ev_c[i] : 0.0, evf = after ? ev_f[i] : 0.0;
+          const double ck = base > 0 && su < kept.size() ? static_cast<double>(kept[su][hu]) : qk;
+          const double nbh = nb - evc, nfh = nf - evf;
+          sf_real += 2.0 * g * (nfh * qk + nbh * ck);
+          kb_real += 4.0 * (nfh * qk + nbh * ck);
+          hp_real += g * (nbh + nfh);
+          vb_real += 4.0 * (nbh + nfh) * vd;
+        }
+      }
+    }
+    const double sf = 2.0 * pairs * nh * qk, kb = 4.0 * pairs * kw;
+    ledger_->add(flops::Op::AttnScore, l, ph, sf, sf_real, kb, kb_real, kernels);
+    ledger_->add(flops::Op::AttnSoftmax, l, ph, 5.0 * hp, 5.0 * hp_real, 0, 0, kernels, 0);
+    ledger_->add(flops::Op::AttnValue, l, ph, 2.0 * hp * vd, 2.0 * hp_real * vd, 4.0 * pairs * vw,
+                 vb_real, kernels, 0);
+    return;
+  }
   for (int s = 0; s < n_seq; ++s) {
     // score FLOPs and key bytes of one query row against the compacted positions
     double ck = 0;
@@ -775,6 +822,62 @@ void Engine<E>::select_channels(int l, int n_seq, int T, const CMat<E>& q, const
   copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
   const KeptChannels kept = selector_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo), n_seq, T);
   if (!kept.empty()) compact_keys(l, kept, ph);
+}
+
+template <class E>
+void Engine<E>::after_prefill(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows,
+                              int n_rows, flops::Phase ph) {
+  if (evictor_) evict_tokens(l, n_seq, T, q, kept_rows, n_rows, ph);
+  if (selector_) select_channels(l, n_seq, T, q, kept_rows, n_rows, ph);
+  if (evictor_) {
+    double dense = 0, kept = 0;
+    cache_.prompt_bytes(l, n_seq, T, dense, kept);
+    evictor_->account(l, dense, kept);
+  }
+}
+
+template <class E>
+void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows,
+                             int n_rows, flops::Phase ph) {
+  const AttnShape& sh = cache_.shape(l);
+  const int w = std::max(0, std::min(evictor_->observation_window(T), T));
+  const int qw = sh.q_width();
+  const int nw = std::max(1, n_seq * w);
+  if (qevict_.extent(0) < static_cast<std::size_t>(nw) ||
+      qevict_.extent(1) != static_cast<std::size_t>(qw))
+    qevict_ = Mat<E>("sparsim::evictor::q_obs", std::max(nw, max_seqs_ * w), qw);
+  const Mat<E> qo = rows(qevict_, n_seq * w);
+  IVec<E> ok("sparsim::evictor::q_ok", nw);
+  if (w > 0) {
+    Kokkos::deep_copy(exec_, qo, 0.0f);
+    // row i of q stands for call row r (gathered rows: kept_rows[i]); the last w of each
+    // sequence are observed
+    std::vector<int> h_dst(static_cast<std::size_t>(n_rows), -1);
+    auto hok = Kokkos::create_mirror_view(ok);
+    Kokkos::deep_copy(hok, 0);
+    for (int i = 0; i < n_rows; ++i) {
+      const int r = kept_rows ? kept_rows[i] : i, t = r % T;
+      if (t >= T - w) {
+        const int d = (r / T) * w + (t - (T - w));
+        h_dst[static_cast<std::size_t>(i)] = d;
+        hok(d) = 1;
+      }
+    }
+    Kokkos::deep_copy(exec_, ok, hok);
+    IVec<E> dst("sparsim::evictor::obs_rows", std::max(1, n_rows));
+    auto hd = Kokkos::create_mirror_view(dst);
+    for (int i = 0; i < n_rows; ++i) hd(i) = h_dst[static_cast<std::size_t>(i)];
+    Kokkos::deep_copy(exec_, dst, hd);
+    copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
+  }
+  const KeptTokens kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo),
+                                           IVec<E>(ok.data(), n_seq * w), n_seq, T);
+  if (!kept.empty()) {
+    cache_.evict(exec_, l, kept);
+    graphs_ = std::make_unique<Graphs>();  // captured decode graphs read no eviction mask
+  }
+  mark(flops::Op::TokenEvict);
+  if (ledger_) ledger_->add(flops::Op::TokenEvict, l, ph, 0, kept.flops, 0, kept.bytes);
 }
 
 template <class E>

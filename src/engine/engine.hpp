@@ -88,6 +88,10 @@ class Engine {
   /// K-cache channel selector run after prefill (ThinK, GRACE); not owned; nullptr: none.
   void set_channel_selector(ChannelSelector<E>* s) { selector_ = s; }
   ChannelSelector<E>* channel_selector() const { return selector_; }
+  /// Token evictor run after prefill (StreamingLLM, H2O, SnapKV, PyramidKV), before the channel
+  /// selector; not owned; nullptr: none.
+  void set_token_evictor(TokenEvictor<E>* v) { evictor_ = v; }
+  TokenEvictor<E>* token_evictor() const { return evictor_; }
 
   /// The KV cache (layout per layer and head, bytes allocated).
   const KVCache<E>& cache() const { return cache_; }
@@ -162,6 +166,13 @@ class Engine {
                         int kernels = 2);
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
+  /// End of a prefill in layer l: the token evictor, then the channel selector, then the
+  /// evictor's byte accounting. q holds the queries of the call's rows (kept_rows: of those
+  /// rows only).
+  void after_prefill(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
+                     flops::Phase ph);
+  void evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
+                    flops::Phase ph);
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
   bool use_fused(int T) const;
   bool fusable(int l) const;
@@ -194,12 +205,14 @@ class Engine {
   int cap_rows_ = 0, cap_out_ = 0;
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out
+  Mat<E> qevict_;                 // token evictor: observed queries
   IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
   typename IVec<E>::HostMirror sparse_flags_host_;
   IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;
   std::vector<int> h_sparse_flags_, h_keep_rows_;
   TokenGate<E>* tgate_ = nullptr;
   ChannelSelector<E>* selector_ = nullptr;
+  TokenEvictor<E>* evictor_ = nullptr;
   bool record_mass_ = false;
   std::vector<Kokkos::View<double**, Layout, DeviceOf<E>>> mass_, mass_queries_;
   SparseRows<E> sparse_;

@@ -1,7 +1,8 @@
 #pragma once
 /// Extension points of the forward pass: a per-projection input masker (activation sparsity),
 /// a token gate before attention (Token Filtering), a K-cache channel selector run after
-/// prefill (ThinK, GRACE) and an observer of the activations that feed projections
+/// prefill (ThinK, GRACE), a token evictor run after prefill (StreamingLLM, H2O, SnapKV,
+/// PyramidKV) and an observer of the activations that feed projections
 /// (calibration, dumps).
 #include "kernels/kv_layout.hpp"
 #include "kernels/views.hpp"
@@ -122,6 +123,36 @@ class ChannelSelector {
   /// leave the layer dense; its flops/bytes are recorded as the ledger op channel_select.
   virtual KeptChannels select(const E& exec, int layer, const KVLayer<E>& cache,
                               const AttnShape& shape, const CMat<E>& q_obs, int n_seq, int T) = 0;
+};
+
+/// Chooses which prompt tokens each (sequence, KV head) keeps in the cache after a prefill.
+/// The engine calls select() once per layer at the end of a call that starts new sequences
+/// (p0 = 0, T > 1), after that layer's attention (the prompt attends densely) and before a
+/// channel selector, and masks the evicted positions of each head (KVCache::evict): no later
+/// query attends to them. Tokens written later are all kept.
+template <class E>
+class TokenEvictor {
+ public:
+  virtual ~TokenEvictor() = default;
+  /// Queries the policy reads for a prompt of T tokens: the last w positions (SnapKV's
+  /// observation window; H2O: T, every query; StreamingLLM: none, 0).
+  virtual int observation_window(int T) const = 0;
+  /// Whether a prompt of T tokens loses any token in some layer (false: the budget covers it, the
+  /// cache stays dense, and a protocol need not split a call at the prompt's end).
+  virtual bool evicts(int T) const = 0;
+  /// `cache`: the layer's cache (dense layout; positions 0 … T − 1 hold the prompt's keys after
+  /// RoPE); `q_obs` [n_seq·w][n_head·qk]: the queries (after RoPE) of the last
+  /// w = observation_window(T) positions of each sequence, row s·w + i; `q_ok` [n_seq·w]: 1
+  /// where the row has a query (0: a token gate skipped it). Returns the kept tokens, or an
+  /// empty result to keep the whole prompt (budget not below T).
+  virtual KeptTokens select(const E& exec, int layer, const KVLayer<E>& cache,
+                            const AttnShape& shape, const CMat<E>& q_obs, const IVec<E>& q_ok,
+                            int n_seq, int T) = 0;
+  /// After the layer's eviction and channel selection: the bytes of the prompt's keys and
+  /// values, dense and as held by a cache of only the kept tokens (KVCache::prompt_bytes).
+  virtual void account(int layer, double dense_bytes, double kept_bytes) {
+    (void)layer, (void)dense_bytes, (void)kept_bytes;
+  }
 };
 
 /// Called with the dense activation at `site` of `layer` ([n][d] rows of the current call).

@@ -20,6 +20,8 @@ KVCache<E>::KVCache(const Config& c, int max_seqs, int max_ctx)
     layers_.push_back(kl);
   }
   kept_counts_.resize(static_cast<std::size_t>(c.n_layer));
+  kept_tokens_.resize(static_cast<std::size_t>(c.n_layer));
+  evict_len_.assign(static_cast<std::size_t>(c.n_layer), 0);
 }
 
 template <class E>
@@ -47,6 +49,75 @@ template <class E>
 void KVCache<E>::clear_dropped(int l) {
   KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
   if (kl.has_drops()) Kokkos::deep_copy(kl.dropped, 0);
+}
+
+template <class E>
+void KVCache<E>::evict(const E& exec, int l, const KeptTokens& kept) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  const AttnShape& sh = shape(l);
+  require(!kl.has_evictions(), "KV cache: layer {} already evicts tokens", l);
+  const int P = kept.positions;
+  require(P >= 1 && P <= max_ctx_, "KV cache: cannot evict from {} positions of {}", P, max_ctx_);
+  require(static_cast<int>(kept.idx.size()) <= max_seqs_,
+          "KV cache: kept tokens for {} sequences, the cache holds {}", kept.idx.size(), max_seqs_);
+  if (kl.evicted.extent(0) == 0)
+    kl.evicted = IMat3<E>("sparsim::kv_evicted", max_seqs_, sh.n_kv_head, max_ctx_);
+  auto hm = Kokkos::create_mirror_view(kl.evicted);
+  Kokkos::deep_copy(hm, 0);
+  for (std::size_t s = 0; s < kept.idx.size(); ++s) {
+    require(static_cast<int>(kept.idx[s].size()) == sh.n_kv_head,
+            "KV cache: sequence {} has kept tokens for {} heads, layer {} has {}", s,
+            kept.idx[s].size(), l, sh.n_kv_head);
+    for (int h = 0; h < sh.n_kv_head; ++h) {
+      const auto& pos = kept.idx[s][static_cast<std::size_t>(h)];
+      for (std::size_t i = 0; i < pos.size(); ++i)
+        require(pos[i] >= 0 && pos[i] < P && (i == 0 || pos[i] > pos[i - 1]),
+                "KV cache: kept positions of head {} must be ascending, distinct and below {}", h,
+                P);
+      std::size_t i = 0;
+      for (int p = 0; p < P; ++p) {
+        const bool keep = i < pos.size() && pos[i] == p;
+        if (keep) ++i;
+        hm(static_cast<int>(s), h, p) = keep ? 0 : 1;
+      }
+    }
+  }
+  Kokkos::deep_copy(exec, kl.evicted, hm);
+  exec.fence();
+  kl.evicts = true;
+  kept_tokens_[static_cast<std::size_t>(l)] = kept.idx;
+  evict_len_[static_cast<std::size_t>(l)] = P;
+}
+
+template <class E>
+void KVCache<E>::clear_evicted(int l) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  kl.evicts = false;
+  kept_tokens_[static_cast<std::size_t>(l)].clear();
+  evict_len_[static_cast<std::size_t>(l)] = 0;
+}
+
+template <class E>
+void KVCache<E>::prompt_bytes(int l, int n_seq, int T, double& dense, double& kept) const {
+  const AttnShape& sh = shape(l);
+  const KVLayer<E>& kl = layer(l);
+  const auto& toks = kept_tokens(l);
+  const auto& chans = kept_counts(l);
+  dense = 4.0 * n_seq * T * (sh.k_width() + sh.v_width());
+  kept = 0;
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < sh.n_kv_head; ++h) {
+      const std::size_t su = static_cast<std::size_t>(s), hu = static_cast<std::size_t>(h);
+      // key width of a compacted position: the head's kept channels
+      const int kc = kl.compacted() && su < chans.size() ? chans[su][hu] : sh.qk_dim;
+      auto add = [&](int p) { kept += 4.0 * ((p < kl.k_base ? kc : sh.qk_dim) + sh.v_dim); };
+      if (kl.has_evictions() && su < toks.size()) {
+        for (int p : toks[su][hu]) add(p);
+        for (int p = evicted_positions(l); p < T; ++p) add(p);
+      } else {
+        for (int p = 0; p < T; ++p) add(p);
+      }
+    }
 }
 
 template <class E>

@@ -14,6 +14,10 @@
 /// attention kernel (kernels/cached_attention.hpp) reads each region with the matching part of
 /// the query. Optionally each position carries a "dropped" flag (a token gate that removes
 /// skipped tokens from the cache): dropped positions take no part in later attention.
+/// Token eviction (StreamingLLM, H2O, SnapKV, PyramidKV) marks, per (sequence, KV head), the
+/// prompt positions a head no longer holds; the attention kernels give them no weight. The
+/// mask does not shrink the buffers: prompt_bytes() says what a cache holding only the kept
+/// tokens (at their compacted key widths) needs, beside the bytes allocated.
 ///
 /// Shapes come from AttnShape per layer, so per-layer Q/K and V head widths (a pruned model)
 /// need only attn_shape() to read them from the model.
@@ -73,6 +77,23 @@ class KVCache {
   /// Clears the dropped flags of layer `l` (when allocated).
   void clear_dropped(int l);
 
+  /// Evicts from layer `l` the positions 0 … kept.positions − 1 that kept.idx[s][h] does not
+  /// list, per (sequence, KV head); sequences beyond kept.idx.size() keep everything. Allocates
+  /// the mask on first use. Throws when the layer already evicts or the positions are invalid.
+  void evict(const E& exec, int l, const KeptTokens& kept);
+  /// Ends the evictions of layer `l` (a new prompt starts at position 0).
+  void clear_evicted(int l);
+  /// Kept prompt positions [seq][head] of an evicting layer (empty otherwise), and the
+  /// prompt length the eviction covered.
+  const std::vector<std::vector<std::vector<int>>>& kept_tokens(int l) const {
+    return kept_tokens_[static_cast<std::size_t>(l)];
+  }
+  int evicted_positions(int l) const { return evict_len_[static_cast<std::size_t>(l)]; }
+  /// Bytes of keys and values of the prompt positions 0 … evicted_positions(l) − 1 of sequences
+  /// 0 … n_seq − 1: held densely (dense) and held by a cache that keeps only the unevicted
+  /// tokens of each head, compacted keys at their kept widths (kept). Dense layer: equal.
+  void prompt_bytes(int l, int n_seq, int T, double& dense, double& kept) const;
+
   /// Bytes allocated for keys (compact region, indices and full-width region) and values.
   std::size_t k_bytes(int l) const;
   std::size_t v_bytes(int l) const;
@@ -86,7 +107,9 @@ class KVCache {
   int max_seqs_ = 0, max_ctx_ = 0;
   std::vector<AttnShape> shapes_;
   std::vector<KVLayer<E>> layers_;
-  std::vector<std::vector<std::vector<int>>> kept_counts_;  // [layer][seq][head]
+  std::vector<std::vector<std::vector<int>>> kept_counts_;               // [layer][seq][head]
+  std::vector<std::vector<std::vector<std::vector<int>>>> kept_tokens_;  // [layer][seq][head]
+  std::vector<int> evict_len_;                                           // [layer]
 };
 
 }  // namespace sparsim

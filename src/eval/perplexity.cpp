@@ -40,19 +40,23 @@ template <class E>
 Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int tail) {
   const int T = static_cast<int>(seqs[0].size()), P = T - tail;
   ChannelSelector<E>* sel = eng.channel_selector();
-  if (!sel || !sel->compacts()) {
+  const bool compacts = sel && sel->compacts();
+  const bool evicts = eng.token_evictor() && eng.token_evictor()->evicts(P);
+  if (!compacts && !evicts) {
     eng.set_sparse_from(P);
     Mat<E> logits = eng.forward_tail(seqs, 0, tail);
     eng.set_sparse_from(Engine<E>::kDecodeOnly);
     return logits;
   }
-  // K-cache channel pruning happens once per prefill: the prefix is prefilled (its attention
-  // reads full keys), the selector compacts its cached keys, and the scored rows then run as
-  // one call against the compacted cache, as decoded tokens do (their own keys full width).
-  require(P >= sel->observation_window(),
+  // K-cache channel pruning and token eviction happen once per prefill: the prefix is
+  // prefilled (its attention reads the full cache), the selector compacts its cached keys and
+  // the evictor masks the tokens it evicts, and the scored rows then run as one call against
+  // that cache, as decoded tokens do (their own keys and values all kept, full width).
+  const int w_obs = compacts ? sel->observation_window() : 0;
+  require(P >= w_obs,
           "K-channel pruning: the observation window of {} queries is longer than the {} "
           "prefilled tokens before the scored ones",
-          sel->observation_window(), P);
+          w_obs, P);
   std::vector<std::vector<int>> pre, post;
   for (const auto& s : seqs) {
     pre.emplace_back(s.begin(), s.begin() + P);

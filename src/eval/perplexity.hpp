@@ -38,9 +38,10 @@ using Progress = std::function<void(int, int)>;
 
 /// Runs sequences of equal length T and returns the logits of their last `tail` positions
 /// ([n_seq·tail][vocab]), the scored rows: activation sparsity applies to them, the prefix
-/// stays dense. With a K-cache channel selector on the engine, the prefix (T − tail tokens) is
-/// one prefill whose keys the selector compacts, and the scored rows a second call against the
-/// compacted cache; the prefix must hold the selector's observation window.
+/// stays dense. With a K-cache channel selector or a token evictor on the engine, the prefix
+/// (T − tail tokens) is one prefill whose keys the selector compacts and whose tokens the
+/// evictor evicts, and the scored rows a second call against that cache; the prefix must hold
+/// the selector's observation window.
 template <class E>
 Mat<E> run_scored(Engine<E>& eng, const std::vector<std::vector<int>>& seqs, int tail);
 

@@ -63,6 +63,8 @@ const char* to_string(Op op) {
       return "channel_select";
     case Op::KVReconstruct:
       return "kv_reconstruct";
+    case Op::TokenEvict:
+      return "token_evict";
     case Op::LMHead:
       return "lm_head";
     case Op::Other:

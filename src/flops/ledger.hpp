@@ -43,6 +43,7 @@ enum class Op : std::uint8_t {
   GatherScatter,   ///< token gate: gathering the kept rows and scattering their outputs back
   ChannelSelect,   ///< K-cache channel selection and compaction (ThinK, GRACE)
   KVReconstruct,   ///< keys and values rebuilt from cached latents (PaLU, SVD-LLM)
+  TokenEvict,      ///< token eviction: scoring and choosing the kept prompt tokens (H2O, SnapKV)
   Other
 };
 inline constexpr int kNumOps = static_cast<int>(Op::Other) + 1;

@@ -94,16 +94,16 @@ inline int prefill_block(int head_dim) {
 /// Decode attention over one layer's cache: out[s][h·vd + i] for one new token per sequence
 /// (rows s = 0 … n_seq−1) at position pos(s), keys 0 … pos(s). The cache may hold compacted
 /// prompt keys (positions below kv.k_base scored on the head's kept channels, as
-/// cached_attention does) and dropped positions (no weight). Rows whose skip[s] is set (a token
-/// gate's decision, in device memory; null: none) get no output.
+/// cached_attention does), dropped positions and positions evicted from a head (no weight). Rows
+/// whose skip[s] is set (a token gate's decision, in device memory; null: none) get no output.
 ///
 /// One team (4 warps) takes one (sequence, KV head, split of kChunk positions) and serves every
 /// query head of the group: each lane scores whole positions (one key row read once for all the
 /// group's heads, the queries in team scratch), one warp per head takes the softmax over the
 /// split (shuffles, no team barrier), and the value mix gives every lane a head, four channels
 /// and a share of the positions (16-byte loads, the shares added in order). The last team of a
-/// (sequence, KV head) to finish combines the splits in split order. ws must have been ensure()d for the
-/// cache's size.
+/// (sequence, KV head) to finish combines the splits in split order. ws must have been ensure()d
+/// for the cache's size.
 template <class E>
 void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& kv,
                             const IVec<E>& pos, const Mat<E>& out, int n_seq,
@@ -132,6 +132,9 @@ void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& k
   const std::size_t koff_st = base > 0 ? kv.koff.stride(0) : 0;
   const int* dropped = kv.has_drops() ? kv.dropped.data() : nullptr;
   const std::size_t drop_st = kv.has_drops() ? kv.dropped.stride(0) : 0;
+  const int* evicted = kv.has_evictions() ? kv.evicted.data() : nullptr;
+  const std::size_t ev_st0 = kv.has_evictions() ? kv.evicted.stride(0) : 0;
+  const std::size_t ev_st1 = kv.has_evictions() ? kv.evicted.stride(1) : 0;
   const int* pp = pos.data();
   float* op = out.data();
   float* po = ws.o.data();
@@ -179,7 +182,8 @@ void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& k
           // scores: one lane per position, every query head of the group
           Kokkos::parallel_for(Kokkos::TeamVectorRange(team, len), [&](const int i) {
             const int p = p0 + i;
-            if (dropped && dropped[s * drop_st + p]) {
+            if ((dropped && dropped[s * drop_st + p]) ||
+                (evicted && evicted[s * ev_st0 + kvh * ev_st1 + p])) {
               for (int g = 0; g < group; ++g) sc[g * C + i] = -3.0e38f;
               return;
             }

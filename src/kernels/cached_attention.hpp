@@ -7,7 +7,8 @@
 /// 0 … row_pos(i). Positions below the compacted length score q restricted to the kept
 /// channels of the head (the query is gathered to those channels first, so both regions are
 /// contiguous dot products); later positions score the full query against full-width keys.
-/// Dropped positions get no weight. With a dense layout and no drops the arithmetic is the
+/// Dropped positions, and positions evicted from a head, get no weight. With a dense layout and
+/// no drops or evictions the arithmetic is the
 /// same as attention() in kernels/attention.hpp, operation for operation.
 #include "core/compat.hpp"
 #include "kernels/kv_layout.hpp"
@@ -35,6 +36,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
   const float scale = sh.scale;
   const int base = kv.k_base;
   const bool drops = kv.has_drops();
+  const bool evicts = kv.has_evictions();
+  const auto evicted = kv.evicted;
   const auto K = kv.k;
   const auto V = kv.v;
   const auto KC = kv.kc;
@@ -102,6 +105,10 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
             for (int p = 0; p < len; ++p)
               if (dropped(s, pb + p))
                 for (int g = 0; g < group; ++g) S[g * ls + p] = detail::kDroppedScore;
+          if (evicts)
+            for (int p = 0; p < len; ++p)
+              if (evicted(s, kvh, pb + p))
+                for (int g = 0; g < group; ++g) S[g * ls + p] = detail::kDroppedScore;
         },
         [=](int r, int kvh, int pb, int) {
           return detail::RowBand{V.data() + row_seq(r) * V.stride(0) + pb * vw + kvh * vd, vw};
@@ -137,7 +144,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
           } else {
             for (int i = 0; i < qk; ++i) acc += q(r, h * qk + i) * K(s, p - base, kvh * qk + i);
           }
-          sc(p) = drops && dropped(s, p) ? detail::kDroppedScore : acc * scale;
+          sc(p) = (drops && dropped(s, p)) || (evicts && evicted(s, kvh, p)) ? detail::kDroppedScore
+                                                                             : acc * scale;
         });
         team.team_barrier();
         float mx = -3.0e38f;

@@ -12,6 +12,8 @@ namespace sparsim {
 
 template <class E>
 using IMat = Kokkos::View<int**, Layout, DeviceOf<E>>;
+template <class E>
+using IMat3 = Kokkos::View<int***, Layout, DeviceOf<E>>;
 
 /// Attention widths of one layer. Dense Llama: every layer alike; a RAP / KVPruner model has
 /// its own Q/K width (2·pairs kept) and V width per layer. The softmax scale stays the full
@@ -42,8 +44,13 @@ struct KVLayer {
   IMat<E> koff;  ///< [seq][n_kv + 1] first compact column of each head
   int k_base = 0;
   IMat<E> dropped;  ///< [seq][pos] 1: excluded from attention (empty: no position is)
+  /// [seq][kv head][pos] 1: evicted from that head's cache (token eviction; read only while
+  /// `evicts`, so the buffer outlives the prompts that used it)
+  IMat3<E> evicted;
+  bool evicts = false;
   bool compacted() const { return k_base > 0; }
   bool has_drops() const { return dropped.extent(0) > 0; }
+  bool has_evictions() const { return evicts; }
 };
 
 /// Row p of a head's block in a compact key cache: sequence s's k_base·cap floats (LayoutRight)
@@ -62,6 +69,18 @@ KOKKOS_INLINE_FUNCTION auto* compact_key_row(const View& kc, int s, int k_base, 
 struct KeptChannels {
   int positions = 0;
   std::vector<std::vector<std::vector<int>>> idx;  ///< [seq][kv head] → kept channels
+  double flops = 0, bytes = 0;
+  bool empty() const { return idx.empty(); }
+};
+
+/// Kept prompt tokens of every (sequence, KV head) of one layer after a token-eviction policy
+/// ran: positions 0 … positions − 1 not listed in idx[s][h] are evicted from head h of
+/// sequence s. `budget` is the layer's per-head token budget; flops/bytes are the policy's own
+/// cost (ledger op token_evict).
+struct KeptTokens {
+  int positions = 0;
+  int budget = 0;
+  std::vector<std::vector<std::vector<int>>> idx;  ///< [seq][kv head] → kept positions, ascending
   double flops = 0, bytes = 0;
   bool empty() const { return idx.empty(); }
 };

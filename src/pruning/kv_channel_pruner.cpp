@@ -59,6 +59,8 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
   const auto K = cache.k;
   const bool drops = cache.has_drops();
   const auto dropped = cache.dropped;
+  const bool evicts = cache.has_evictions();  // a token evictor ran first: its kept tokens only
+  const auto evicted = cache.evicted;
   const auto gq = gq_;
   const auto gk = gk_;
   exec.fence();
@@ -73,7 +75,7 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
                            double* rq = &gq(s, h, i, 0);
                            for (int j = 0; j < d; ++j) rk[j] = rq[j] = 0.0;
                            for (int p = 0; p < T; ++p) {
-                             if (drops && dropped(s, p)) continue;
+                             if ((drops && dropped(s, p)) || (evicts && evicted(s, h, p))) continue;
                              const float* kr = &K(s, p, h * d);
                              const double a = kr[i];
                              for (int j = 0; j < d; ++j) rk[j] += a * static_cast<double>(kr[j]);
@@ -93,7 +95,7 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
           const int s = item / (nkv * d), h = (item / d) % nkv, i = item % d;
           double ak = 0.0, aq = 0.0;
           for (int p = 0; p < T; ++p)
-            if (!(drops && dropped(s, p)))
+            if (!(drops && dropped(s, p)) && !(evicts && evicted(s, h, p)))
               ak += static_cast<double>(K(s, p, h * d + i)) * K(s, p, h * d + j);
           for (int m = 0; m < group; ++m)
             for (int r = 0; r < w; ++r)

@@ -2,7 +2,8 @@
 /// ThinK and GRACE as the engine's K-cache channel selector (engine/hooks.hpp).
 ///
 /// After a prefill, per layer: the Gram matrices G_K = K0ᵀK0 of every (sequence, KV head) over
-/// the prompt's cached keys (positions a token gate dropped from the cache excluded) and
+/// the prompt's cached keys (positions a token gate dropped from the cache, and positions a
+/// token evictor evicted from the head, excluded) and
 /// G_Q = Q_obsᵀQ_obs over the last w queries of the head's query group (GQA: the group's heads
 /// stacked as rows) are computed on the device in double precision, each element by one thread
 /// in a fixed order. The d×d Grams go to the host, where pruning/channel_scoring.hpp chooses

@@ -1,0 +1,98 @@
+#pragma once
+// sparsim bench --evict: what token eviction costs at prefill and saves at decode. A dense
+// engine and one with the evictor (and ThinK / GRACE when --method names them) run the same
+// prompts, alternating within each repetition: prefill time, the evictor's own selection time
+// against the prefill, and the median decode step of each.
+#include "common.hpp"
+#include "core/timer.hpp"
+#include "engine/engine.hpp"
+#include "io/run_file.hpp"
+#include "method_setup.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <iostream>
+
+namespace sparsim::app {
+
+template <class E>
+int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weights<E>> w,
+                const ModelInfo& mi, int prompt, int decode, int reps, int batch, Clock clock,
+                const std::string& backend, int threads, const std::string& json_out) {
+  const Config& c = w->cfg;
+  const int ctx = prompt + decode;
+  Engine<E> dense(w, batch, ctx, nullptr, exec), meth(w, batch, ctx, nullptr, exec);
+  auto evp = make_token_evictor(ma, meth, prompt);
+  auto kvp = make_kv_pruner(ma, meth, prompt);
+  std::vector<std::vector<int>> seqs(static_cast<std::size_t>(batch));
+  for (int s = 0; s < batch; ++s)
+    for (int i = 0; i < prompt; ++i)
+      seqs[static_cast<std::size_t>(s)].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  auto run = [&](Engine<E>& eng, double& pre, double& dec) {
+    Stopwatch sw(clock);
+    eng.forward(seqs, 0, false);
+    pre = sw.seconds();
+    std::vector<std::vector<int>> next;
+    for (const auto& s : seqs) next.push_back({s.back()});
+    std::vector<double> steps;
+    for (int t = 0; t < decode; ++t) {
+      Stopwatch st(clock);
+      eng.forward(next, prompt + t, false);
+      steps.push_back(st.seconds());
+      for (auto& n : next) n[0] = (n[0] * 31 + 7) % c.vocab;
+    }
+    dec = med(steps);
+  };
+  std::vector<double> d_pre, d_dec, m_pre, m_dec, sel;
+  for (int r = 0; r < reps; ++r) {
+    double a = 0, b = 0;
+    run(dense, a, b);
+    d_pre.push_back(a);
+    d_dec.push_back(b);
+    const double s0 = evp->select_seconds();
+    run(meth, a, b);
+    m_pre.push_back(a);
+    m_dec.push_back(b);
+    sel.push_back(evp->select_seconds() - s0);
+  }
+  const double dp = med(d_pre), dd = med(d_dec), mp = med(m_pre), md = med(m_dec), ms = med(sel);
+  const nlohmann::json ej = evict_json(*evp);
+  std::cout << fmt::format(
+      "token eviction {} (budget {}), {} × {} prompt tokens, {} decode steps, {} reps\n"
+      "  prefill      dense {:.4f} s   method {:.4f} s   selection {:.4f} s ({:.2f}% of the "
+      "dense prefill)\n"
+      "  decode step  dense {:.5f} s   method {:.5f} s   ratio {:.3f}\n"
+      "  prompt tokens kept {:.4f}; prompt KV bytes / dense {:.4f}\n",
+      ej["method"].get<std::string>(), ma.ev.budget, batch, prompt, decode, reps, dp, mp, ms,
+      dp > 0 ? 100.0 * ms / dp : 0.0, dd, md, dd > 0 ? md / dd : 0.0,
+      ej["kept_fraction"].get<double>(), ej["kv_bytes_fraction"].get<double>());
+  if (!json_out.empty()) {
+    nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+                        {"backend", backend},
+                        {"threads", threads},
+                        {"method", ma.method},
+                        {"batch", batch},
+                        {"prompt_tokens", prompt},
+                        {"decode_steps", decode},
+                        {"reps", reps},
+                        {"prefill_seconds_dense", dp},
+                        {"prefill_seconds_method", mp},
+                        {"select_seconds", ms},
+                        {"select_fraction_of_prefill", dp > 0 ? ms / dp : 0.0},
+                        {"decode_step_seconds_dense", dd},
+                        {"decode_step_seconds_method", md},
+                        {"decode_step_ratio", dd > 0 ? md / dd : 0.0},
+                        {"evict", ej}};
+    if (kvp) j["kv_prune"] = kv_prune_json(*kvp, meth);
+    io::write_file_atomically(json_out, j.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace sparsim::app

@@ -1,0 +1,398 @@
+#include "pruning/token_eviction.hpp"
+
+#include "core/backends.hpp"
+#include "core/compat.hpp"
+#include "core/error.hpp"
+#include "core/timer.hpp"
+#include "io/hdf5.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sparsim::pruning {
+
+const char* to_string(EvictMethod m) {
+  switch (m) {
+    case EvictMethod::Streaming:
+      return "streaming";
+    case EvictMethod::H2O:
+      return "h2o";
+    case EvictMethod::SnapKV:
+      return "snapkv";
+    case EvictMethod::PyramidKV:
+      return "pyramidkv";
+  }
+  return "?";
+}
+
+EvictMethod parse_evict_method(const std::string& s) {
+  if (s == "streaming") return EvictMethod::Streaming;
+  if (s == "h2o") return EvictMethod::H2O;
+  if (s == "snapkv") return EvictMethod::SnapKV;
+  if (s == "pyramidkv") return EvictMethod::PyramidKV;
+  throw Error(fmt::format("--evict must be streaming, h2o, snapkv or pyramidkv, got '{}'", s));
+}
+
+const char* to_string(EvictPool p) {
+  return p == EvictPool::Avg ? "avg" : "max";
+}
+
+void EvictOptions::validate() const {
+  require(std::isfinite(budget) && budget > 0,
+          "--evict-budget must be a fraction of the prompt in (0, 1] or a number of tokens > 1, "
+          "got {}",
+          budget);
+  require(budget <= 1 || (budget == std::floor(budget) && budget <= 1e9),
+          "--evict-budget {} is above 1, so it counts tokens: it must be a whole number", budget);
+  require(window >= 1, "--evict-window must be at least 1 token, got {}", window);
+  require(sinks >= 0, "--evict-sinks must be non-negative, got {}", sinks);
+  require(kernel >= 1 && kernel % 2 == 1, "--evict-kernel must be an odd number ≥ 1, got {}",
+          kernel);
+  require(beta >= 1, "--evict-beta must be at least 1, got {}", beta);
+  if (budget > 1) {
+    const int c = static_cast<int>(budget);
+    if (method == EvictMethod::Streaming)
+      require(sinks < c, "--evict-sinks {} leaves no recent token in a budget of {} tokens", sinks,
+              c);
+    else
+      require(window < c,
+              "--evict-window {} is not shorter than the budget of {} tokens: nothing would be "
+              "chosen by score",
+              window, c);
+  }
+}
+
+int EvictOptions::budget_tokens(int T) const {
+  if (budget > 1) return static_cast<int>(budget);
+  // ⌈b·T⌉, with b·T within 1e−9 of an integer counted as that integer
+  const double x = budget * T;
+  const double r = std::round(x);
+  const int c = std::abs(x - r) < 1e-9 ? static_cast<int>(r) : static_cast<int>(std::ceil(x));
+  return std::max(1, c);
+}
+
+int layer_budget(const EvictOptions& o, int layer, int n_layer, int T) {
+  const int C = o.budget_tokens(T);
+  if (o.method != EvictMethod::PyramidKV || C >= T || n_layer < 2) return C;
+  const int w = std::min(o.window, C), B = C - w;
+  // PyramidKV's code: below twice the prefix budget every layer gets C (SnapKV)
+  if (B <= 0 || T < 2 * B) return C;
+  int lo = B / o.beta, hi = 2 * B - lo;
+  if (hi >= T - w) {
+    hi = T - w;
+    lo = 2 * B - hi;
+  }
+  const int steps = std::max(0, (hi - lo) / (n_layer - 1));  // (a window above B: flat)
+  return hi - layer * steps + w;
+}
+
+std::vector<double> pool_votes(const std::vector<double>& v, int kernel, EvictPool pool) {
+  const int n = static_cast<int>(v.size()), half = kernel / 2;
+  std::vector<double> out(v.size());
+  for (int i = 0; i < n; ++i) {
+    const int a = std::max(0, i - half), b = std::min(n - 1, i + half);
+    if (pool == EvictPool::Avg) {
+      double s = 0;
+      for (int j = a; j <= b; ++j) s += v[static_cast<std::size_t>(j)];
+      out[static_cast<std::size_t>(i)] = s / kernel;
+    } else {
+      double m = v[static_cast<std::size_t>(a)];
+      for (int j = a + 1; j <= b; ++j) m = std::max(m, v[static_cast<std::size_t>(j)]);
+      out[static_cast<std::size_t>(i)] = m;
+    }
+  }
+  return out;
+}
+
+std::vector<int> choose_tokens(const EvictOptions& o, int T, int budget,
+                               const std::vector<double>& votes,
+                               const std::vector<char>& candidate) {
+  std::vector<int> keep;
+  if (budget >= T) {
+    keep.resize(static_cast<std::size_t>(T));
+    std::iota(keep.begin(), keep.end(), 0);
+    return keep;
+  }
+  if (o.method == EvictMethod::Streaming) {
+    const int s = std::min(o.sinks, budget);
+    for (int p = 0; p < s; ++p) keep.push_back(p);
+    for (int p = T - (budget - s); p < T; ++p) keep.push_back(p);
+    return keep;
+  }
+  require(static_cast<int>(votes.size()) == T, "token eviction: {} votes for {} tokens",
+          votes.size(), T);
+  const int w = std::min(o.window, budget), n = T - w, k = budget - w;
+  std::vector<double> score(votes.begin(), votes.begin() + n);
+  if (o.method == EvictMethod::SnapKV || o.method == EvictMethod::PyramidKV)
+    score = pool_votes(score, o.kernel, o.pool);
+  std::vector<int> cand;
+  for (int p = 0; p < n; ++p)
+    if (candidate.empty() || candidate[static_cast<std::size_t>(p)]) cand.push_back(p);
+  const std::size_t kk = std::min(cand.size(), static_cast<std::size_t>(k));
+  // the k largest scores, ties to the earlier position
+  std::partial_sort(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(kk), cand.end(),
+                    [&](int a, int b) {
+                      const double sa = score[static_cast<std::size_t>(a)],
+                                   sb = score[static_cast<std::size_t>(b)];
+                      return sa > sb || (sa == sb && a < b);
+                    });
+  keep.assign(cand.begin(), cand.begin() + static_cast<std::ptrdiff_t>(kk));
+  std::sort(keep.begin(), keep.end());
+  for (int p = n; p < T; ++p) keep.push_back(p);
+  return keep;
+}
+
+template <class E>
+TokenEvictorPolicy<E>::TokenEvictorPolicy(const EvictOptions& opt, int n_layer, int n_kv_head,
+                                          int max_seqs)
+    : opt_(opt), n_layer_(n_layer), nkv_(n_kv_head), max_seqs_(max_seqs) {
+  opt_.validate();
+  require(n_layer >= 1 && n_kv_head >= 1 && max_seqs >= 1,
+          "token eviction: {} layers, {} KV heads, {} sequences", n_layer, n_kv_head, max_seqs);
+  rec_.assign(static_cast<std::size_t>(n_layer * n_kv_head), EvictRecord{});
+  bytes_dense_.assign(static_cast<std::size_t>(n_layer), 0.0);
+  bytes_kept_.assign(static_cast<std::size_t>(n_layer), 0.0);
+}
+
+template <class E>
+int TokenEvictorPolicy<E>::observation_window(int T) const {
+  switch (opt_.method) {
+    case EvictMethod::Streaming:
+      return 0;
+    case EvictMethod::H2O:
+      return T;
+    default:
+      return std::min(opt_.window, T);
+  }
+}
+
+template <class E>
+bool TokenEvictorPolicy<E>::evicts(int T) const {
+  for (int l = 0; l < n_layer_; ++l)
+    if (layer_budget(opt_, l, n_layer_, T) < T) return true;
+  return false;
+}
+
+template <class E>
+KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer<E>& cache,
+                                         const AttnShape& sh, const CMat<E>& q_obs,
+                                         const IVec<E>& q_ok, int n_seq, int T) {
+  require(sh.n_kv_head == nkv_ && n_seq <= max_seqs_ && layer >= 0 && layer < n_layer_ &&
+              !cache.compacted() && !cache.has_evictions(),
+          "token eviction: layer {} does not match the evictor ({} KV heads)", layer, nkv_);
+  Stopwatch sw;
+  ++calls_;
+  const int C = layer_budget(opt_, layer, n_layer_, T);
+  KeptTokens out;
+  out.positions = T;
+  out.budget = C;
+  const int w = observation_window(T);
+  auto record = [&](int s, int h, int kept) {
+    (void)s;
+    EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
+    ++r.selections;
+    r.evicting += kept < T ? 1 : 0;
+    r.kept += kept;
+    r.budget += C;
+    r.prompt += T;
+  };
+  if (C >= T) {  // the whole prompt fits: the layer stays as it is
+    for (int s = 0; s < n_seq; ++s)
+      for (int h = 0; h < nkv_; ++h) record(s, h, T);
+    select_s_ += sw.seconds();
+    return KeptTokens{};
+  }
+  // positions a token gate dropped cannot be kept
+  std::vector<std::vector<char>> cands(static_cast<std::size_t>(n_seq));
+  if (cache.has_drops()) {
+    auto hd = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), cache.dropped);
+    for (int s = 0; s < n_seq; ++s) {
+      auto& c = cands[static_cast<std::size_t>(s)];
+      c.resize(static_cast<std::size_t>(T));
+      for (int p = 0; p < T; ++p) c[static_cast<std::size_t>(p)] = hd(s, p) ? 0 : 1;
+    }
+  }
+  std::vector<double> hvotes;  // [seq][head][position] of this call
+  if (opt_.scores() && w > 0) {
+    require(static_cast<int>(q_obs.extent(0)) == n_seq * w &&
+                static_cast<int>(q_obs.extent(1)) == sh.q_width(),
+            "token eviction: {}×{} observed queries, expected {}×{}", q_obs.extent(0),
+            q_obs.extent(1), n_seq * w, sh.q_width());
+    if (votes_.extent(0) < static_cast<std::size_t>(n_seq) ||
+        votes_.extent(1) != static_cast<std::size_t>(nkv_) ||
+        votes_.extent(2) < static_cast<std::size_t>(T))
+      votes_ =
+          Kokkos::View<double***, Layout, DeviceOf<E>>("sparsim::evict::votes", max_seqs_, nkv_, T);
+    const auto K = cache.k;
+    const bool drops = cache.has_drops();
+    const auto dropped = cache.dropped;
+    const auto votes = votes_;
+    const int nh = sh.n_head, group = sh.group(), qk = sh.qk_dim, nkv = nkv_;
+    const double scale = sh.scale;
+    Kokkos::View<double**, Layout, DeviceOf<E>> mx("sparsim::evict::max", n_seq * w, nh),
+        z("sparsim::evict::sum", n_seq * w, nh);
+    // Observed row r = s·w + i is the query at position T − w + i. Pass 1: each row's softmax
+    // maximum and normaliser over the positions it attends to (dropped ones excluded).
+    Kokkos::parallel_for(
+        "sparsim::evict::softmax_norm",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * w, nh}),
+        KOKKOS_LAMBDA(const int r, const int hq) {
+          const int s = r / w, t = T - w + r % w, kvh = hq / group;
+          double m = -1e300, sum = 0.0;
+          if (q_ok(r)) {
+            for (int p = 0; p <= t; ++p) {
+              if (drops && dropped(s, p)) continue;
+              double d = 0.0;
+              for (int i = 0; i < qk; ++i)
+                d += static_cast<double>(q_obs(r, hq * qk + i)) * K(s, p, kvh * qk + i);
+              m = d * scale > m ? d * scale : m;
+            }
+            for (int p = 0; p <= t; ++p) {
+              if (drops && dropped(s, p)) continue;
+              double d = 0.0;
+              for (int i = 0; i < qk; ++i)
+                d += static_cast<double>(q_obs(r, hq * qk + i)) * K(s, p, kvh * qk + i);
+              sum += kx::exp(d * scale - m);
+            }
+          }
+          mx(r, hq) = m;
+          z(r, hq) = sum;
+        });
+    // Pass 2: the votes of position p in KV head h, Σ over the group's heads, then the rows in
+    // order, of the weight each row after p gives it.
+    Kokkos::parallel_for(
+        "sparsim::evict::votes",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nkv, T}),
+        KOKKOS_LAMBDA(const int sh_i, const int p) {
+          const int s = sh_i / nkv, h = sh_i % nkv;
+          double acc = 0.0;
+          if (!(drops && dropped(s, p)))
+            for (int g = 0; g < group; ++g) {
+              const int hq = h * group + g;
+              for (int i = 0; i < w; ++i) {
+                const int r = s * w + i;
+                if (T - w + i < p || !q_ok(r)) continue;
+                double d = 0.0;
+                for (int c = 0; c < qk; ++c)
+                  d += static_cast<double>(q_obs(r, hq * qk + c)) * K(s, p, h * qk + c);
+                acc += kx::exp(d * scale - mx(r, hq)) / z(r, hq);
+              }
+            }
+          votes(s, h, p) = acc;
+        });
+    auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), votes_);
+    hvotes.resize(static_cast<std::size_t>(n_seq) * nkv_ * T);
+    for (int s = 0; s < n_seq; ++s)
+      for (int h = 0; h < nkv_; ++h)
+        for (int p = 0; p < T; ++p)
+          hvotes[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
+    // own cost: both passes score every observed (row, position) pair of every query head
+    const double pairs = static_cast<double>(w) * T - 0.5 * w * (w - 1.0);
+    out.flops = 2.0 * n_seq * pairs * nh * (2.0 * qk + 4.0);
+    out.bytes = 2.0 * 4.0 * n_seq * static_cast<double>(T) * sh.k_width() +
+                4.0 * n_seq * w * sh.q_width() + 8.0 * n_seq * nkv_ * T;
+  }
+  out.idx.resize(static_cast<std::size_t>(n_seq));
+  std::vector<double> v;
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv_; ++h) {
+      v.clear();
+      if (!hvotes.empty())
+        v.assign(hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h) * T),
+                 hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h + 1) * T));
+      std::vector<int> keep = choose_tokens(opt_, T, C, v, cands[static_cast<std::size_t>(s)]);
+      record(s, h, static_cast<int>(keep.size()));
+      out.idx[static_cast<std::size_t>(s)].push_back(std::move(keep));
+    }
+  // pooling and top-k on the host
+  out.flops += static_cast<double>(n_seq) * nkv_ * T * (opt_.kernel + std::log2(T + 1.0));
+  select_s_ += sw.seconds();
+  return out;
+}
+
+template <class E>
+void TokenEvictorPolicy<E>::account(int layer, double dense_bytes, double kept_bytes) {
+  bytes_dense_[static_cast<std::size_t>(layer)] += dense_bytes;
+  bytes_kept_[static_cast<std::size_t>(layer)] += kept_bytes;
+}
+
+template <class E>
+double TokenEvictorPolicy<E>::kept_fraction() const {
+  double k = 0, p = 0;
+  for (const auto& r : rec_) k += r.kept, p += r.prompt;
+  return p > 0 ? k / p : 1.0;
+}
+
+template <class E>
+double TokenEvictorPolicy<E>::budget_use() const {
+  double k = 0, b = 0;
+  for (const auto& r : rec_) k += r.kept, b += r.budget;
+  return b > 0 ? k / b : 0.0;
+}
+
+template <class E>
+double TokenEvictorPolicy<E>::kv_bytes_dense() const {
+  return std::accumulate(bytes_dense_.begin(), bytes_dense_.end(), 0.0);
+}
+
+template <class E>
+double TokenEvictorPolicy<E>::kv_bytes_kept() const {
+  return std::accumulate(bytes_kept_.begin(), bytes_kept_.end(), 0.0);
+}
+
+template <class E>
+std::uint64_t TokenEvictorPolicy<E>::selections() const {
+  std::uint64_t n = 0;
+  for (const auto& r : rec_) n += r.selections;
+  return n;
+}
+
+template <class E>
+void TokenEvictorPolicy<E>::write(io::Group& g) const {
+  g.set_attr("method", to_string(opt_.method));
+  g.set_attr("budget", opt_.budget);
+  g.set_attr("budget_unit", opt_.budget > 1 ? "tokens" : "fraction of the prompt");
+  g.set_attr("window", opt_.window);
+  g.set_attr("sinks", opt_.sinks);
+  g.set_attr("kernel", opt_.kernel);
+  g.set_attr("pool", to_string(opt_.pool));
+  g.set_attr("beta", opt_.beta);
+  g.set_attr("selections", static_cast<std::int64_t>(selections()));
+  g.set_attr("kept_fraction", kept_fraction());
+  g.set_attr("kv_bytes_dense", kv_bytes_dense());
+  g.set_attr("kv_bytes_kept", kv_bytes_kept());
+  g.set_attr("select_seconds", select_s_);
+  const std::vector<hsize_t> dims = {static_cast<hsize_t>(n_layer_), static_cast<hsize_t>(nkv_)};
+  std::vector<double> kept, budget, prompt;
+  std::vector<std::uint64_t> sel, evicting;
+  for (const auto& r : rec_) {
+    const double n = r.selections ? static_cast<double>(r.selections) : 1.0;
+    kept.push_back(r.kept / n);
+    budget.push_back(r.budget / n);
+    prompt.push_back(r.prompt / n);
+    sel.push_back(r.selections);
+    evicting.push_back(r.evicting);
+  }
+  g.write<double>("kept_tokens", kept.data(), dims,
+                  {"token", "mean prompt tokens kept per selection [layer][kv head]"});
+  g.write<double>("budget_tokens", budget.data(), dims,
+                  {"token", "mean budget (tokens per head, window included) [layer][kv head]"});
+  g.write<double>("prompt_tokens", prompt.data(), dims,
+                  {"token", "mean prompt length per selection [layer][kv head]"});
+  g.write<std::uint64_t>("selections", sel.data(), dims,
+                         {"", "selections made (sequences x prefills) [layer][kv head]"});
+  g.write<std::uint64_t>("evicting", evicting.data(), dims,
+                         {"", "selections that evicted at least one token [layer][kv head]"});
+  g.write<double>("kv_bytes_dense", bytes_dense_,
+                  {"byte", "prompt K+V bytes of a dense cache, summed over prefills [layer]"});
+  g.write<double>("kv_bytes_kept", bytes_kept_,
+                  {"byte",
+                   "prompt K+V bytes of the kept tokens (compacted keys at their kept "
+                   "width), summed over prefills [layer]"});
+}
+
+#define SPARSIM_INSTANTIATE_TOKEN_EVICTOR(E) template class TokenEvictorPolicy<E>;
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_TOKEN_EVICTOR)
+
+}  // namespace sparsim::pruning
