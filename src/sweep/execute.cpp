@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -94,20 +95,20 @@ int interrupt_signal() {
 Journal::Journal(std::string folder, int rank) : folder_(std::move(folder)), rank_(rank) {}
 
 Journal::~Journal() {
-  if (f_) std::fclose(f_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void Journal::event(const std::string& what, const TaskRef& t, const std::string& id,
                     const json& extra) {
-  if (!f_) {
+  if (fd_ < 0) {
     std::error_code ec;
     fs::create_directories(folder_, ec);
     const std::string p = fmt::format("{}/{}-{}-{}.jsonl", folder_, host_name(), ::getpid(),
                                       std::chrono::duration_cast<std::chrono::milliseconds>(
                                           std::chrono::system_clock::now().time_since_epoch())
                                           .count());
-    f_ = std::fopen(p.c_str(), "a");
-    if (!f_) return;  // the journal is a record, never a reason to stop
+    fd_ = ::open(p.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) return;  // the journal is a record, never a reason to stop
   }
   json e = {
       {"t", utc_now()}, {"event", what},       {"task", t.calibration ? "calibration" : "point"},
@@ -115,8 +116,18 @@ void Journal::event(const std::string& what, const TaskRef& t, const std::string
   if (rank_ >= 0) e["rank"] = rank_;
   for (const auto& [k, v] : extra.items()) e[k] = v;
   const std::string line = e.dump() + "\n";
-  std::fwrite(line.data(), 1, line.size(), f_);
-  std::fflush(f_);
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) return;
+  std::size_t done = 0;
+  while (done < line.size()) {
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  // a line the disk could not take in full leaves no torn tail behind (this worker is the
+  // file's only writer, so its length before the line is the length to go back to)
+  if (done != line.size() && ::ftruncate(fd_, st.st_size) != 0) return;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -48,7 +48,9 @@ struct WorkerOptions {
 };
 
 /// One line of JSON per event in <output>/journal/<host>-<pid>-<time>.jsonl (opened on the
-/// first event): what this worker started, finished, found done or found locked.
+/// first event): what this worker started, finished, found done or found locked. The file only
+/// ever holds whole lines: a line the file system cannot take in full (a full disk) is cut back
+/// off the file, so the journal of a worker that ran out of space stays readable.
 class Journal {
  public:
   Journal(std::string folder, int rank);
@@ -61,7 +63,7 @@ class Journal {
  private:
   std::string folder_;
   int rank_;
-  std::FILE* f_ = nullptr;
+  int fd_ = -1;
 };
 
 /// SIGINT / SIGTERM set a flag the loops check; running tasks are then stopped and cleaned up.
