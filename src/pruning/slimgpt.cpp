@@ -1,0 +1,538 @@
+#include "pruning/slimgpt.hpp"
+
+#include "core/backends.hpp"
+#include "core/error.hpp"
+#include "core/host_tasks.hpp"
+#include "pruning/flap.hpp"
+
+#include <cblas.h>
+#include <fmt/format.h>
+#include <lapacke.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace sparsim::pruning {
+
+namespace {
+using std::size_t;
+}  // namespace
+
+SlimGptSchedule parse_slimgpt_schedule(const std::string& s) {
+  if (s == "log") return SlimGptSchedule::Log;
+  if (s == "uniform") return SlimGptSchedule::Uniform;
+  fail("--slimgpt-schedule '{}' is not log or uniform", s);
+}
+
+const char* schedule_name(SlimGptSchedule s) {
+  return s == SlimGptSchedule::Log ? "log" : "uniform";
+}
+
+void SlimGptOptions::validate() const {
+  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1,
+          "--ratio must be in [0, 1) for slimgpt (the share of the block parameters removed), "
+          "got {}",
+          ratio);
+  require(std::isfinite(damp) && damp >= 0,
+          "--slimgpt-damp must be a finite number >= 0 (the share of the mean diagonal added to "
+          "the Hessian), got {}",
+          damp);
+  require(ffn_group >= 1, "--slimgpt-ffn-group must be >= 1, got {}", ffn_group);
+  require(windows >= 1 && tokens >= 2,
+          "--slimgpt-windows must be >= 1 and --slimgpt-tokens >= 2, got {} and {}", windows,
+          tokens);
+}
+
+std::string SlimGptOptions::recipe() const {
+  return fmt::format(
+      "hessian=dense-once unit=kv-group schedule={} damp={:g} ffn_group={} ratio={:g} "
+      "windows={} tokens={}",
+      schedule_name(schedule), damp, ffn_group, ratio, windows, tokens);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+template <class E>
+SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
+                           const std::vector<std::vector<int>>& windows,
+                           const std::function<void(int, int)>& progress) {
+  const Config& c = w->cfg;
+  require(!c.pruned() && !c.structured() && !c.low_rank_kv() && !w->rotated(),
+          "SlimGPT statistics need the whole model ({} is {})", c.name,
+          c.prune.method.empty() ? "rotated" : c.prune.method);
+  require(!windows.empty(), "SlimGPT statistics: no calibration windows");
+  std::size_t T = 0;
+  for (const auto& win : windows) {
+    require(!win.empty(), "SlimGPT statistics: an empty calibration window");
+    T = std::max(T, win.size());
+  }
+  require(static_cast<int>(T) <= c.context_length,
+          "SlimGPT statistics: windows of {} tokens, the model's context is {}", T,
+          c.context_length);
+  const auto L = static_cast<size_t>(c.n_layer);
+  const int q = c.q_dim(), f = c.d_ff;
+  SlimGptGrams g;
+  g.n_layer = c.n_layer;
+  g.q_dim = q;
+  g.d_ff = f;
+  g.o.assign(L, std::vector<double>(static_cast<size_t>(q) * q, 0.0));
+  g.down.assign(L, std::vector<double>(static_cast<size_t>(f) * f, 0.0));
+  Engine<E> eng(w, 1, static_cast<int>(T));
+  std::vector<float> host;
+  std::vector<double> x;
+  eng.set_observer([&](int layer, Site site, const CMat<E>& v) {
+    if (site != Site::O && site != Site::Down) return;
+    const int n = static_cast<int>(v.extent(0)), d = static_cast<int>(v.extent(1));
+    host.resize(static_cast<size_t>(n) * d);
+    Kokkos::View<float**, Layout, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
+        host.data(), v.extent(0), v.extent(1));
+    Kokkos::deep_copy(h, v);
+    x.assign(host.begin(), host.end());
+    auto& m =
+        site == Site::O ? g.o[static_cast<size_t>(layer)] : g.down[static_cast<size_t>(layer)];
+    SingleThreadedBlas single;
+    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0, x.data(), d, 1.0, m.data(), d);
+    if (layer == 0 && site == Site::O) g.tokens += n;
+  });
+  const int n = static_cast<int>(windows.size());
+  for (int i = 0; i < n; ++i) {
+    eng.forward_tail({windows[static_cast<size_t>(i)]}, 0, 1);
+    if (progress) progress(i + 1, n);
+  }
+  eng.set_observer({});
+  require(g.tokens >= 1, "SlimGPT statistics: no calibration tokens reached the model");
+  for (auto* set : {&g.o, &g.down})
+    for (auto& m : *set) {
+      const int d = static_cast<int>(std::lround(std::sqrt(static_cast<double>(m.size()))));
+      for (int i = 0; i < d; ++i)
+        for (int j = i; j < d; ++j) {
+          double& u = m[static_cast<size_t>(i) * d + j];
+          require(std::isfinite(u), "SlimGPT statistics: a non-finite activation");
+          u /= static_cast<double>(g.tokens);
+          m[static_cast<size_t>(j) * d + i] = u;
+        }
+    }
+  return g;
+}
+
+std::vector<double> slimgpt_layer_ratios(int n_layer, double ratio, SlimGptSchedule s) {
+  require(n_layer >= 1, "SlimGPT layer ratios: {} layers", n_layer);
+  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1,
+          "SlimGPT layer ratios: ratio {} outside [0, 1)", ratio);
+  const auto L = static_cast<size_t>(n_layer);
+  if (s == SlimGptSchedule::Uniform || ratio == 0) return std::vector<double>(L, ratio);
+  std::vector<double> f(L);
+  for (size_t l = 0; l < L; ++l) f[l] = std::log(static_cast<double>(l) + 2.0);
+  auto ratios = [&](double scale) {
+    std::vector<double> r(L);
+    for (size_t l = 0; l < L; ++l) r[l] = std::min(1.0, scale * f[l]);
+    return r;
+  };
+  auto mean = [&](double scale) {
+    const std::vector<double> r = ratios(scale);
+    return std::accumulate(r.begin(), r.end(), 0.0) / static_cast<double>(L);
+  };
+  // mean(min(1, s·f)) rises continuously from 0 (s = 0) to 1 (s = 1/f_0): bisect for the target
+  double lo = 0, hi = 1.0 / f[0];
+  for (int it = 0; it < 200 && hi - lo > 1e-17 * hi; ++it) {
+    const double mid = 0.5 * (lo + hi);
+    (mean(mid) < ratio ? lo : hi) = mid;
+  }
+  return ratios(0.5 * (lo + hi));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimal Brain Surgeon on one matrix
+
+namespace {
+
+/// G with its dead inputs (diag 0) set to 1 on the diagonal, and λ · mean(diag) added; the
+/// columns of W on dead inputs zeroed.
+void prepare(std::vector<double>& w, int rows, int cols, std::vector<double>& h, double damp) {
+  double mean = 0;
+  for (int j = 0; j < cols; ++j) {
+    double& d = h[static_cast<size_t>(j) * cols + j];
+    if (d == 0) {
+      d = 1;
+      for (int r = 0; r < rows; ++r) w[static_cast<size_t>(r) * cols + j] = 0;
+    }
+    mean += d;
+  }
+  mean /= cols;
+  for (int j = 0; j < cols; ++j) h[static_cast<size_t>(j) * cols + j] += damp * mean;
+}
+
+/// The inverse of the symmetric positive definite h[idx][idx] (dpotrf, dpotri), both triangles.
+std::vector<double> inverse_of(const std::vector<double>& h, int cols,
+                               const std::vector<int>& idx) {
+  const int m = static_cast<int>(idx.size());
+  std::vector<double> a(static_cast<size_t>(m) * m);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < m; ++j)
+      a[static_cast<size_t>(i) * m + j] =
+          h[static_cast<size_t>(idx[static_cast<size_t>(i)]) * cols + idx[static_cast<size_t>(j)]];
+  const int info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', m, a.data(), m);
+  require(info == 0,
+          "SlimGPT: the damped Hessian of {} inputs is not positive definite (minor {}); a larger "
+          "--slimgpt-damp or more calibration tokens",
+          m, info);
+  require(LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', m, a.data(), m) == 0,
+          "SlimGPT: the Hessian of {} inputs could not be inverted", m);
+  for (int i = 0; i < m; ++i)
+    for (int j = i + 1; j < m; ++j)
+      a[static_cast<size_t>(i) * m + j] = a[static_cast<size_t>(j) * m + i];
+  return a;
+}
+
+/// tr(W_Q B⁻¹ W_Qᵀ) for B = hinv[pos][pos] (the positions `pos` of an m-wide inverse) and
+/// W_Q = the columns `pos` of w ([rows][m]): ‖L⁻¹ W_Qᵀ‖² with B = L·Lᵀ.
+double block_error(const std::vector<double>& w, int rows, const std::vector<double>& hinv, int m,
+                   const std::vector<int>& pos) {
+  const int q = static_cast<int>(pos.size());
+  if (q == 1) {
+    const auto p = static_cast<size_t>(pos[0]);
+    double s = 0;
+    for (int r = 0; r < rows; ++r) {
+      const double x = w[static_cast<size_t>(r) * m + p];
+      s += x * x;
+    }
+    return s / hinv[p * m + p];
+  }
+  std::vector<double> b(static_cast<size_t>(q) * q), z(static_cast<size_t>(q) * rows);
+  for (int i = 0; i < q; ++i) {
+    for (int j = 0; j < q; ++j)
+      b[static_cast<size_t>(i) * q + j] =
+          hinv[static_cast<size_t>(pos[static_cast<size_t>(i)]) * m + pos[static_cast<size_t>(j)]];
+    for (int r = 0; r < rows; ++r)
+      z[static_cast<size_t>(i) * rows + r] =
+          w[static_cast<size_t>(r) * m + pos[static_cast<size_t>(i)]];
+  }
+  require(LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', q, b.data(), q) == 0,
+          "SlimGPT: a block of the inverse Hessian is not positive definite");
+  cblas_dtrsm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, q, rows, 1.0,
+              b.data(), q, z.data(), rows);
+  double s = 0;
+  for (double v : z) s += v * v;
+  return s;
+}
+
+void check_shapes(const std::vector<double>& w, int rows, int cols, const std::vector<double>& g,
+                  int unit) {
+  require(rows >= 1 && cols >= 1 && w.size() == static_cast<size_t>(rows) * cols,
+          "SlimGPT: a {}×{} matrix given {} values", rows, cols, w.size());
+  require(g.size() == static_cast<size_t>(cols) * cols,
+          "SlimGPT: a Hessian of {} values for {} inputs", g.size(), cols);
+  require(unit >= 1 && cols % unit == 0, "SlimGPT: units of {} columns in {} columns", unit, cols);
+  for (double x : w) require(std::isfinite(x), "SlimGPT: the weights hold a non-finite value");
+}
+
+}  // namespace
+
+double obs_removal_error(const std::vector<double>& w0, int rows, int cols,
+                         const std::vector<double>& gram, int unit, const std::vector<int>& units,
+                         double damp) {
+  check_shapes(w0, rows, cols, gram, unit);
+  std::vector<double> w = w0, h = gram;
+  prepare(w, rows, cols, h, damp);
+  std::vector<int> all(static_cast<size_t>(cols));
+  std::iota(all.begin(), all.end(), 0);
+  const std::vector<double> hinv = inverse_of(h, cols, all);
+  std::vector<int> pos;
+  for (int u : units) {
+    require(u >= 0 && u < cols / unit, "SlimGPT: unit {} of {}", u, cols / unit);
+    for (int i = 0; i < unit; ++i) pos.push_back(u * unit + i);
+  }
+  return pos.empty() ? 0.0 : block_error(w, rows, hinv, cols, pos);
+}
+
+ObsPruned obs_prune_units(const std::vector<double>& w0, int rows, int cols,
+                          const std::vector<double>& gram, int unit, int remove, int step,
+                          double damp) {
+  check_shapes(w0, rows, cols, gram, unit);
+  const int n_units = cols / unit;
+  require(remove >= 0 && remove < n_units, "SlimGPT: removing {} of {} units keeps none", remove,
+          n_units);
+  require(step >= 1, "SlimGPT: {} units per greedy step", step);
+  require(std::isfinite(damp) && damp >= 0, "SlimGPT: damping {}", damp);
+  ObsPruned out;
+  out.kept.resize(static_cast<size_t>(n_units));
+  std::iota(out.kept.begin(), out.kept.end(), 0);
+  if (remove == 0) {  // nothing to compensate: the values as they are
+    out.w = w0;
+    return out;
+  }
+  std::vector<double> w = w0, h = gram;
+  prepare(w, rows, cols, h, damp);
+  // wk: the current (compensated) kept columns, [rows][m], in the order of out.kept
+  std::vector<double> wk = w;
+  while (static_cast<int>(out.removed.size()) < remove) {
+    const int nk = static_cast<int>(out.kept.size()), m = nk * unit;
+    std::vector<int> idx;
+    for (int u : out.kept)
+      for (int i = 0; i < unit; ++i) idx.push_back(u * unit + i);
+    const std::vector<double> hinv = inverse_of(h, cols, idx);
+    // every kept unit's error, cheapest first (ties to the lower unit)
+    std::vector<double> err(static_cast<size_t>(nk));
+    std::vector<int> pos(static_cast<size_t>(unit));
+    for (int k = 0; k < nk; ++k) {
+      for (int i = 0; i < unit; ++i) pos[static_cast<size_t>(i)] = k * unit + i;
+      err[static_cast<size_t>(k)] = block_error(wk, rows, hinv, m, pos);
+    }
+    std::vector<int> order(static_cast<size_t>(nk));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return err[static_cast<size_t>(a)] < err[static_cast<size_t>(b)];
+    });
+    const int t = std::min(step, remove - static_cast<int>(out.removed.size()));
+    std::vector<char> gone(static_cast<size_t>(nk), 0);
+    for (int i = 0; i < t; ++i) gone[static_cast<size_t>(order[static_cast<size_t>(i)])] = 1;
+    std::vector<int> qp, rp;  // positions (in wk / hinv) of the removed and remaining columns
+    std::vector<int> kept;
+    for (int k = 0; k < nk; ++k) {
+      for (int i = 0; i < unit; ++i)
+        (gone[static_cast<size_t>(k)] ? qp : rp).push_back(k * unit + i);
+      if (gone[static_cast<size_t>(k)])
+        out.removed.push_back(out.kept[static_cast<size_t>(k)]);
+      else
+        kept.push_back(out.kept[static_cast<size_t>(k)]);
+    }
+    const int q = static_cast<int>(qp.size()), r = static_cast<int>(rp.size());
+    // Eᵀ = B⁻¹ W_Qᵀ with B = H⁻¹_QQ; W_R ← W_R − E · H⁻¹_QR
+    std::vector<double> b(static_cast<size_t>(q) * q), et(static_cast<size_t>(q) * rows),
+        hqr(static_cast<size_t>(q) * r), wr(static_cast<size_t>(rows) * r);
+    for (int i = 0; i < q; ++i) {
+      const auto pi = static_cast<size_t>(qp[static_cast<size_t>(i)]);
+      for (int j = 0; j < q; ++j)
+        b[static_cast<size_t>(i) * q + j] = hinv[pi * m + qp[static_cast<size_t>(j)]];
+      for (int j = 0; j < r; ++j)
+        hqr[static_cast<size_t>(i) * r + j] = hinv[pi * m + rp[static_cast<size_t>(j)]];
+      for (int row = 0; row < rows; ++row)
+        et[static_cast<size_t>(i) * rows + row] = wk[static_cast<size_t>(row) * m + pi];
+    }
+    for (int row = 0; row < rows; ++row)
+      for (int j = 0; j < r; ++j)
+        wr[static_cast<size_t>(row) * r + j] =
+            wk[static_cast<size_t>(row) * m + rp[static_cast<size_t>(j)]];
+    const std::vector<double> wq = et;
+    require(LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', q, b.data(), q) == 0,
+            "SlimGPT: a block of the inverse Hessian is not positive definite");
+    require(LAPACKE_dpotrs(LAPACK_ROW_MAJOR, 'L', q, rows, b.data(), q, et.data(), rows) == 0,
+            "SlimGPT: the compensation solve failed");
+    double e = 0;
+    for (size_t i = 0; i < et.size(); ++i) e += et[i] * wq[i];
+    out.step_error.push_back(e);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, rows, r, q, -1.0, et.data(), rows,
+                hqr.data(), r, 1.0, wr.data(), r);
+    wk = std::move(wr);
+    out.kept = std::move(kept);
+  }
+  out.w = std::move(wk);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model
+
+namespace {
+
+template <class View>
+std::vector<double> host_values(const View& dev) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
+  std::vector<double> out(h.extent(0) * h.extent(1));
+  for (size_t r = 0; r < h.extent(0); ++r)
+    for (size_t c = 0; c < h.extent(1); ++c) out[r * h.extent(1) + c] = to_f32(h(r, c));
+  return out;
+}
+
+template <class E>
+std::vector<double> host_values(const Matrix<E>& m) {
+  switch (m.dtype) {
+    case DType::BF16:
+      return host_values(m.bf16);
+    case DType::F16:
+      return host_values(m.f16);
+    case DType::F32:
+      break;
+  }
+  return host_values(m.f32);
+}
+
+/// tr(W G Wᵀ) of w [rows][cols].
+double energy(const std::vector<double>& w, int rows, int cols, const std::vector<double>& g) {
+  std::vector<double> wg(static_cast<size_t>(rows) * cols);
+  cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, cols, cols, 1.0, w.data(), cols,
+              g.data(), cols, 0.0, wg.data(), cols);
+  double s = 0;
+  for (size_t i = 0; i < wg.size(); ++i) s += wg[i] * w[i];
+  return s;
+}
+
+template <class E>
+Matrix<E> f32_matrix(const std::vector<float>& x, int rows, int cols, const std::string& name) {
+  Matrix<E> m;
+  m.dtype = DType::F32;
+  m.rows = rows;
+  m.cols = cols;
+  m.f32 = decltype(m.f32)(Kokkos::view_alloc(name, Kokkos::WithoutInitializing), rows, cols);
+  auto h = Kokkos::create_mirror_view(m.f32);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) h(r, c) = x[static_cast<size_t>(r) * cols + c];
+  Kokkos::deep_copy(m.f32, h);
+  return m;
+}
+
+}  // namespace
+
+template <class E>
+SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g,
+                            const SlimGptOptions& o) {
+  const Config& c = full.cfg;
+  o.validate();
+  require(!c.pruned() && !c.structured() && !c.low_rank_kv() && !full.rotated(),
+          "the model is already transformed ({}); prune the full model", c.prune.method);
+  const auto L = static_cast<size_t>(c.n_layer);
+  require(g.n_layer == c.n_layer && g.q_dim == c.q_dim() && g.d_ff == c.d_ff && g.o.size() == L &&
+              g.down.size() == L,
+          "SlimGPT statistics of {} layers (W_o inputs {}, W_down inputs {}) do not fit the model "
+          "({} layers, {}, {})",
+          g.n_layer, g.q_dim, g.d_ff, c.n_layer, c.q_dim(), c.d_ff);
+  require(g.tokens >= 1, "SlimGPT statistics over no tokens");
+  const int d = c.d_model, D = c.head_dim, group = c.n_head / c.n_kv_head, U = c.n_kv_head,
+            F = c.d_ff;
+  SlimGptResult res;
+  res.layer_ratio = slimgpt_layer_ratios(c.n_layer, o.ratio, o.schedule);
+  struct Job {
+    int layer = 0, which = 0;  // 0: W_o, 1: W_down
+    std::vector<double> w;
+    ObsPruned r;
+    double energy = 0;
+    std::string error;
+  };
+  std::vector<Job> jobs;
+  for (size_t l = 0; l < L; ++l)
+    for (int which = 0; which < 2; ++which) {
+      Job j;
+      j.layer = static_cast<int>(l);
+      j.which = which;
+      j.w = host_values(which == 0 ? full.layers[l].wo : full.layers[l].w_down);
+      jobs.push_back(std::move(j));
+    }
+  {
+    SingleThreadedBlas single;
+    parallel_tasks(static_cast<int>(jobs.size()), [&](int i) {
+      Job& j = jobs[static_cast<size_t>(i)];
+      const auto l = static_cast<size_t>(j.layer);
+      const double r = res.layer_ratio[l];
+      try {
+        if (j.which == 0) {
+          const int remove = std::min(static_cast<int>(std::lround(r * U)), U - 1);
+          j.r = obs_prune_units(j.w, d, c.q_dim(), g.o[l], group * D, remove, 1, o.damp);
+          j.energy = energy(j.w, d, c.q_dim(), g.o[l]);
+        } else {
+          const int remove = std::min(static_cast<int>(std::lround(r * F)), F - 1);
+          j.r = obs_prune_units(j.w, d, F, g.down[l], 1, remove, o.ffn_group, o.damp);
+          j.energy = energy(j.w, d, F, g.down[l]);
+        }
+      } catch (const std::exception& e) {
+        j.error =
+            fmt::format("layer {} {}: {}", j.layer, j.which == 0 ? "W_o" : "W_down", e.what());
+      }
+    });
+  }
+  for (const Job& j : jobs) require(j.error.empty(), "{}", j.error);
+  Config p = c;
+  p.structure.assign(L, LayerStructure{});
+  res.o_error.assign(L, 0.0);
+  res.down_error.assign(L, 0.0);
+  res.o_energy.assign(L, 0.0);
+  res.down_energy.assign(L, 0.0);
+  res.values.o.resize(L);
+  res.values.down.resize(L);
+  for (const Job& j : jobs) {
+    const auto l = static_cast<size_t>(j.layer);
+    LayerStructure& st = p.structure[l];
+    const double e = std::accumulate(j.r.step_error.begin(), j.r.step_error.end(), 0.0);
+    std::vector<float> v(j.r.w.begin(), j.r.w.end());
+    if (j.which == 0) {
+      for (int u : j.r.kept)
+        for (int h = 0; h < group; ++h) st.q_heads.push_back(u * group + h);
+      res.o_error[l] = e;
+      res.o_energy[l] = j.energy;
+      res.values.o[l] = std::move(v);
+    } else {
+      st.ffn = j.r.kept;
+      res.down_error[l] = e;
+      res.down_energy[l] = j.energy;
+      res.values.down[l] = std::move(v);
+    }
+  }
+  p.prune = PruneRecord{};
+  p.prune.method = "slimgpt";
+  p.prune.retain = 1.0 - o.ratio;
+  p.prune.source_fingerprint = o.source_fingerprint;
+  p.prune.calibration = o.calibration;
+  p.prune.recipe = o.recipe();
+  p.validate();
+  res.plan = std::move(p);
+  return res;
+}
+
+OutputBiases zero_biases(const Config& c) {
+  OutputBiases b;
+  b.o.assign(static_cast<size_t>(c.n_layer), std::vector<float>(static_cast<size_t>(c.d_model)));
+  b.down = b.o;
+  return b;
+}
+
+template <class E>
+std::shared_ptr<Weights<E>> fuse_slimgpt(const Weights<E>& full, const SlimGptResult& r) {
+  const Config& p = r.plan;
+  auto out = fuse_structured(full, p, zero_biases(p));
+  const int d = p.d_model, D = p.head_dim;
+  for (int l = 0; l < p.n_layer; ++l) {
+    const auto ls = static_cast<size_t>(l);
+    const int qc = static_cast<int>(p.structure[ls].q_heads.size()) * D,
+              fc = static_cast<int>(p.structure[ls].ffn.size());
+    require(r.values.o[ls].size() == static_cast<size_t>(d) * qc &&
+                r.values.down[ls].size() == static_cast<size_t>(d) * fc,
+            "fuse_slimgpt: layer {} values do not fit its structure", l);
+    // a matrix that lost nothing keeps its values (obs_prune_units returns them as they are)
+    LayerWeights<E>& dst = out->layers[ls];
+    if (qc < p.q_dim())
+      dst.wo =
+          f32_matrix<E>(r.values.o[ls], d, qc, fmt::format("blk.{}.attn_output.weight.slim", l));
+    if (fc < p.d_ff)
+      dst.w_down =
+          f32_matrix<E>(r.values.down[ls], d, fc, fmt::format("blk.{}.ffn_down.weight.slim", l));
+  }
+  return out;
+}
+
+nlohmann::json slimgpt_layers_json(const SlimGptResult& r) {
+  nlohmann::json ls = nlohmann::json::array();
+  const Config& p = r.plan;
+  auto rel = [](double e, double t) { return t > 0 ? e / t : 0.0; };
+  for (int l = 0; l < p.n_layer; ++l) {
+    const auto i = static_cast<size_t>(l);
+    ls.push_back({{"ratio", r.layer_ratio[i]},
+                  {"q_heads", p.n_head_at(l)},
+                  {"kv_heads", p.n_kv_head_at(l)},
+                  {"d_ff", p.d_ff_at(l)},
+                  {"o_rel_error", rel(r.o_error[i], r.o_energy[i])},
+                  {"down_rel_error", rel(r.down_error[i], r.down_energy[i])}});
+  }
+  return ls;
+}
+
+#define SPARSIM_INSTANTIATE_SLIMGPT(E)                                            \
+  template SlimGptGrams slimgpt_grams<E>(std::shared_ptr<const Weights<E>>,       \
+                                         const std::vector<std::vector<int>>&,    \
+                                         const std::function<void(int, int)>&);   \
+  template SlimGptResult slimgpt_prune<E>(const Weights<E>&, const SlimGptGrams&, \
+                                          const SlimGptOptions&);                 \
+  template std::shared_ptr<Weights<E>> fuse_slimgpt<E>(const Weights<E>&, const SlimGptResult&);
+SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_SLIMGPT)
+
+}  // namespace sparsim::pruning
