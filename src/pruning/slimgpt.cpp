@@ -79,28 +79,44 @@ SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
   g.d_ff = f;
   g.o.assign(L, std::vector<double>(static_cast<size_t>(q) * q, 0.0));
   g.down.assign(L, std::vector<double>(static_cast<size_t>(f) * f, 0.0));
+  // The inputs of a few windows are buffered per layer and site, then every Gram matrix takes
+  // them in one dsyrk, the matrices spread over the host threads (one BLAS thread each).
+  constexpr std::int64_t kFlushRows = 512;
+  std::vector<std::vector<double>> buf(2 * L);  // [layer·2 + site]: rows × width
+  std::int64_t buffered = 0;
+  auto flush = [&] {
+    if (buffered == 0) return;
+    SingleThreadedBlas single;
+    parallel_tasks(static_cast<int>(2 * L), [&](int i) {
+      auto& m = i % 2 == 0 ? g.o[static_cast<size_t>(i / 2)] : g.down[static_cast<size_t>(i / 2)];
+      const int d = i % 2 == 0 ? q : f;
+      const auto& x = buf[static_cast<size_t>(i)];
+      const int n = static_cast<int>(x.size() / static_cast<size_t>(d));
+      cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0, x.data(), d, 1.0, m.data(), d);
+    });
+    for (auto& x : buf) x.clear();
+    g.tokens += buffered;
+    buffered = 0;
+  };
   Engine<E> eng(w, 1, static_cast<int>(T));
   std::vector<float> host;
-  std::vector<double> x;
   eng.set_observer([&](int layer, Site site, const CMat<E>& v) {
     if (site != Site::O && site != Site::Down) return;
-    const int n = static_cast<int>(v.extent(0)), d = static_cast<int>(v.extent(1));
-    host.resize(static_cast<size_t>(n) * d);
+    host.resize(v.extent(0) * v.extent(1));
     Kokkos::View<float**, Layout, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
         host.data(), v.extent(0), v.extent(1));
     Kokkos::deep_copy(h, v);
-    x.assign(host.begin(), host.end());
-    auto& m =
-        site == Site::O ? g.o[static_cast<size_t>(layer)] : g.down[static_cast<size_t>(layer)];
-    SingleThreadedBlas single;
-    cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0, x.data(), d, 1.0, m.data(), d);
-    if (layer == 0 && site == Site::O) g.tokens += n;
+    auto& x = buf[static_cast<size_t>(layer) * 2 + (site == Site::O ? 0 : 1)];
+    x.insert(x.end(), host.begin(), host.end());
   });
   const int n = static_cast<int>(windows.size());
   for (int i = 0; i < n; ++i) {
     eng.forward_tail({windows[static_cast<size_t>(i)]}, 0, 1);
+    buffered += static_cast<std::int64_t>(windows[static_cast<size_t>(i)].size());
+    if (buffered >= kFlushRows) flush();
     if (progress) progress(i + 1, n);
   }
+  flush();
   eng.set_observer({});
   require(g.tokens >= 1, "SlimGPT statistics: no calibration tokens reached the model");
   for (auto* set : {&g.o, &g.down})

@@ -66,8 +66,9 @@ struct SlimGptGrams {
 
 /// Runs the whole model over `windows` (each its own sequence, from position 0) and gathers the
 /// Gram matrices at the inputs of W_o and W_down through the engine's activation observer, summed
-/// in float64 by single-threaded BLAS (dsyrk) in token order: the result does not depend on the
-/// thread count.
+/// in float64 by single-threaded BLAS (dsyrk, one call per matrix for every 512 or more buffered
+/// tokens, the matrices spread over the host threads) in token order: the result does not depend
+/// on the thread count.
 template <class E>
 SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
                            const std::vector<std::vector<int>>& windows,
