@@ -189,13 +189,25 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
     so.source_fingerprint = mi.fingerprint;
     so.calibration = fmt::format("corpus {} ({} windows of {} tokens)", corpus.fingerprint,
                                  so.windows, so.tokens);
-    log().info("SlimGPT statistics: {} windows of {} tokens", so.windows, so.tokens);
-    Stopwatch stats_clock;
-    const pruning::SlimGptGrams g = pruning::slimgpt_grams<E>(w, windows);
-    const double stats_s = stats_clock.seconds();
-    Stopwatch prune_clock;
-    const pruning::SlimGptResult res = pruning::slimgpt_prune(*w, g, so);
-    const double prune_s = prune_clock.seconds();
+    log().info("SlimGPT statistics: {} windows of {} tokens{}", so.windows, so.tokens,
+               so.sequential ? ", gathered again for every layer" : "");
+    const std::int64_t tokens = static_cast<std::int64_t>(so.windows) * so.tokens;
+    double stats_s = 0, prune_s = 0;
+    pruning::SlimGptResult res;
+    if (so.sequential) {  // statistics and greedy interleaved, layer by layer
+      Stopwatch clock;
+      res = pruning::slimgpt_prune_sequential<E>(w, windows, so, [](int done, int total) {
+        log().info("SlimGPT: layer {} of {} pruned", done, total);
+      });
+      prune_s = clock.seconds();
+    } else {
+      Stopwatch stats_clock;
+      const pruning::SlimGptGrams g = pruning::slimgpt_grams<E>(w, windows);
+      stats_s = stats_clock.seconds();
+      Stopwatch prune_clock;
+      res = pruning::slimgpt_prune(*w, g, so);
+      prune_s = prune_clock.seconds();
+    }
     const Config& pc = res.plan;
     const pruning::OutputBiases biases = pruning::zero_biases(pc);
     const pruning::WrittenModel written =
@@ -206,7 +218,7 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
         "pruned slimgpt -> {}\n  source {} (fingerprint {})\n  statistics {} ({} tokens, {:.1f} "
         "s)\n  greedy and compensation {:.1f} s\n  recipe {}\n  output fingerprint {}, {} "
         "parameters (full: {})\n\n",
-        a.out, mi.path, mi.fingerprint, so.calibration, g.tokens, stats_s, prune_s, pc.prune.recipe,
+        a.out, mi.path, mi.fingerprint, so.calibration, tokens, stats_s, prune_s, pc.prune.recipe,
         mo.fingerprint, pc.n_params(), c.n_params());
     std::cout << rep.table() << written.text();
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
@@ -221,8 +233,9 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
                           {"corpus_fingerprint", corpus.fingerprint},
                           {"windows", so.windows},
                           {"tokens_per_window", so.tokens},
-                          {"tokens", g.tokens}};
+                          {"tokens", tokens}};
       j["schedule"] = pruning::schedule_name(so.schedule);
+      j["hessian"] = so.sequential ? "sequential" : "dense";
       j["damp"] = so.damp;
       j["ffn_group"] = so.ffn_group;
       j["recipe"] = pc.prune.recipe;
@@ -246,7 +259,7 @@ int cmd_prune(int argc, char** argv) {
   double ratio = 0.2;
   int flap_windows = 64, flap_tokens = 128;
   pruning::SlimGptOptions slim;
-  std::string slim_schedule = "log";
+  std::string slim_schedule = "log", slim_hessian = "dense";
   std::string score = "fisher", budget = "adaptive", pair_score = "joint", kv_budget = "balanced";
   double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
@@ -290,6 +303,10 @@ int cmd_prune(int argc, char** argv) {
       "slimgpt-schedule", po::value(&slim_schedule)->default_value(slim_schedule),
       "slimgpt: per-layer ratios: log (rising as ln(l + 2) with depth, mean = --ratio) or "
       "uniform (--ratio in every layer)")(
+      "slimgpt-hessian", po::value(&slim_hessian)->default_value(slim_hessian),
+      "slimgpt: dense (every layer's Hessian from one pass of the dense model) or sequential "
+      "(layer by layer on the inputs of the already-pruned layers below: one pass per layer, "
+      "about L/2 times the statistics' cost)")(
       "retain", po::value(&retain)->default_value(0.7),
       "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model "
       "(palu, svd-llm: the KV-cache width kept, Σ ranks over Σ K and V widths)")(
@@ -350,7 +367,7 @@ int cmd_prune(int argc, char** argv) {
   for (const char* o : {"group", "no-whiten", "whiten-seqs", "whiten-tokens"})
     require(low_rank || vm[o].defaulted(), "--{} applies to --method palu and svd-llm only", o);
   for (const char* o : {"slimgpt-windows", "slimgpt-tokens", "slimgpt-damp", "slimgpt-ffn-group",
-                        "slimgpt-schedule"})
+                        "slimgpt-schedule", "slimgpt-hessian"})
     require(method == "slimgpt" || vm[o].defaulted(), "--{} applies to --method slimgpt only", o);
   if (method == "slimgpt") {
     for (const char* o : {"retain", "calibration", "score", "budget", "pair-score", "k-share",
@@ -359,6 +376,9 @@ int cmd_prune(int argc, char** argv) {
               "--{} does not apply to --method slimgpt (a RAP / KVPruner / FLAP option)", o);
     slim.ratio = ratio;
     slim.schedule = pruning::parse_slimgpt_schedule(slim_schedule);
+    require(slim_hessian == "dense" || slim_hessian == "sequential",
+            "--slimgpt-hessian '{}' is not dense or sequential", slim_hessian);
+    slim.sequential = slim_hessian == "sequential";
     slim.validate();
     SlimGptArgs a{model_arg, corpus_arg, text_field, out, json_out, pruning::CutType::parse(type),
                   slim,      co};

@@ -443,6 +443,68 @@ TYPED_TEST(SlimGptModel, PrunedModelRoundTrip) {
   EXPECT_EQ(to_host(e1.forward({tok}, 0, false)), to_host(e2.forward({tok}, 0, false)));
 }
 
+// Sequential statistics: layer 0 sees the dense model's inputs (the same result as one-pass
+// statistics, bitwise); layer 1 is the greedy on the Hessian of the inputs the pruned and
+// compensated layer 0 gives.
+TYPED_TEST(SlimGptModel, SequentialPrunesOnThePrunedLayersInputs) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string path = make_model(dir, "m.gguf", tiny_spec(65));
+  std::shared_ptr<const Weights<E>> w = load_model<E>(path, LoadOptions{});
+  const Config& c = w->cfg;
+  const auto wins = windows(c, 3, 40, 6);
+  SlimGptOptions o = options(0.4);
+  const pruning::SlimGptResult dense =
+      pruning::slimgpt_prune(*w, pruning::slimgpt_grams<E>(w, wins), o);
+  o.sequential = true;
+  const pruning::SlimGptResult seq = pruning::slimgpt_prune_sequential<E>(w, wins, o);
+  EXPECT_NE(seq.plan.prune.recipe.find("hessian=sequential"), std::string::npos);
+  EXPECT_EQ(seq.plan.structure[0].q_heads, dense.plan.structure[0].q_heads);
+  EXPECT_EQ(seq.plan.structure[0].ffn, dense.plan.structure[0].ffn);
+  EXPECT_EQ(seq.values.o[0], dense.values.o[0]);
+  EXPECT_EQ(seq.values.down[0], dense.values.down[0]);
+  // layer 1 by hand: the model with layer 0 pruned, its layer-1 inputs, the greedy on them
+  pruning::SlimGptResult part = seq;
+  part.plan.structure[1] = dense.plan.structure[1];
+  part.plan.structure[1].q_heads.resize(static_cast<std::size_t>(c.n_head));
+  std::iota(part.plan.structure[1].q_heads.begin(), part.plan.structure[1].q_heads.end(), 0);
+  part.plan.structure[1].ffn.resize(static_cast<std::size_t>(c.d_ff));
+  std::iota(part.plan.structure[1].ffn.begin(), part.plan.structure[1].ffn.end(), 0);
+  part.values.o[1].clear();
+  part.values.down[1].clear();
+  std::shared_ptr<const Weights<E>> m = pruning::fuse_slimgpt(*w, part);
+  std::vector<double> xo, xd;
+  Engine<E> eng(m, 1, 40);
+  eng.set_observer([&](int layer, Site site, const CMat<E>& x) {
+    if (layer != 1 || (site != Site::O && site != Site::Down)) return;
+    const std::vector<float> h = to_host(x);
+    (site == Site::O ? xo : xd).insert((site == Site::O ? xo : xd).end(), h.begin(), h.end());
+  });
+  for (const auto& win : wins) eng.forward_tail({win}, 0, 1);
+  const int n = 3 * 40, group = c.n_head / c.n_kv_head;
+  auto host = [](const Matrix<E>& mat) {
+    const std::vector<float> v = to_host(mat.f32);
+    return std::vector<double>(v.begin(), v.end());
+  };
+  const int uo = c.n_kv_head - seq.plan.n_kv_head_at(1), uf = c.d_ff - seq.plan.d_ff_at(1);
+  const ObsPruned ro =
+      pruning::obs_prune_units(host(w->layers[1].wo), c.d_model, c.q_dim(),
+                               gram_of(xo, n, c.q_dim()), group * c.head_dim, uo, 1, o.damp);
+  const ObsPruned rd = pruning::obs_prune_units(host(w->layers[1].w_down), c.d_model, c.d_ff,
+                                                gram_of(xd, n, c.d_ff), 1, uf, o.ffn_group, o.damp);
+  EXPECT_EQ(rd.kept, seq.plan.structure[1].ffn);
+  std::vector<int> heads;
+  for (int u : ro.kept)
+    for (int h = 0; h < group; ++h) heads.push_back(u * group + h);
+  EXPECT_EQ(heads, seq.plan.structure[1].q_heads);
+  const std::vector<double> so(seq.values.o[1].begin(), seq.values.o[1].end()),
+      sd(seq.values.down[1].begin(), seq.values.down[1].end());
+  EXPECT_LE(rel_diff(so, ro.w), 1e-6);
+  EXPECT_LE(rel_diff(sd, rd.w), 1e-6);
+  // and the inputs differ from the dense model's: the layer-1 result is not the one-pass one
+  EXPECT_NE(seq.values.down[1], dense.values.down[1]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The command
 
@@ -508,6 +570,18 @@ TEST_F(SlimGptCli, PrunesAndEvalRunsTheModel) {
   EXPECT_TRUE(file_bytes(out1) == file_bytes(out));
 }
 
+TEST_F(SlimGptCli, SequentialHessiansWriteARunnableModel) {
+  const std::string out = dir_->file("slimseq.gguf"), js = dir_->file("slimseq.json");
+  const RunResult r = run_cmd(prune("0.3", out, "--slimgpt-hessian sequential --json " + js));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js);
+  EXPECT_EQ(j.at("hessian"), "sequential");
+  EXPECT_NE(j.at("recipe").get<std::string>().find("hessian=sequential"), std::string::npos);
+  const RunResult e = run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
+                              " --context 64 --stride 32 --max-windows 2");
+  EXPECT_EQ(e.exit_code, 0) << e.output;
+}
+
 TEST_F(SlimGptCli, BadInputIsNamedAndWritesNothing) {
   const std::string out = dir_->file("bad.gguf");
   struct Case {
@@ -525,6 +599,7 @@ TEST_F(SlimGptCli, BadInputIsNamedAndWritesNothing) {
       {prune("0.3", out, "--retain 0.5"), "--retain does not apply to --method slimgpt"},
       {prune("0.3", out, "--slimgpt-damp -1"), "--slimgpt-damp"},
       {prune("0.3", out, "--slimgpt-schedule linear"), "not log or uniform"},
+      {prune("0.3", out, "--slimgpt-hessian lazy"), "not dense or sequential"},
       {sparsim_bin() + " prune --method flap --model " + model_ + " --corpus " + corpus_ +
            " --ratio 0.3 --slimgpt-damp 0.1 --out " + out,
        "--slimgpt-damp applies to --method slimgpt only"},

@@ -46,22 +46,24 @@ void SlimGptOptions::validate() const {
 
 std::string SlimGptOptions::recipe() const {
   return fmt::format(
-      "hessian=dense-once unit=kv-group schedule={} damp={:g} ffn_group={} ratio={:g} "
-      "windows={} tokens={}",
-      schedule_name(schedule), damp, ffn_group, ratio, windows, tokens);
+      "hessian={} unit=kv-group schedule={} damp={:g} ffn_group={} ratio={:g} windows={} "
+      "tokens={}",
+      sequential ? "sequential" : "dense-once", schedule_name(schedule), damp, ffn_group, ratio,
+      windows, tokens);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Statistics
 
+namespace {
+
+/// The Gram matrices of the W_o / W_down inputs of the layers `want` (every layer when empty) of
+/// model `w` over the windows; the other layers' matrices are left empty.
 template <class E>
-SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
-                           const std::vector<std::vector<int>>& windows,
-                           const std::function<void(int, int)>& progress) {
+SlimGptGrams gather_grams(std::shared_ptr<const Weights<E>> w,
+                          const std::vector<std::vector<int>>& windows, std::vector<int> want,
+                          const std::function<void(int, int)>& progress) {
   const Config& c = w->cfg;
-  require(!c.pruned() && !c.structured() && !c.low_rank_kv() && !w->rotated(),
-          "SlimGPT statistics need the whole model ({} is {})", c.name,
-          c.prune.method.empty() ? "rotated" : c.prune.method);
   require(!windows.empty(), "SlimGPT statistics: no calibration windows");
   std::size_t T = 0;
   for (const auto& win : windows) {
@@ -72,13 +74,23 @@ SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
           "SlimGPT statistics: windows of {} tokens, the model's context is {}", T,
           c.context_length);
   const auto L = static_cast<size_t>(c.n_layer);
+  if (want.empty()) {
+    want.resize(L);
+    std::iota(want.begin(), want.end(), 0);
+  }
+  std::vector<char> wanted(L, 0);
+  for (int l : want) wanted[static_cast<size_t>(l)] = 1;
   const int q = c.q_dim(), f = c.d_ff;
   SlimGptGrams g;
   g.n_layer = c.n_layer;
   g.q_dim = q;
   g.d_ff = f;
-  g.o.assign(L, std::vector<double>(static_cast<size_t>(q) * q, 0.0));
-  g.down.assign(L, std::vector<double>(static_cast<size_t>(f) * f, 0.0));
+  g.o.resize(L);
+  g.down.resize(L);
+  for (int l : want) {
+    g.o[static_cast<size_t>(l)].assign(static_cast<size_t>(q) * q, 0.0);
+    g.down[static_cast<size_t>(l)].assign(static_cast<size_t>(f) * f, 0.0);
+  }
   // The inputs of a few windows are buffered per layer and site, then every Gram matrix takes
   // them in one dsyrk, the matrices spread over the host threads (one BLAS thread each).
   constexpr std::int64_t kFlushRows = 512;
@@ -87,10 +99,11 @@ SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
   auto flush = [&] {
     if (buffered == 0) return;
     SingleThreadedBlas single;
-    parallel_tasks(static_cast<int>(2 * L), [&](int i) {
-      auto& m = i % 2 == 0 ? g.o[static_cast<size_t>(i / 2)] : g.down[static_cast<size_t>(i / 2)];
+    parallel_tasks(static_cast<int>(2 * want.size()), [&](int i) {
+      const auto l = static_cast<size_t>(want[static_cast<size_t>(i / 2)]);
+      auto& m = i % 2 == 0 ? g.o[l] : g.down[l];
       const int d = i % 2 == 0 ? q : f;
-      const auto& x = buf[static_cast<size_t>(i)];
+      const auto& x = buf[l * 2 + static_cast<size_t>(i % 2)];
       const int n = static_cast<int>(x.size() / static_cast<size_t>(d));
       cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, n, 1.0, x.data(), d, 1.0, m.data(), d);
     });
@@ -101,7 +114,7 @@ SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
   Engine<E> eng(w, 1, static_cast<int>(T));
   std::vector<float> host;
   eng.set_observer([&](int layer, Site site, const CMat<E>& v) {
-    if (site != Site::O && site != Site::Down) return;
+    if ((site != Site::O && site != Site::Down) || !wanted[static_cast<size_t>(layer)]) return;
     host.resize(v.extent(0) * v.extent(1));
     Kokkos::View<float**, Layout, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> h(
         host.data(), v.extent(0), v.extent(1));
@@ -131,6 +144,22 @@ SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
         }
     }
   return g;
+}
+
+void require_whole(const Config& c, bool rotated) {
+  require(!c.pruned() && !c.structured() && !c.low_rank_kv() && !rotated,
+          "SlimGPT needs the whole model ({} is {})", c.name,
+          c.prune.method.empty() ? "rotated" : c.prune.method);
+}
+
+}  // namespace
+
+template <class E>
+SlimGptGrams slimgpt_grams(std::shared_ptr<const Weights<E>> w,
+                           const std::vector<std::vector<int>>& windows,
+                           const std::function<void(int, int)>& progress) {
+  require_whole(w->cfg, w->rotated());
+  return gather_grams(w, windows, {}, progress);
 }
 
 std::vector<double> slimgpt_layer_ratios(int n_layer, double ratio, SlimGptSchedule s) {
@@ -401,77 +430,88 @@ Matrix<E> f32_matrix(const std::vector<float>& x, int rows, int cols, const std:
 
 }  // namespace
 
+namespace {
+
+/// One matrix of one layer to prune: W_o (which = 0) or W_down (1).
+struct Job {
+  int layer = 0, which = 0;
+  std::vector<double> w;
+  ObsPruned r;
+  double energy = 0;
+  std::string error;
+};
+
 template <class E>
-SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g,
-                            const SlimGptOptions& o) {
-  const Config& c = full.cfg;
-  o.validate();
-  require(!c.pruned() && !c.structured() && !c.low_rank_kv() && !full.rotated(),
-          "the model is already transformed ({}); prune the full model", c.prune.method);
-  const auto L = static_cast<size_t>(c.n_layer);
-  require(g.n_layer == c.n_layer && g.q_dim == c.q_dim() && g.d_ff == c.d_ff && g.o.size() == L &&
-              g.down.size() == L,
-          "SlimGPT statistics of {} layers (W_o inputs {}, W_down inputs {}) do not fit the model "
-          "({} layers, {}, {})",
-          g.n_layer, g.q_dim, g.d_ff, c.n_layer, c.q_dim(), c.d_ff);
-  require(g.tokens >= 1, "SlimGPT statistics over no tokens");
+std::vector<Job> layer_jobs(const Weights<E>& full, int l) {
+  std::vector<Job> jobs(2);
+  for (int which = 0; which < 2; ++which) {
+    Job& j = jobs[static_cast<size_t>(which)];
+    j.layer = l;
+    j.which = which;
+    const LayerWeights<E>& lw = full.layers[static_cast<size_t>(l)];
+    j.w = host_values(which == 0 ? lw.wo : lw.w_down);
+  }
+  return jobs;
+}
+
+/// The greedy on every job's matrix, one task (one BLAS thread) each.
+void run_jobs(const Config& c, const std::vector<double>& ratios, const SlimGptGrams& g,
+              const SlimGptOptions& o, std::vector<Job>& jobs) {
   const int d = c.d_model, D = c.head_dim, group = c.n_head / c.n_kv_head, U = c.n_kv_head,
             F = c.d_ff;
+  SingleThreadedBlas single;
+  parallel_tasks(static_cast<int>(jobs.size()), [&](int i) {
+    Job& j = jobs[static_cast<size_t>(i)];
+    const auto l = static_cast<size_t>(j.layer);
+    const double r = ratios[l];
+    try {
+      if (j.which == 0) {
+        const int remove = std::min(static_cast<int>(std::lround(r * U)), U - 1);
+        j.r = obs_prune_units(j.w, d, c.q_dim(), g.o[l], group * D, remove, 1, o.damp);
+        j.energy = energy(j.w, d, c.q_dim(), g.o[l]);
+      } else {
+        const int remove = std::min(static_cast<int>(std::lround(r * F)), F - 1);
+        j.r = obs_prune_units(j.w, d, F, g.down[l], 1, remove, o.ffn_group, o.damp);
+        j.energy = energy(j.w, d, F, g.down[l]);
+      }
+    } catch (const std::exception& e) {
+      j.error = fmt::format("layer {} {}: {}", j.layer, j.which == 0 ? "W_o" : "W_down", e.what());
+    }
+  });
+  for (const Job& j : jobs) require(j.error.empty(), "{}", j.error);
+}
+
+/// A result for every layer of `c`: whole structure, no values yet.
+SlimGptResult empty_result(const Config& c, const SlimGptOptions& o) {
+  const auto L = static_cast<size_t>(c.n_layer);
   SlimGptResult res;
   res.layer_ratio = slimgpt_layer_ratios(c.n_layer, o.ratio, o.schedule);
-  struct Job {
-    int layer = 0, which = 0;  // 0: W_o, 1: W_down
-    std::vector<double> w;
-    ObsPruned r;
-    double energy = 0;
-    std::string error;
-  };
-  std::vector<Job> jobs;
-  for (size_t l = 0; l < L; ++l)
-    for (int which = 0; which < 2; ++which) {
-      Job j;
-      j.layer = static_cast<int>(l);
-      j.which = which;
-      j.w = host_values(which == 0 ? full.layers[l].wo : full.layers[l].w_down);
-      jobs.push_back(std::move(j));
-    }
-  {
-    SingleThreadedBlas single;
-    parallel_tasks(static_cast<int>(jobs.size()), [&](int i) {
-      Job& j = jobs[static_cast<size_t>(i)];
-      const auto l = static_cast<size_t>(j.layer);
-      const double r = res.layer_ratio[l];
-      try {
-        if (j.which == 0) {
-          const int remove = std::min(static_cast<int>(std::lround(r * U)), U - 1);
-          j.r = obs_prune_units(j.w, d, c.q_dim(), g.o[l], group * D, remove, 1, o.damp);
-          j.energy = energy(j.w, d, c.q_dim(), g.o[l]);
-        } else {
-          const int remove = std::min(static_cast<int>(std::lround(r * F)), F - 1);
-          j.r = obs_prune_units(j.w, d, F, g.down[l], 1, remove, o.ffn_group, o.damp);
-          j.energy = energy(j.w, d, F, g.down[l]);
-        }
-      } catch (const std::exception& e) {
-        j.error =
-            fmt::format("layer {} {}: {}", j.layer, j.which == 0 ? "W_o" : "W_down", e.what());
-      }
-    });
-  }
-  for (const Job& j : jobs) require(j.error.empty(), "{}", j.error);
-  Config p = c;
-  p.structure.assign(L, LayerStructure{});
+  res.plan = c;
+  LayerStructure whole;
+  whole.q_heads.resize(static_cast<size_t>(c.n_head));
+  std::iota(whole.q_heads.begin(), whole.q_heads.end(), 0);
+  whole.ffn.resize(static_cast<size_t>(c.d_ff));
+  std::iota(whole.ffn.begin(), whole.ffn.end(), 0);
+  res.plan.structure.assign(L, whole);
   res.o_error.assign(L, 0.0);
   res.down_error.assign(L, 0.0);
   res.o_energy.assign(L, 0.0);
   res.down_energy.assign(L, 0.0);
   res.values.o.resize(L);
   res.values.down.resize(L);
-  for (const Job& j : jobs) {
+  return res;
+}
+
+/// The jobs' kept units, values and errors into their layers of `res`.
+void collect(const Config& c, std::vector<Job>& jobs, SlimGptResult& res) {
+  const int group = c.n_head / c.n_kv_head;
+  for (Job& j : jobs) {
     const auto l = static_cast<size_t>(j.layer);
-    LayerStructure& st = p.structure[l];
+    LayerStructure& st = res.plan.structure[l];
     const double e = std::accumulate(j.r.step_error.begin(), j.r.step_error.end(), 0.0);
     std::vector<float> v(j.r.w.begin(), j.r.w.end());
     if (j.which == 0) {
+      st.q_heads.clear();
       for (int u : j.r.kept)
         for (int h = 0; h < group; ++h) st.q_heads.push_back(u * group + h);
       res.o_error[l] = e;
@@ -483,7 +523,13 @@ SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g,
       res.down_energy[l] = j.energy;
       res.values.down[l] = std::move(v);
     }
+    j.w.clear();
+    j.r.w.clear();
   }
+}
+
+void finish(SlimGptResult& res, const SlimGptOptions& o) {
+  Config& p = res.plan;
   p.prune = PruneRecord{};
   p.prune.method = "slimgpt";
   p.prune.retain = 1.0 - o.ratio;
@@ -491,7 +537,69 @@ SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g,
   p.prune.calibration = o.calibration;
   p.prune.recipe = o.recipe();
   p.validate();
-  res.plan = std::move(p);
+}
+
+}  // namespace
+
+template <class E>
+SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g,
+                            const SlimGptOptions& o) {
+  const Config& c = full.cfg;
+  o.validate();
+  require(!o.sequential,
+          "slimgpt_prune prunes on one-pass statistics; the sequential form is "
+          "slimgpt_prune_sequential");
+  require_whole(c, full.rotated());
+  const auto L = static_cast<size_t>(c.n_layer);
+  require(g.n_layer == c.n_layer && g.q_dim == c.q_dim() && g.d_ff == c.d_ff && g.o.size() == L &&
+              g.down.size() == L,
+          "SlimGPT statistics of {} layers (W_o inputs {}, W_down inputs {}) do not fit the model "
+          "({} layers, {}, {})",
+          g.n_layer, g.q_dim, g.d_ff, c.n_layer, c.q_dim(), c.d_ff);
+  require(g.tokens >= 1, "SlimGPT statistics over no tokens");
+  SlimGptResult res = empty_result(c, o);
+  std::vector<Job> jobs;
+  for (int l = 0; l < c.n_layer; ++l)
+    for (Job& j : layer_jobs(full, l)) jobs.push_back(std::move(j));
+  run_jobs(c, res.layer_ratio, g, o, jobs);
+  collect(c, jobs, res);
+  finish(res, o);
+  return res;
+}
+
+template <class E>
+SlimGptResult slimgpt_prune_sequential(std::shared_ptr<const Weights<E>> full,
+                                       const std::vector<std::vector<int>>& windows,
+                                       const SlimGptOptions& o,
+                                       const std::function<void(int, int)>& progress) {
+  const Config& c = full->cfg;
+  o.validate();
+  require(o.sequential, "slimgpt_prune_sequential: the options ask for one-pass statistics");
+  require_whole(c, full->rotated());
+  SlimGptResult res = empty_result(c, o);
+  for (int l = 0; l < c.n_layer; ++l) {
+    // the model up to layer l, the layers below it pruned and compensated
+    Weights<E> upto = *full;  // shares every view
+    upto.cfg.n_layer = l + 1;
+    upto.layers.resize(static_cast<size_t>(l) + 1);
+    std::shared_ptr<const Weights<E>> model;
+    if (l == 0) {
+      model = std::make_shared<const Weights<E>>(std::move(upto));
+    } else {
+      SlimGptResult part;
+      part.plan = upto.cfg;
+      part.plan.structure.assign(res.plan.structure.begin(), res.plan.structure.begin() + l + 1);
+      part.values.o.assign(res.values.o.begin(), res.values.o.begin() + l + 1);
+      part.values.down.assign(res.values.down.begin(), res.values.down.begin() + l + 1);
+      model = fuse_slimgpt(upto, part);
+    }
+    const SlimGptGrams g = gather_grams(model, windows, {l}, {});
+    std::vector<Job> jobs = layer_jobs(*full, l);
+    run_jobs(c, res.layer_ratio, g, o, jobs);
+    collect(c, jobs, res);
+    if (progress) progress(l + 1, c.n_layer);
+  }
+  finish(res, o);
   return res;
 }
 
@@ -511,8 +619,8 @@ std::shared_ptr<Weights<E>> fuse_slimgpt(const Weights<E>& full, const SlimGptRe
     const auto ls = static_cast<size_t>(l);
     const int qc = static_cast<int>(p.structure[ls].q_heads.size()) * D,
               fc = static_cast<int>(p.structure[ls].ffn.size());
-    require(r.values.o[ls].size() == static_cast<size_t>(d) * qc &&
-                r.values.down[ls].size() == static_cast<size_t>(d) * fc,
+    require((qc == p.q_dim() || r.values.o[ls].size() == static_cast<size_t>(d) * qc) &&
+                (fc == p.d_ff || r.values.down[ls].size() == static_cast<size_t>(d) * fc),
             "fuse_slimgpt: layer {} values do not fit its structure", l);
     // a matrix that lost nothing keeps its values (obs_prune_units returns them as they are)
     LayerWeights<E>& dst = out->layers[ls];
@@ -542,13 +650,16 @@ nlohmann::json slimgpt_layers_json(const SlimGptResult& r) {
   return ls;
 }
 
-#define SPARSIM_INSTANTIATE_SLIMGPT(E)                                            \
-  template SlimGptGrams slimgpt_grams<E>(std::shared_ptr<const Weights<E>>,       \
-                                         const std::vector<std::vector<int>>&,    \
-                                         const std::function<void(int, int)>&);   \
-  template SlimGptResult slimgpt_prune<E>(const Weights<E>&, const SlimGptGrams&, \
-                                          const SlimGptOptions&);                 \
-  template std::shared_ptr<Weights<E>> fuse_slimgpt<E>(const Weights<E>&, const SlimGptResult&);
+#define SPARSIM_INSTANTIATE_SLIMGPT(E)                                                           \
+  template SlimGptGrams slimgpt_grams<E>(std::shared_ptr<const Weights<E>>,                      \
+                                         const std::vector<std::vector<int>>&,                   \
+                                         const std::function<void(int, int)>&);                  \
+  template SlimGptResult slimgpt_prune<E>(const Weights<E>&, const SlimGptGrams&,                \
+                                          const SlimGptOptions&);                                \
+  template std::shared_ptr<Weights<E>> fuse_slimgpt<E>(const Weights<E>&, const SlimGptResult&); \
+  template SlimGptResult slimgpt_prune_sequential<E>(                                            \
+      std::shared_ptr<const Weights<E>>, const std::vector<std::vector<int>>&,                   \
+      const SlimGptOptions&, const std::function<void(int, int)>&);
 SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_SLIMGPT)
 
 }  // namespace sparsim::pruning

@@ -47,12 +47,15 @@ struct SlimGptOptions {
   int ffn_group = 64;  ///< FFN channels removed per greedy step
   SlimGptSchedule schedule = SlimGptSchedule::Log;
   int windows = 64, tokens = 128;  ///< calibration windows × tokens (recorded in the recipe)
+  /// Hessians of each layer on the inputs the already-pruned layers below it give
+  /// (slimgpt_prune_sequential), instead of all from one pass of the dense model
+  bool sequential = false;
   std::string source_fingerprint, calibration;
   /// Throws sparsim::Error naming the option at fault: ratio outside [0, 1), a negative or
   /// non-finite damping, a group below 1, no calibration windows.
   void validate() const;
-  /// "hessian=dense-once unit=kv-group schedule=log damp=0.01 ffn_group=64 ratio=… windows=…
-  /// tokens=…", as recorded in the pruned model
+  /// "hessian=dense-once|sequential unit=kv-group schedule=log damp=0.01 ffn_group=64 ratio=…
+  /// windows=… tokens=…", as recorded in the pruned model
   std::string recipe() const;
 };
 
@@ -114,8 +117,19 @@ struct SlimGptResult {
 template <class E>
 SlimGptResult slimgpt_prune(const Weights<E>& full, const SlimGptGrams& g, const SlimGptOptions& o);
 
+/// The method as the paper runs it: layer by layer, the Gram matrices of layer l gathered from a
+/// pass over the windows of the model cut after layer l with layers 0 … l − 1 already pruned and
+/// compensated (L passes of growing depth); the same result type as slimgpt_prune.
+/// `progress(layers done, L)`.
+template <class E>
+SlimGptResult slimgpt_prune_sequential(std::shared_ptr<const Weights<E>> full,
+                                       const std::vector<std::vector<int>>& windows,
+                                       const SlimGptOptions& o,
+                                       const std::function<void(int, int)>& progress = {});
+
 /// The pruned model in memory: fuse_structured with zero biases, W_o and W_down replaced by the
-/// compensated values (fp32).
+/// compensated values (fp32) where the layer removed something from them (a whole matrix keeps
+/// its values, and needs none in r.values).
 template <class E>
 std::shared_ptr<Weights<E>> fuse_slimgpt(const Weights<E>& full, const SlimGptResult& r);
 
