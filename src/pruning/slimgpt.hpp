@@ -5,7 +5,9 @@
 ///
 /// - Statistic: per layer, the second moment G = Σ x xᵀ / n of the inputs of W_o (q_dim wide)
 ///   and of W_down (d_ff wide) over the calibration tokens (the OBS Hessian is 2G; the factor
-///   changes no decision). A damping λ · mean(diag G) is added to the diagonal.
+///   changes no decision), from one pass of the dense model (slimgpt_grams) or, as the paper
+///   does, layer by layer on the outputs of the already-pruned layers below
+///   (slimgpt_prune_sequential). A damping λ · mean(diag G) is added to the diagonal.
 /// - Error of removing the columns Q of W (kept set K, H⁻¹ = (G_KK)⁻¹):
 ///   E(Q) = tr(W_Q (H⁻¹_QQ)⁻¹ W_Qᵀ) = min ‖(W' − W) X‖² / n over W' with W'_Q = 0 — computed per
 ///   unit from the Cholesky factor of its diagonal block of H⁻¹ (grouped Cholesky).
