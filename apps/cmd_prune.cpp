@@ -1,7 +1,7 @@
 // sparsim prune: weight-side KV pruning (RAP, KVPruner) from Fisher scores, low-rank K/V
 // factorisation (PaLU, SVD-LLM; prune_low_rank.cpp), or structured pruning of whole heads and FFN
-// channels (FLAP) from statistics gathered over a corpus, written out as a smaller GGUF model that
-// every command runs.
+// channels (FLAP, SlimGPT) from statistics gathered over a corpus, written out as a smaller GGUF
+// model that every command runs.
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
@@ -15,6 +15,7 @@
 #include "pruning/flap.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/pruned_gguf.hpp"
+#include "pruning/slimgpt.hpp"
 #include "records.hpp"
 #include "sparsity/calibration.hpp"
 
@@ -133,6 +134,123 @@ int prune_flap(int argc, char** argv, FlapArgs& a) {
   });
 }
 
+/// The corpus's first `n` windows of `tokens` tokens (consecutive), or a message naming what is
+/// short.
+std::vector<std::vector<int>> corpus_windows(const Corpus& corpus, const std::vector<int>& stream,
+                                             int n, int tokens, const char* method,
+                                             const char* opt) {
+  const std::size_t need = static_cast<std::size_t>(n) * tokens;
+  require(stream.size() >= need,
+          "prune --method {}: the corpus {} has {} tokens; {} windows of {} need {} (a longer "
+          "corpus, or fewer --{}-windows / --{}-tokens)",
+          method, corpus.source, stream.size(), n, tokens, need, opt, opt);
+  std::vector<std::vector<int>> windows;
+  for (int i = 0; i < n; ++i) {
+    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * tokens;
+    windows.emplace_back(b, b + tokens);
+  }
+  return windows;
+}
+
+struct SlimGptArgs {
+  std::string model_arg, corpus_arg, text_field, out, json_out;
+  pruning::CutType cut;
+  pruning::SlimGptOptions so;
+  CommonOptions co;
+};
+
+/// prune --method slimgpt: Gram matrices of the W_o and W_down inputs over corpus windows, the
+/// OBS greedy per layer with the incremental ratio, the compensated weights, the reduced GGUF.
+int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
+  const ResolvedModel rm = resolve_model(a.model_arg);
+  require(detect_model_format(rm.path) == ModelFormat::Gguf,
+          "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
+          "tensors and tokenizer",
+          rm.path);
+  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(a.corpus_arg)}},
+                {{"--out", a.out}, {"--json", a.json_out}});
+  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  Runtime rt(a.co);
+  return with_backend(a.co.backend, [&](auto exec) {
+    using E = decltype(exec);
+    (void)exec;
+    Stopwatch wall;
+    ModelInfo mi;
+    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
+    const Config& c = w->cfg;
+    require(!c.pruned() && !c.structured() && !c.low_rank_kv(),
+            "{} is already pruned ({}); prune the full model", rm.path, c.prune.method);
+    pruning::SlimGptOptions& so = a.so;
+    require(so.tokens <= c.context_length, "--slimgpt-tokens {} exceeds the model's context of {}",
+            so.tokens, c.context_length);
+    const Tokenizer tok = tokenizer_for(rm.path);
+    const std::vector<std::vector<int>> windows = corpus_windows(
+        corpus, corpus_stream(corpus, tok), so.windows, so.tokens, "slimgpt", "slimgpt");
+    so.source_fingerprint = mi.fingerprint;
+    so.calibration = fmt::format("corpus {} ({} windows of {} tokens)", corpus.fingerprint,
+                                 so.windows, so.tokens);
+    log().info("SlimGPT statistics: {} windows of {} tokens{}", so.windows, so.tokens,
+               so.sequential ? ", gathered again for every layer" : "");
+    const std::int64_t tokens = static_cast<std::int64_t>(so.windows) * so.tokens;
+    double stats_s = 0, prune_s = 0;
+    pruning::SlimGptResult res;
+    if (so.sequential) {  // statistics and greedy interleaved, layer by layer
+      Stopwatch clock;
+      res = pruning::slimgpt_prune_sequential<E>(w, windows, so, [](int done, int total) {
+        log().info("SlimGPT: layer {} of {} pruned", done, total);
+      });
+      prune_s = clock.seconds();
+    } else {
+      Stopwatch stats_clock;
+      const pruning::SlimGptGrams g = pruning::slimgpt_grams<E>(w, windows);
+      stats_s = stats_clock.seconds();
+      Stopwatch prune_clock;
+      res = pruning::slimgpt_prune(*w, g, so);
+      prune_s = prune_clock.seconds();
+    }
+    const Config& pc = res.plan;
+    const pruning::OutputBiases biases = pruning::zero_biases(pc);
+    const pruning::WrittenModel written =
+        pruning::write_pruned_gguf(rm.path, pc, a.out, a.cut, &biases, &res.values);
+    const ModelInfo mo = check_written<E>(a.out, pc);
+    const pruning::FlapReport rep = pruning::flap_report(c, pc, so.ratio);
+    std::cout << fmt::format(
+        "pruned slimgpt -> {}\n  source {} (fingerprint {})\n  statistics {} ({} tokens, {:.1f} "
+        "s)\n  greedy and compensation {:.1f} s\n  recipe {}\n  output fingerprint {}, {} "
+        "parameters (full: {})\n\n",
+        a.out, mi.path, mi.fingerprint, so.calibration, tokens, stats_s, prune_s, pc.prune.recipe,
+        mo.fingerprint, pc.n_params(), c.n_params());
+    std::cout << rep.table() << written.text();
+    std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
+    if (!a.json_out.empty()) {
+      nlohmann::json j = rep.json();
+      j["method"] = "slimgpt";
+      j["layers"] = pruning::slimgpt_layers_json(res);
+      j.update(written.json());
+      j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
+      j["output"] = {{"path", a.out}, {"fingerprint", mo.fingerprint}};
+      j["calibration"] = {{"corpus_path", corpus.source},
+                          {"corpus_fingerprint", corpus.fingerprint},
+                          {"windows", so.windows},
+                          {"tokens_per_window", so.tokens},
+                          {"tokens", tokens}};
+      j["schedule"] = pruning::schedule_name(so.schedule);
+      j["hessian"] = so.sequential ? "sequential" : "dense";
+      j["damp"] = so.damp;
+      j["ffn_group"] = so.ffn_group;
+      j["recipe"] = pc.prune.recipe;
+      j["n_params"] = pc.n_params();
+      j["n_params_full"] = c.n_params();
+      j["statistics_seconds"] = stats_s;
+      j["prune_seconds"] = prune_s;
+      j["wall_seconds"] = wall.seconds();
+      j["command"] = command_line(argc, argv);
+      io::write_file_atomically(a.json_out, j.dump(2) + "\n");
+    }
+    return 0;
+  });
+}
+
 }  // namespace
 
 int cmd_prune(int argc, char** argv) {
@@ -140,6 +258,8 @@ int cmd_prune(int argc, char** argv) {
   std::string model_arg, method, calib_path, out, json_out, type, corpus_arg, text_field;
   double ratio = 0.2;
   int flap_windows = 64, flap_tokens = 128;
+  pruning::SlimGptOptions slim;
+  std::string slim_schedule = "log", slim_hessian = "dense";
   std::string score = "fisher", budget = "adaptive", pair_score = "joint", kv_budget = "balanced";
   double retain = 0.7, k_share = 0.5;
   int flops_context = 2048;
@@ -156,17 +276,37 @@ int cmd_prune(int argc, char** argv) {
       "W_v per group of KV heads, ranks by Fisher score; the cache holds the latents), "
       "svd-llm (whitened low-rank W_k and W_v over all KV heads, equal ranks) or flap (whole "
       "attention heads and FFN channels by fluctuation score, one ranking over the model, "
-      "removed parts' mean output folded into biases; statistics from --corpus)")(
+      "removed parts' mean output folded into biases; statistics from --corpus) or slimgpt "
+      "(whole attention heads and FFN channels removed layer by layer by the Optimal Brain "
+      "Surgeon greedy on the W_o / W_down input Hessians, the kept columns compensated; ratios "
+      "rising with depth; statistics from --corpus)")(
       "ratio", po::value(&ratio)->default_value(ratio),
-      "flap: share of the blocks' projection parameters removed, in (0, 1)")(
+      "flap, slimgpt: share of the blocks' projection parameters removed, in (0, 1) for flap, "
+      "[0, 1) for slimgpt")(
       "corpus,c", po::value(&corpus_arg)->default_value("default"),
-      "flap, palu, svd-llm: calibration / whitening text (a file, a directory, JSONL, or "
+      "flap, slimgpt, palu, svd-llm: calibration / whitening text (a file, a directory, JSONL, or "
       "'default')")("text-field", po::value(&text_field)->default_value("text"),
                     "JSONL field holding the text")(
       "flap-windows", po::value(&flap_windows)->default_value(flap_windows),
       "flap: calibration windows (consecutive, from the start of the corpus)")(
       "flap-tokens", po::value(&flap_tokens)->default_value(flap_tokens),
       "flap: tokens per calibration window (each run from position 0)")(
+      "slimgpt-windows", po::value(&slim.windows)->default_value(slim.windows),
+      "slimgpt: calibration windows (consecutive, from the start of the corpus)")(
+      "slimgpt-tokens", po::value(&slim.tokens)->default_value(slim.tokens),
+      "slimgpt: tokens per calibration window (each run from position 0)")(
+      "slimgpt-damp", po::value(&slim.damp)->default_value(slim.damp),
+      "slimgpt: damping λ, λ·mean(diag H) added to the Hessian's diagonal")(
+      "slimgpt-ffn-group", po::value(&slim.ffn_group)->default_value(slim.ffn_group),
+      "slimgpt: FFN channels removed per greedy step (the inverse Hessian is recomputed "
+      "between steps)")(
+      "slimgpt-schedule", po::value(&slim_schedule)->default_value(slim_schedule),
+      "slimgpt: per-layer ratios: log (rising as ln(l + 2) with depth, mean = --ratio) or "
+      "uniform (--ratio in every layer)")(
+      "slimgpt-hessian", po::value(&slim_hessian)->default_value(slim_hessian),
+      "slimgpt: dense (every layer's Hessian from one pass of the dense model) or sequential "
+      "(layer by layer on the inputs of the already-pruned layers below: one pass per layer, "
+      "about L/2 times the statistics' cost)")(
       "retain", po::value(&retain)->default_value(0.7),
       "mean retain ratio ρ in (0, 1]: the fraction of K and V channels kept over the model "
       "(palu, svd-llm: the KV-cache width kept, Σ ranks over Σ K and V widths)")(
@@ -213,18 +353,37 @@ int cmd_prune(int argc, char** argv) {
           argc, argv,
           "usage: sparsim prune --method rap|kvpruner|kvpruner-naive|palu|svd-llm --retain R "
           "[--calibration C] --out M.gguf [--model smollm2] [--json S] [--type auto|source|TYPE]\n"
-          "       sparsim prune --method flap --ratio P [--corpus C] --out M.gguf",
+          "       sparsim prune --method flap|slimgpt --ratio P [--corpus C] --out M.gguf",
           d, vm))
     return 0;
   // Everything a user can get wrong is checked before anything is written.
   require(!out.empty(), "prune: --out FILE is required");
   const bool low_rank = method == "palu" || method == "svd-llm";
   require(low_rank || method == "rap" || method == "kvpruner" || method == "kvpruner-naive" ||
-              method == "flap",
-          "pruning method '{}' is not rap, kvpruner, kvpruner-naive, palu, svd-llm or flap",
+              method == "flap" || method == "slimgpt",
+          "pruning method '{}' is not rap, kvpruner, kvpruner-naive, palu, svd-llm, flap or "
+          "slimgpt",
           method);
   for (const char* o : {"group", "no-whiten", "whiten-seqs", "whiten-tokens"})
     require(low_rank || vm[o].defaulted(), "--{} applies to --method palu and svd-llm only", o);
+  for (const char* o : {"slimgpt-windows", "slimgpt-tokens", "slimgpt-damp", "slimgpt-ffn-group",
+                        "slimgpt-schedule", "slimgpt-hessian"})
+    require(method == "slimgpt" || vm[o].defaulted(), "--{} applies to --method slimgpt only", o);
+  if (method == "slimgpt") {
+    for (const char* o : {"retain", "calibration", "score", "budget", "pair-score", "k-share",
+                          "kv-budget", "flops-context", "flap-windows", "flap-tokens"})
+      require(!vm.count(o) || vm[o].defaulted(),
+              "--{} does not apply to --method slimgpt (a RAP / KVPruner / FLAP option)", o);
+    slim.ratio = ratio;
+    slim.schedule = pruning::parse_slimgpt_schedule(slim_schedule);
+    require(slim_hessian == "dense" || slim_hessian == "sequential",
+            "--slimgpt-hessian '{}' is not dense or sequential", slim_hessian);
+    slim.sequential = slim_hessian == "sequential";
+    slim.validate();
+    SlimGptArgs a{model_arg, corpus_arg, text_field, out, json_out, pruning::CutType::parse(type),
+                  slim,      co};
+    return prune_slimgpt(argc, argv, a);
+  }
   if (low_rank) {
     for (const char* o : {"score", "budget", "pair-score", "k-share", "kv-budget", "type",
                           "flops-context", "ratio", "flap-windows", "flap-tokens"})

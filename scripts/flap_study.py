@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""FLAP against dense and Token Filtering on one model: perplexity with its spread over windows,
-and the realised FLOPs, bytes and parameters each configuration ran with.
+"""FLAP against dense and Token Filtering (and SlimGPT, with --slimgpt-ratios) on one model:
+perplexity with its spread over windows, and the realised FLOPs, bytes and parameters each
+configuration ran with.
 
 Steps (every output is a file in --outdir; a step whose file exists is skipped):
 
   1. split the corpus by file: the first --calib-files files (sorted) are FLAP's calibration
      text, the rest the evaluation text (directories of symbolic links in --outdir);
-  2. `sparsim prune --method flap` at each --ratios value (GGUF + JSON summary);
+  2. `sparsim prune --method flap` at each --ratios value and `--method slimgpt` at each
+     --slimgpt-ratios value, on the same calibration text (GGUF + JSON summary);
   3. `sparsim eval` over non-overlapping windows of the evaluation text: dense, every FLAP model,
      and Token Filtering at each --tf-ratios value on the dense model;
   4. a JSON summary (--json) and a generated table between the markers of a Markdown page
@@ -14,6 +16,8 @@ Steps (every output is a file in --outdir; a step whose file exists is skipped):
 
   scripts/flap_study.py --outdir out/flap --json docs/results/flap_smollm2.json \\
       --page docs/flap.md
+  scripts/flap_study.py --outdir out/slimgpt --ratios 0.2,0.5 --slimgpt-ratios 0.2,0.5 \\
+      --tf-ratios '' --json docs/results/slimgpt_smollm2.json --page docs/slimgpt.md
 
 Needs h5py (the scripts venv of scripts/setup.sh has it).
 """
@@ -31,7 +35,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from study_steps import sh  # noqa: E402
 
-BEGIN = "<!-- flap_study table: begin -->"
+BEGIN = "<!-- flap_study table: begin -->"  # the same markers on every page it writes
 END = "<!-- flap_study table: end -->"
 
 
@@ -84,6 +88,9 @@ def main():
     ap.add_argument("--outdir", default=os.path.join(ROOT, "out", "flap"))
     ap.add_argument("--ratios", default="0.2,0.5")
     ap.add_argument("--tf-ratios", default="0.2,0.5")
+    ap.add_argument("--slimgpt-ratios", default="", help="SlimGPT arms (none by default)")
+    ap.add_argument("--slimgpt-windows", type=int, default=64)
+    ap.add_argument("--slimgpt-tokens", type=int, default=128)
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--windows", type=int, default=8)
     ap.add_argument("--flap-windows", type=int, default=64)
@@ -97,6 +104,7 @@ def main():
     dirs = split_corpus(a.corpus, a.outdir, a.calib_files)
     ratios = [float(x) for x in a.ratios.split(",") if x]
     tf_ratios = [float(x) for x in a.tf_ratios.split(",") if x]
+    slim_ratios = [float(x) for x in a.slimgpt_ratios.split(",") if x]
 
     configs = [("dense", a.model, [], None)]
     prune = {}
@@ -107,6 +115,16 @@ def main():
             sh([a.sparsim, "prune", "--method", "flap", "--model", a.model, "--ratio", str(r),
                 "--corpus", dirs["calib"], "--flap-windows", str(a.flap_windows),
                 "--flap-tokens", str(a.flap_tokens), "--out", gg, "--json", js] + thr, js + ".log")
+        prune[n] = json.load(open(js))
+        configs.append((n, gg, [], r))
+    for r in slim_ratios:
+        n = f"slimgpt-{r:g}"
+        gg, js = os.path.join(a.outdir, n + ".gguf"), os.path.join(a.outdir, n + ".prune.json")
+        if not (os.path.exists(gg) and os.path.exists(js)):
+            sh([a.sparsim, "prune", "--method", "slimgpt", "--model", a.model, "--ratio", str(r),
+                "--corpus", dirs["calib"], "--slimgpt-windows", str(a.slimgpt_windows),
+                "--slimgpt-tokens", str(a.slimgpt_tokens), "--out", gg, "--json", js] + thr,
+               js + ".log")
         prune[n] = json.load(open(js))
         configs.append((n, gg, [], r))
     for r in tf_ratios:
@@ -137,6 +155,8 @@ def main():
     summary = {"model": a.model, "corpus": a.corpus, "calib_files": a.calib_files,
                "context": a.context, "windows": a.windows, "flap_windows": a.flap_windows,
                "flap_tokens": a.flap_tokens, "configs": rows}
+    if slim_ratios:
+        summary["slimgpt_windows"], summary["slimgpt_tokens"] = a.slimgpt_windows, a.slimgpt_tokens
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json + ".tmp", "w") as f:
@@ -145,7 +165,9 @@ def main():
 
     lines = [f"{a.windows} windows of {a.context} tokens of the evaluation text (scored: the last "
              f"{a.context - 1} of each), FLAP calibrated on the first {a.calib_files} files "
-             f"({a.flap_windows} windows of {a.flap_tokens} tokens). Fractions are against the "
+             f"({a.flap_windows} windows of {a.flap_tokens} tokens)"
+             + (f", SlimGPT on the same files ({a.slimgpt_windows} windows of {a.slimgpt_tokens} "
+                "tokens)" if slim_ratios else "") + ". Fractions are against the "
              "dense run of the same windows; ΔNLL is the paired per-window difference "
              "(mean ± standard error).", "",
              "| configuration | perplexity | window ppl (mean ± sd) | ΔNLL vs dense | FLOPs | bytes | parameters |",

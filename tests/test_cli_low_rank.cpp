@@ -134,7 +134,7 @@ TEST_F(CliLowRank, BadInputFailsClearlyWithoutOutput) {
   expect_fail(prune("palu", "1.5", out), "(0, 1]");
   expect_fail(prune("svd-llm", "nan", out), "(0, 1]");
   expect_fail(prune("magic", "0.5", out),
-              "not rap, kvpruner, kvpruner-naive, palu, svd-llm or flap");
+              "not rap, kvpruner, kvpruner-naive, palu, svd-llm, flap or slimgpt");
   // PaLU needs the Fisher scores, of this model
   expect_fail(
       sparsim_bin() + " prune --model " + model_ + " --method palu --retain 0.5 --out " + out,

@@ -281,7 +281,7 @@ TEST_F(CliPrune, BadInputFailsClearlyWithoutOutput) {
   expect_fail(prune("rap", "-0.2", out), "(0, 1]");
   expect_fail(prune("rap", "nan", out), "(0, 1]");
   expect_fail(prune("magic", "0.5", out),
-              "not rap, kvpruner, kvpruner-naive, palu, svd-llm or flap");
+              "not rap, kvpruner, kvpruner-naive, palu, svd-llm, flap or slimgpt");
   // the ablation switches: unknown values, a K share K or V cannot hold
   expect_fail(prune("rap", "0.5", out, "--score entropy"), "'entropy' is not fisher or magnitude");
   expect_fail(prune("rap", "0.5", out, "--budget greedy"), "'greedy' is not adaptive or uniform");

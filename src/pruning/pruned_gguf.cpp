@@ -272,12 +272,15 @@ nlohmann::json WrittenModel::json() const {
 
 WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
                                const std::string& out, const CutType& cut,
-                               const OutputBiases* biases) {
+                               const OutputBiases* biases, const KeptColumnValues* values) {
   require(pruned.pruned() || pruned.structured(), "write_pruned_gguf: the config is not pruned");
   pruned.validate();
   const auto L = static_cast<std::size_t>(pruned.n_layer);
   require(!pruned.structured() || (biases && biases->o.size() == L && biases->down.size() == L),
           "write_pruned_gguf: a structurally pruned model needs the biases of every layer");
+  require(!values || (pruned.structured() && values->o.size() == L && values->down.size() == L),
+          "write_pruned_gguf: new W_o / W_down values belong to a structurally pruned model and "
+          "cover every layer");
   gguf::File f = gguf::File::open(source);
   const Config full = config_from_gguf(f);
   check_shape(source, full, pruned);
@@ -317,6 +320,21 @@ WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
     // W_o [d_model][n_head·D], W_down [d_model][d_ff]: the kept columns of every row
     require(sel.back() < static_cast<int>(t.ne[0]), "{}: tensor '{}' has {} columns", source,
             t.name, t.ne[0]);
+    if (values) {  // the kept columns' new values (as the source's when they are its own bits)
+      const std::vector<float>& x = which == "attn_output"
+                                        ? values->o[static_cast<std::size_t>(l)]
+                                        : values->down[static_cast<std::size_t>(l)];
+      require(x.size() == rows * n,
+              "write_pruned_gguf: layer {} new values of {} are {}, expected {} × {}", l, which,
+              x.size(), rows, n);
+      const std::vector<float> own = kept_columns(t, sel);
+      if (std::memcmp(own.data(), x.data(), x.size() * sizeof(float)) != 0) {
+        Encoded e = encode_cut(cut, t.type, x, n, t.name);
+        rep.changed.push_back({t.name, t.type, e.type, e.exact, n});
+        w.add_tensor(t.name, {n, rows}, e.type, std::move(e.bytes));
+        continue;
+      }
+    }
     if (whole_blocks(sel, gguf::block_size(t.type))) {
       w.add_tensor(t.name, {n, rows}, t.type, copy_column_blocks(t, sel));
       ++rep.kept;

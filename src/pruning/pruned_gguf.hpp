@@ -66,14 +66,23 @@ struct OutputBiases {
   std::vector<std::vector<float>> o, down;
 };
 
+/// New values of the kept columns of W_o and W_down of a structurally pruned model whose kept
+/// columns were changed (SlimGPT's compensation): [layer][d_model × kept columns], row-major.
+struct KeptColumnValues {
+  std::vector<std::vector<float>> o, down;
+};
+
 /// Writes `out` (atomically: nothing is left at `out` on failure) from the GGUF model at
 /// `source`, whose config with `attn` / `structure` cleared must equal `pruned`'s full shape.
 /// A structurally pruned config (FLAP) also cuts W_gate, W_up (rows) and W_down (columns) and
 /// needs `biases`, written as blk.N.attn_output.bias and blk.N.ffn_down.bias (F32). Throws
 /// sparsim::Error, writing nothing, when a tensor's kept row length is not a multiple of the
-/// block size of the type `cut` asks for.
+/// block size of the type `cut` asks for. With `values`, W_o and W_down are written from those
+/// values instead of the source's kept columns, in the type `cut` chooses (`auto`: the smallest
+/// of F16, BF16, F32 that holds them exactly), and listed as changed.
 WrittenModel write_pruned_gguf(const std::string& source, const Config& pruned,
                                const std::string& out, const CutType& cut = {},
-                               const OutputBiases* biases = nullptr);
+                               const OutputBiases* biases = nullptr,
+                               const KeptColumnValues* values = nullptr);
 
 }  // namespace sparsim::pruning
