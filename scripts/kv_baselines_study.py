@@ -173,6 +173,53 @@ def fmt_opt(x, f="{:.3f}"):
     return f.format(x) if x is not None else "not run"
 
 
+def bench_files(a):
+    """The attention-module benchmarks of scripts/bench_rap_attention.py, one file per method."""
+    out = {}
+    for m in ["rap"] + [m for m in a.methods if m != "rap"]:
+        p = a.bench_json.format(method=m)
+        if os.path.exists(p):
+            out[m] = p
+    return out
+
+
+def bench_section(a, st):
+    """Attention-module time against dense in the same run (medians of the runs, their range)."""
+    files = bench_files(a)
+    if not files:
+        return []
+    L = [f"\n## Attention-module time at ρ = {st['retain']} (CPU)\n"]
+    first = json.load(open(next(iter(files.values()))))
+    se, cpu = first["settings"], first.get("cpu", {})
+    L.append(f"`sparsim bench --model PRUNED --baseline {se['dense']} --prompt {se['prompt']} "
+             f"--decode {se['decode']} --reps {se['reps']} --threads {se['threads']}` through "
+             f"`scripts/bench_rap_attention.py` ({se['repeat']} independent runs per batch size, batch sizes "
+             "taking turns); the q, k, v, o projections, RoPE, the cache store, the low-rank methods' "
+             "rebuilding of K and V, and attention, profiled, pruned against dense with their repetitions "
+             "interleaved in the same process. Batch 8 times the decode steps only (over a cache of "
+             f"{se['prompt']} positions). CPU: {cpu.get('model', 'unknown')}. Ratios below 1: faster than dense. "
+             "Median over the runs [min, max]; the files: "
+             + ", ".join(f"[{os.path.basename(p)}]({os.path.relpath(p, os.path.dirname(a.page))})"
+                         for p in files.values()) + ".\n")
+    L.append("| method | batch | attention prefill / dense | attention decode / dense | whole decode step / dense | "
+             "load average before (1 min) |")
+    L.append("|---|---|---|---|---|---|")
+
+    def cell(e, k):
+        if k not in e:
+            return "-"
+        return f"{e[k]['median']:.3f} [{e[k]['min']:.3f}, {e[k]['max']:.3f}]"
+
+    for m, p in files.items():
+        j = json.load(open(p))
+        for b, e in sorted(j["summary"].items(), key=lambda kv: int(kv[0])):
+            loads = [r["load_before"][0] for r in j["runs"] if str(r.get("batch")) == b]
+            ld = f"{min(loads):.2f}–{max(loads):.2f}" if loads else "-"
+            L.append(f"| {m} | {b} | {cell(e, 'attention_prefill_ratio')} | {cell(e, 'attention_decode_ratio')} | "
+                     f"{cell(e, 'forward_decode_ratio')} | {ld} |")
+    return L
+
+
 def write_page(a, s):
     st = s["settings"]
     rel = os.path.relpath(a.json, os.path.dirname(a.page))
@@ -244,6 +291,7 @@ def write_page(a, s):
             r = next((r for r in rows if r["method"] == m and abs(r["retain"] - x) < 1e-9), None)
             cells.append("not run" if r is None else f"{r['attn_decode_flops_fraction']:.3f}")
         L.append(f"| {m} | " + " | ".join(cells) + " |")
+    L.extend(bench_section(a, st))
     L.append("")
     L.append("## Against the paper\n")
     words = []
@@ -292,6 +340,10 @@ def main():
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "kv_baselines_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "kv-baselines.md"))
     ap.add_argument("--page-only", action="store_true", help="rebuild the page from --json")
+    ap.add_argument("--bench-json",
+                    default=os.path.join(ROOT, "docs", "results", "kv_baselines_attention_{method}.json"),
+                    help="attention-module benchmarks per method (scripts/bench_rap_attention.py "
+                         "--json), shown on the page where they exist")
     a = ap.parse_args()
     a.methods = a.methods.split(",")
     a.curve = [float(x) for x in a.curve.split(",") if x]
