@@ -533,8 +533,8 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     }
     attend(l, CMat<E>(q), att, n_seq, T, p0);
     if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
+    observe(l, Site::O, att);  // (the probe's states: the unpruned input)
     prune_structured(l, Site::O, x, att, ph);
-    observe(l, Site::O, att);
     proj(att, Proj::O, l, tmp, ph);
   } else {
     // Gather the kept rows, run Q projection, attention and O projection on them alone, and
@@ -602,8 +602,8 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   proj(xn, Proj::Up, l, up, ph);
   swiglu(exec_, gate, CMat<E>(up));
   mark(flops::Op::SwiGLU);
-  prune_structured(l, Site::Down, x, gate, ph);
   observe(l, Site::Down, gate);
+  prune_structured(l, Site::Down, x, gate, ph);
   proj(gate, Proj::Down, l, tmp, ph);
   add_bias(lw.down_bias);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);

@@ -92,6 +92,7 @@ ProbePruner<E>::ProbePruner(const ProbePruningOptions& o, const Weights<E>& w) :
 
 template <class E>
 void ProbePruner<E>::begin_call(int n_seq, int T, int p0) {
+  if (o_.ratio <= 0) return;  // no layer is active: nothing is selected or recorded
   // a decode step continues the batch whose prefill chose the masks
   select_ = T > 1 || p0 == 0 || batches_.empty();
   if (!select_) {
