@@ -2,6 +2,7 @@
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
+#include "core/timer.hpp"
 #include "io/hdf5.hpp"
 
 #include <algorithm>
@@ -121,6 +122,7 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
           "Probe Pruning: layer {} input of {} columns, expected {}", layer, width,
           attn ? n_head_ * v_dim_ : d_ff_);
   if (select_ || s.mask.extent(0) == 0) {
+    Stopwatch sw;
     // 1. the probe: the rows with the largest residual norm
     Kokkos::View<double*, DeviceOf<E>> norms("sparsim::pp::row_norms", n);
     Kokkos::parallel_for(
@@ -179,6 +181,8 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
         static_cast<int>(s.kept.size());
     cost.flops += 2.0 * n * d + 2.0 * k * width + 2.0 * width;
     cost.bytes += 4.0 * n * d + 4.0 * k * width + 8.0 * width;
+    exec.fence();
+    select_seconds_ += sw.seconds();
   }
   // 4. the call runs with the pruned columns zeroed (the kept ones untouched)
   if (!s.any_pruned) return;

@@ -76,6 +76,8 @@ class ProbePruner final : public StructuredPruner<E> {
   const std::vector<Batch>& batches() const { return batches_; }
   /// Calls that reused the masks of the last selection (decode steps).
   std::uint64_t reused_calls() const { return reused_; }
+  /// Wall seconds spent choosing masks (probe rows, statistics, scores, masks; fenced).
+  double select_seconds() const { return select_seconds_; }
   /// Realised pruned fraction of attention units (heads) and FFN channels of `layer`, over the
   /// selections (NaN-free: 0 when none).
   double head_ratio(int layer) const;
@@ -121,6 +123,7 @@ class ProbePruner final : public StructuredPruner<E> {
   std::vector<Batch> batches_;
   bool select_ = true;
   std::uint64_t reused_ = 0;
+  double select_seconds_ = 0;
 };
 
 }  // namespace sparsim::pruning
