@@ -124,7 +124,11 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
   if (select_ || s.mask.extent(0) == 0) {
     Stopwatch sw;
     // 1. the probe: the rows with the largest residual norm
-    Kokkos::View<double*, DeviceOf<E>> norms("sparsim::pp::row_norms", n);
+    if (norms_.extent(0) < static_cast<std::size_t>(n))
+      norms_ = Kokkos::View<double*, DeviceOf<E>>(
+          Kokkos::view_alloc(std::string("sparsim::pp::row_norms"), Kokkos::WithoutInitializing),
+          n);
+    const Kokkos::View<double*, DeviceOf<E>> norms(norms_.data(), n);
     Kokkos::parallel_for(
         "sparsim::pp::row_norms", Kokkos::RangePolicy<E>(exec, 0, n), KOKKOS_LAMBDA(const int r) {
           double a = 0;
@@ -135,13 +139,17 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
     const int k = probe_rows(n, o_.probe);
     s.rows = top_indices(std::vector<double>(hn.data(), hn.data() + n), k);
     // 2. the probe's states: mean of x_j² over the probe rows
-    IVec<E> rows("sparsim::pp::probe_rows", k);
+    if (rows_.extent(0) < static_cast<std::size_t>(k))
+      rows_ = IVec<E>("sparsim::pp::probe_rows", k);
+    const IVec<E> rows(rows_.data(), k);
     {
       auto hr = Kokkos::create_mirror_view(rows);
       for (int i = 0; i < k; ++i) hr(i) = s.rows[static_cast<std::size_t>(i)];
       Kokkos::deep_copy(exec, rows, hr);
     }
-    Kokkos::View<double*, DeviceOf<E>> stat("sparsim::pp::stat", width);
+    if (stat_.extent(0) < static_cast<std::size_t>(width))
+      stat_ = Kokkos::View<double*, DeviceOf<E>>("sparsim::pp::stat", width);
+    const Kokkos::View<double*, DeviceOf<E>> stat(stat_.data(), width);
     Kokkos::parallel_for(
         "sparsim::pp::probe_stat", Kokkos::RangePolicy<E>(exec, 0, width),
         KOKKOS_LAMBDA(const int j) {
