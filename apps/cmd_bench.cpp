@@ -657,6 +657,14 @@ int cmd_bench(int argc, char** argv) {
     }
     std::vector<int> toks(prompt);
     for (int i = 0; i < prompt; ++i) toks[i] = (i * 7919 + 13) % c.vocab;
+    // Probe Pruning: its own engine of the same batch, timed alternately with the dense one
+    std::unique_ptr<Engine<E>> pe;
+    std::unique_ptr<pruning::ProbePruner<E>> ppr;
+    if (ma.probe_pruning) {
+      pe = std::make_unique<Engine<E>>(w, batch, prompt + decode, nullptr, exec);
+      ppr = make_probe_pruner(ma, *pe);
+    }
+    std::vector<double> tp_pre, tp_dec, tp_probe;
     // Dense and sparse alternate within each repetition, so that load changes on a shared
     // machine hit both alike.
     std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
@@ -664,6 +672,13 @@ int cmd_bench(int argc, char** argv) {
       const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, clock, batch);
       t_pre.push_back(pre);
       t_dec.push_back(dec);
+      if (pe) {
+        const double before = ppr->select_seconds();
+        const auto [ppre, pdec] = timed_run(*pe, toks, decode, c.vocab, clock, batch);
+        tp_pre.push_back(ppre);
+        tp_dec.push_back(pdec);
+        tp_probe.push_back(ppr->select_seconds() - before);  // the prefill's selection
+      }
       if (se) {
         const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab, clock);
         ts_pre.push_back(spre);
@@ -695,6 +710,13 @@ int cmd_bench(int argc, char** argv) {
         sb.read.median / 1e9, sb.runtime_copy.median / 1e9, wbytes / 1e6, ideal_tps,
         dec_tps / ideal_tps, host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
     if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
+    if (pe)
+      std::cout << fmt::format(
+          "probe-pruning (ratio {}, probe {}): prefill {:.1f} tokens/s, decode {:.1f} tokens/s; "
+          "mask selection {:.4f} s a prefill = {:.3f} of the pruned prefill (medians of {})\n",
+          ma.pp.ratio, ma.pp.probe, static_cast<double>(prompt) * batch / median(tp_pre),
+          static_cast<double>(batch) / median(tp_dec), median(tp_probe),
+          median(tp_probe) / median(tp_pre), reps);
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -931,6 +953,15 @@ int cmd_bench(int argc, char** argv) {
                              {"decode_bytes", dec.bytes_dense}};
       }
       if (sparse) j["sparse"] = mj;
+      if (pe) {
+        nlohmann::json pj = probe_pruning_json(*ppr);
+        pj.erase("batches");
+        pj["prefill_tokens_per_s"] = static_cast<double>(prompt) * batch / median(tp_pre);
+        pj["decode_tokens_per_s"] = static_cast<double>(batch) / median(tp_dec);
+        pj["probe_seconds_per_prefill"] = median(tp_probe);
+        pj["probe_share_of_prefill"] = median(tp_probe) / median(tp_pre);
+        j["probe_pruning"] = pj;
+      }
       interruption_point("write");
       io::write_file_atomically(json_out, j.dump(2) + "\n");
     }

@@ -201,7 +201,7 @@ int cmd_eval(int argc, char** argv) {
   std::string checkpoint_path;
   if (!no_ppl && checkpoint_arg == "auto") {
     const std::string& base = !out.empty() ? out : json_out;
-    if (!base.empty() && !da.enabled() && !ma.token_filter && !ma.kv_prune)
+    if (!base.empty() && !da.enabled() && !ma.token_filter && !ma.kv_prune && !ma.probe_pruning)
       checkpoint_path = base + ".ckpt";
   } else if (!no_ppl && checkpoint_arg != "off") {
     require(!checkpoint_arg.empty(), "--checkpoint: give auto, off or a file name");
@@ -214,6 +214,9 @@ int cmd_eval(int argc, char** argv) {
     require(!ma.kv_prune,
             "--checkpoint cannot be combined with think or grace (the per-head channel records "
             "are not kept in the checkpoint)");
+    require(!ma.probe_pruning,
+            "--checkpoint cannot be combined with probe-pruning (the per-batch records are not "
+            "kept in the checkpoint)");
     checkpoint_path = checkpoint_arg;
   }
   require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
@@ -333,6 +336,7 @@ int cmd_eval(int argc, char** argv) {
     std::unique_ptr<pruning::KvChannelPruner<E>> kvp = make_kv_pruner(ma, eng, shortest_prefill);
     std::unique_ptr<pruning::TokenEvictorPolicy<E>> evp =
         make_token_evictor(ma, eng, shortest_prefill);
+    std::unique_ptr<pruning::ProbePruner<E>> ppr = make_probe_pruner(ma, eng);
     sparsity::ActivationMasker<E> masker(c.n_layer);
     attach_masker(eng, masker, plan);
     std::unique_ptr<DumpingMasker<E>> dumper;
@@ -627,6 +631,15 @@ int cmd_eval(int argc, char** argv) {
       j["token_filter"] = token_filter_json(*tfg);
       add_token_filter_columns(j["token_filter"], cols);
     }
+    if (ppr) {
+      j["probe_pruning"] = probe_pruning_json(*ppr);
+      cols.add("pp_ratio", ma.pp.ratio, "1",
+               "Probe Pruning target: pruned fraction of attention units and FFN channels");
+      cols.add("pp_head_ratio", ppr->head_ratio(), "1",
+               "Probe Pruning realised pruned fraction of attention units, all layers and batches");
+      cols.add("pp_channel_ratio", ppr->channel_ratio(), "1",
+               "Probe Pruning realised pruned fraction of FFN channels, all layers and batches");
+    }
     if (kvp) {
       j["kv_prune"] = kvj;
       add_kv_prune_columns(kvj, cols);
@@ -762,6 +775,10 @@ int cmd_eval(int argc, char** argv) {
           mg.write<float>("attention_received", fig_mass.data(), dims,
                           {"1", "mean softmax weight from later queries [layer][position]"});
         }
+      }
+      if (ppr) {
+        io::Group pg = root.create_group("probe_pruning");
+        ppr->write(pg);
       }
       if (evp) {
         io::Group eg = root.create_group("evict");

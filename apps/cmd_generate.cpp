@@ -114,6 +114,7 @@ int cmd_generate(int argc, char** argv) {
     auto tfg = make_token_filter(ma, eng, T + max_tokens);
     auto kvp = make_kv_pruner(ma, eng, T);
     auto evp = make_token_evictor(ma, eng, T);
+    auto ppr = make_probe_pruner(ma, eng);
     SynthRng rng(seed);
     Stopwatch sw;
     auto to_vec = [](const Mat<E>& m) {
@@ -158,6 +159,11 @@ int cmd_generate(int argc, char** argv) {
           ej["kv_bytes_kept"].get<double>(), ej["kv_bytes_dense"].get<double>(),
           ej["kv_bytes_fraction"].get<double>(), 1e3 * evp->select_seconds());
     }
+    if (ppr)
+      log().info(
+          "probe-pruning: ratio {}, heads pruned {:.3f}, FFN channels pruned {:.3f} (masks "
+          "chosen at the prefill, reused by {} decode steps)",
+          ma.pp.ratio, ppr->head_ratio(), ppr->channel_ratio(), ppr->reused_calls());
     if (tfg)
       log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,
                  tfg->realised(), tfg->decided_tokens());

@@ -10,7 +10,8 @@ void MethodArgs::add_options(po::options_description& d) {
   d.add_options()("method", po::value(&method)->default_value("dense"),
                   "dense, teal (thresholds), wina (TopK on weight-informed scores), topk-guided, "
                   "token-filter (skip attention of similar tokens), think or grace (prune K-cache "
-                  "channels after prefill), or one of each family joined by '+' (e.g. "
+                  "channels after prefill), probe-pruning (heads and FFN channels per batch, "
+                  "alone), or one of each family joined by '+' (e.g. "
                   "topk-guided+token-filter+grace)")(
       "sparsity,s", po::value(&mopt.sparsity)->default_value(0.5),
       "target activation sparsity s in [0, 1) (sparse methods)")(
@@ -93,7 +94,12 @@ void MethodArgs::add_options(po::options_description& d) {
       "token eviction, snapkv / pyramidkv: vote pooling, avg or max")(
       "evict-beta", po::value(&ev.beta)->default_value(20),
       "token eviction, pyramidkv: ratio of the deepest layer's budget to the shallowest's "
-      "(PyramidKV's code: 20)");
+      "(PyramidKV's code: 20)")("pp-ratio", po::value(&pp.ratio)->default_value(0.5),
+                                "Probe Pruning: pruned fraction in [0, 1) of every layer's "
+                                "attention units (KV groups) and FFN channels, per batch")(
+      "pp-probe", po::value(&pp.probe)->default_value(0.05),
+      "Probe Pruning: the probe's share in (0, 1] of a batch's rows (at least 2 rows), chosen by "
+      "residual norm");
 }
 
 void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
@@ -104,6 +110,9 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
     if (part == "token-filter") {
       require(!token_filter, "--method names token-filter twice");
       token_filter = true;
+    } else if (part == "probe-pruning") {
+      require(!probe_pruning, "--method names probe-pruning twice");
+      probe_pruning = true;
     } else if (part == "think" || part == "grace") {
       require(!kv_prune, "--method names more than one of think and grace");
       kv_prune = true;
@@ -129,6 +138,15 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
     for (const auto& [name, value] : *vm)
       require(name.rfind("evict-", 0) != 0 || value.defaulted(),
               "--{} is a token eviction option: add --evict streaming|h2o|snapkv|pyramidkv", name);
+  if (vm && !probe_pruning)
+    for (const auto& [name, value] : *vm)
+      require(name.rfind("pp-", 0) != 0 || value.defaulted(),
+              "--{} is a Probe Pruning option: add probe-pruning to --method", name);
+  if (probe_pruning) {
+    require(act == "dense" && !token_filter && !kv_prune && !evict(),
+            "--method probe-pruning runs alone (not joined with other methods or --evict)");
+    pp.validate();
+  }
   if (evict()) {
     ev.method = pruning::parse_evict_method(evict_method);
     require(evict_pool == "avg" || evict_pool == "max", "--evict-pool must be avg or max, got '{}'",

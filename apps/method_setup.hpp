@@ -13,6 +13,7 @@
 #include "io/summary_columns.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_channel_pruner.hpp"
+#include "pruning/probe_pruning.hpp"
 #include "pruning/token_eviction.hpp"
 #include "sparsity/calibration.hpp"
 #include "sparsity/masker.hpp"
@@ -46,6 +47,8 @@ struct MethodArgs {
   std::string evict_pool = "avg";
   pruning::EvictOptions ev;
   bool evict() const { return !evict_method.empty(); }
+  bool probe_pruning = false;  ///< --method probe-pruning
+  pruning::ProbePruningOptions pp;
 
   /// Adds the options to `d` (in the order eval's --help lists them).
   void add_options(po::options_description& d);
@@ -133,6 +136,44 @@ std::unique_ptr<pruning::TokenEvictorPolicy<E>> make_token_evictor(const MethodA
                                                             eng.max_seqs());
   eng.set_token_evictor(v.get());
   return v;
+}
+
+/// The Probe Pruning policy for `eng` (nullptr without probe-pruning in --method).
+template <class E>
+std::unique_ptr<pruning::ProbePruner<E>> make_probe_pruner(const MethodArgs& a, Engine<E>& eng) {
+  if (!a.probe_pruning) return nullptr;
+  auto p = std::make_unique<pruning::ProbePruner<E>>(a.pp, eng.weights());
+  eng.set_structured_pruner(p.get());
+  return p;
+}
+
+/// The `probe_pruning` object of the JSON summaries: the settings, the realised pruned
+/// fractions per layer and overall, and per batch (a selecting forward call) and layer the
+/// attention units and FFN channels kept.
+template <class E>
+nlohmann::json probe_pruning_json(const pruning::ProbePruner<E>& p) {
+  nlohmann::json per = nlohmann::json::array(), batches = nlohmann::json::array();
+  for (int l = 0; l < p.n_layer(); ++l)
+    per.push_back(
+        {{"layer", l}, {"head_ratio", p.head_ratio(l)}, {"channel_ratio", p.channel_ratio(l)}});
+  for (const auto& b : p.batches())
+    batches.push_back({{"sequences", b.n_seq},
+                       {"tokens", b.T},
+                       {"p0", b.p0},
+                       {"probe_rows", b.probe},
+                       {"heads_kept", b.heads_kept},
+                       {"channels_kept", b.channels_kept}});
+  return {{"ratio", p.options().ratio},
+          {"probe", p.options().probe},
+          {"history", "none"},
+          {"units_per_layer", p.units()},
+          {"d_ff", p.d_ff()},
+          {"head_ratio", p.head_ratio()},
+          {"channel_ratio", p.channel_ratio()},
+          {"selections", p.batches().size()},
+          {"reused_calls", p.reused_calls()},
+          {"per_layer", per},
+          {"batches", batches}};
 }
 
 /// The `evict` object of the JSON summaries: the settings, per layer the tokens kept against

@@ -466,6 +466,9 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   require(!c.structured() || (!gated && !selector_),
           "a structurally pruned model ({}) runs without token gating and K-channel pruning",
           c.prune.method);
+  require(!(pruner_ && pruner_->active(l)) || (!c.structured() && !c.low_rank_kv() && !gated),
+          "Probe Pruning runs on a model that is neither structurally pruned nor low-rank, "
+          "without token gating");
   int n_keep = n;
   std::vector<int> h_skip;
   if (c.low_rank_kv()) {
@@ -530,7 +533,8 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     }
     attend(l, CMat<E>(q), att, n_seq, T, p0);
     if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
-    observe(l, Site::O, att);
+    observe(l, Site::O, att);  // (the probe's states: the unpruned input)
+    prune_structured(l, Site::O, x, att, ph);
     proj(att, Proj::O, l, tmp, ph);
   } else {
     // Gather the kept rows, run Q projection, attention and O projection on them alone, and
@@ -599,11 +603,22 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   swiglu(exec_, gate, CMat<E>(up));
   mark(flops::Op::SwiGLU);
   observe(l, Site::Down, gate);
+  prune_structured(l, Site::Down, x, gate, ph);
   proj(gate, Proj::Down, l, tmp, ph);
   add_bias(lw.down_bias);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);
   block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data(), false,
                gated);
+}
+
+template <class E>
+void Engine<E>::prune_structured(int l, Site site, const Mat<E>& x, const Mat<E>& in,
+                                 flops::Phase ph) {
+  if (!pruner_ || !pruner_->active(l)) return;
+  PolicyCost pc;
+  pruner_->prune(exec_, l, site, CMat<E>(x), in, pc);
+  mark(flops::Op::Other);
+  if (ledger_) ledger_->add(flops::Op::Other, l, ph, 0, pc.flops, 0, pc.bytes);
 }
 
 template <class E>
@@ -935,6 +950,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
   ensure_rows(n_seq * T, 1);
   check_interrupt();
   set_positions(n_seq, T, p0);
+  if (pruner_) pruner_->begin_call(n_seq, T, p0);
   if (profile_) {
     exec_.fence();
     t_mark_ = clock_seconds(profile_clock_);
@@ -978,6 +994,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
   }
   set_positions(n_seq, T, p0);
   cur_p0_ = p0;
+  if (pruner_) pruner_->begin_call(n_seq, T, p0);
   IVec<E> tok(tok_.data(), n);
   Mat<E> x = rows(x_, n);
 
@@ -1068,8 +1085,8 @@ bool Engine<E>::fusable(int l) const {
   (void)kv;  // compacted prompt keys and dropped positions: the split kernel reads them
   // (the fused kernels add no output biases: a structurally pruned layer runs op by op)
   return !c.structured() && lw.o_bias.extent(0) == 0 && lw.down_bias.extent(0) == 0 &&
-         !(tgate_ && tgate_->active(l)) && widths && sh.v_dim <= c.head_dim &&
-         (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
+         !(tgate_ && tgate_->active(l)) && !(pruner_ && pruner_->active(l)) && widths &&
+         sh.v_dim <= c.head_dim && (sh.n_kv_head * sh.v_dim) % 2 == 0 && sh.n_head == c.n_head &&
          sh.n_kv_head == c.n_kv_head && lw.wk.dtype == lw.wq.dtype && lw.wv.dtype == lw.wq.dtype &&
          lw.w_up.dtype == lw.w_gate.dtype;
 }

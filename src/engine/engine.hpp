@@ -92,6 +92,11 @@ class Engine {
   /// selector; not owned; nullptr: none.
   void set_token_evictor(TokenEvictor<E>* v) { evictor_ = v; }
   TokenEvictor<E>* token_evictor() const { return evictor_; }
+  /// Structured pruner of heads and FFN channels per call (Probe Pruning); not owned; nullptr:
+  /// none. Runs op by op (no fused decode) on models that are neither structurally pruned nor
+  /// low-rank, without a token gate.
+  void set_structured_pruner(StructuredPruner<E>* p) { pruner_ = p; }
+  StructuredPruner<E>* structured_pruner() const { return pruner_; }
 
   /// The KV cache (layout per layer and head, bytes allocated).
   const KVCache<E>& cache() const { return cache_; }
@@ -188,6 +193,8 @@ class Engine {
   void finish_call();
   void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
   bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);
+  /// The structured pruner's pass over the input `in` of W_o or W_down (site) of layer l.
+  void prune_structured(int l, Site site, const Mat<E>& x, const Mat<E>& in, flops::Phase ph);
   void observe(int l, Site s, const Mat<E>& x) {
     if (observer_) observer_(l, s, CMat<E>(x));
   }
@@ -213,6 +220,7 @@ class Engine {
   TokenGate<E>* tgate_ = nullptr;
   ChannelSelector<E>* selector_ = nullptr;
   TokenEvictor<E>* evictor_ = nullptr;
+  StructuredPruner<E>* pruner_ = nullptr;
   bool record_mass_ = false;
   std::vector<Kokkos::View<double**, Layout, DeviceOf<E>>> mass_, mass_queries_;
   SparseRows<E> sparse_;

@@ -2,7 +2,8 @@
 /// Extension points of the forward pass: a per-projection input masker (activation sparsity),
 /// a token gate before attention (Token Filtering), a K-cache channel selector run after
 /// prefill (ThinK, GRACE), a token evictor run after prefill (StreamingLLM, H2O, SnapKV,
-/// PyramidKV) and an observer of the activations that feed projections
+/// PyramidKV), a structured pruner of heads and FFN channels per call (Probe Pruning) and an
+/// observer of the activations that feed projections
 /// (calibration, dumps).
 #include "kernels/kv_layout.hpp"
 #include "kernels/views.hpp"
@@ -153,6 +154,26 @@ class TokenEvictor {
   virtual void account(int layer, double dense_bytes, double kept_bytes) {
     (void)layer, (void)dense_bytes, (void)kept_bytes;
   }
+};
+
+/// Zeroes whole attention heads and FFN channels of a call (Probe Pruning). The engine calls
+/// prune() twice per active layer: with the input of W_o (the attention output
+/// [n][n_head·v_dim], Site::O) after attention, and with the input of W_down (act(gate)·up
+/// [n][d_ff], Site::Down) after SwiGLU, each time with the residual stream [n][d_model] that
+/// feeds that module (the block input; the state after attention). The policy zeroes the pruned
+/// columns in place; the kept columns are left untouched, so a policy that keeps everything
+/// leaves the run bitwise dense.
+template <class E>
+class StructuredPruner {
+ public:
+  virtual ~StructuredPruner() = default;
+  /// Start of a forward call (or run_block) of n_seq × T rows at positions p0 … p0 + T − 1.
+  virtual void begin_call(int n_seq, int T, int p0) = 0;
+  /// Whether `layer` is pruned at all (false: prune() is not called).
+  virtual bool active(int layer) const = 0;
+  /// Zeroes the pruned columns of `in` (site O or Down of `layer`); `cost`: the policy's work.
+  virtual void prune(const E& exec, int layer, Site site, const CMat<E>& resid, const Mat<E>& in,
+                     PolicyCost& cost) = 0;
 };
 
 /// Called with the dense activation at `site` of `layer` ([n][d] rows of the current call).
