@@ -198,6 +198,9 @@ def bench_section(a, st):
              "rebuilding of K and V, and attention, profiled, pruned against dense with their repetitions "
              "interleaved in the same process. Batch 8 times the decode steps only (over a cache of "
              f"{se['prompt']} positions). CPU: {cpu.get('model', 'unknown')}. Ratios below 1: faster than dense. "
+             + ("A single run per batch size (its ratio the median of the repetitions inside it): no spread "
+                "over runs is shown. " if se["repeat"] == 1 else "")
+             + "The load average is read just before each run and includes nothing of the run itself. "
              "Median over the runs [min, max]; the files: "
              + ", ".join(f"[{os.path.basename(p)}]({os.path.relpath(p, os.path.dirname(a.page))})"
                          for p in files.values()) + ".\n")
