@@ -113,29 +113,6 @@ void standardise(const double* x, std::size_t n, double* out) {
   for (std::size_t i = 0; i < n; ++i) out[i] = sd > 0 ? (x[i] - m) / sd : 0.0;
 }
 
-/// The values of a matrix in its storage type, row-major, in double.
-template <class View>
-std::vector<double> host_values(const View& dev) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
-  std::vector<double> out(h.extent(0) * h.extent(1));
-  for (std::size_t r = 0; r < h.extent(0); ++r)
-    for (std::size_t c = 0; c < h.extent(1); ++c) out[r * h.extent(1) + c] = to_f32(h(r, c));
-  return out;
-}
-
-template <class E>
-std::vector<double> host_values(const Matrix<E>& m) {
-  switch (m.dtype) {
-    case DType::BF16:
-      return host_values(m.bf16);
-    case DType::F16:
-      return host_values(m.f16);
-    case DType::F32:
-      break;
-  }
-  return host_values(m.f32);
-}
-
 /// Σ_r w(r, c)² of every column c of a [rows][cols] matrix.
 std::vector<double> column_norms2(const std::vector<double>& w, int rows, int cols) {
   std::vector<double> n(static_cast<std::size_t>(cols), 0.0);
@@ -202,8 +179,8 @@ FlapScores flap_scores(const Weights<E>& full, const FlapStats& s) {
   const Config& c = full.cfg;
   std::vector<double> on, dn;
   for (const auto& lw : full.layers) {
-    const auto a = column_norms2(host_values(lw.wo), lw.wo.rows, lw.wo.cols);
-    const auto b = column_norms2(host_values(lw.w_down), lw.w_down.rows, lw.w_down.cols);
+    const auto a = column_norms2(detail::host_values(lw.wo), lw.wo.rows, lw.wo.cols);
+    const auto b = column_norms2(detail::host_values(lw.w_down), lw.w_down.rows, lw.w_down.cols);
     on.insert(on.end(), a.begin(), a.end());
     dn.insert(dn.end(), b.begin(), b.end());
   }
@@ -299,7 +276,7 @@ OutputBiases flap_biases(const Weights<E>& full, const Config& plan, const FlapS
     auto bias = [&](const Matrix<E>& w, const double* mean, const std::vector<int>& kept_cols) {
       std::vector<double> m(mean, mean + w.cols);
       for (int k : kept_cols) m[static_cast<std::size_t>(k)] = 0.0;
-      const std::vector<double> wv = host_values(w);
+      const std::vector<double> wv = detail::host_values(w);
       std::vector<double> y(static_cast<std::size_t>(d), 0.0);
       cblas_dgemv(CblasRowMajor, CblasNoTrans, w.rows, w.cols, 1.0, wv.data(), w.cols, m.data(), 1,
                   0.0, y.data(), 1);

@@ -8,6 +8,7 @@
 #include "model/gguf_config.hpp"
 #include "model/gguf_writer.hpp"
 #include "model/pruned_layout.hpp"
+#include "pruning/detail/select.hpp"
 #include "pruning/kv_prune.hpp"
 
 #include <cblas.h>
@@ -238,25 +239,6 @@ std::string LowRankReport::text() const {
 
 namespace {
 
-/// The fp32 values of a matrix as double, row-major (any storage type, any backend).
-template <class E>
-std::vector<double> host_values(const Matrix<E>& m) {
-  std::vector<double> out(static_cast<size_t>(m.rows) * m.cols);
-  auto copy = [&](const auto& v) {
-    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-    for (int r = 0; r < m.rows; ++r)
-      for (int c = 0; c < m.cols; ++c)
-        out[static_cast<size_t>(r) * m.cols + c] = static_cast<double>(to_f32(h(r, c)));
-  };
-  if (m.dtype == DType::F32)
-    copy(m.f32);
-  else if (m.dtype == DType::BF16)
-    copy(m.bf16);
-  else
-    copy(m.f16);
-  return out;
-}
-
 template <class E>
 Matrix<E> f32_matrix(const std::vector<double>& x, int rows, int cols, const std::string& name) {
   Matrix<E> m;
@@ -366,8 +348,8 @@ std::shared_ptr<Weights<E>> factorise(const Weights<E>& full, const Config& plan
       for (int q = 0; q < G; ++q) jobs.push_back({l, which, q, {}, 0});
   std::vector<std::vector<double>> wk(static_cast<size_t>(L)), wv(wk);
   for (int l = 0; l < L; ++l) {
-    wk[static_cast<size_t>(l)] = host_values(full.layers[static_cast<size_t>(l)].wk);
-    wv[static_cast<size_t>(l)] = host_values(full.layers[static_cast<size_t>(l)].wv);
+    wk[static_cast<size_t>(l)] = detail::host_values(full.layers[static_cast<size_t>(l)].wk);
+    wv[static_cast<size_t>(l)] = detail::host_values(full.layers[static_cast<size_t>(l)].wv);
   }
   {
     SingleThreadedBlas single;

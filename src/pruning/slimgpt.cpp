@@ -3,6 +3,7 @@
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/host_tasks.hpp"
+#include "pruning/detail/select.hpp"
 #include "pruning/flap.hpp"
 
 #include <cblas.h>
@@ -382,28 +383,6 @@ ObsPruned obs_prune_units(const std::vector<double>& w0, int rows, int cols,
 
 namespace {
 
-template <class View>
-std::vector<double> host_values(const View& dev) {
-  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dev);
-  std::vector<double> out(h.extent(0) * h.extent(1));
-  for (size_t r = 0; r < h.extent(0); ++r)
-    for (size_t c = 0; c < h.extent(1); ++c) out[r * h.extent(1) + c] = to_f32(h(r, c));
-  return out;
-}
-
-template <class E>
-std::vector<double> host_values(const Matrix<E>& m) {
-  switch (m.dtype) {
-    case DType::BF16:
-      return host_values(m.bf16);
-    case DType::F16:
-      return host_values(m.f16);
-    case DType::F32:
-      break;
-  }
-  return host_values(m.f32);
-}
-
 /// tr(W G Wᵀ) of w [rows][cols].
 double energy(const std::vector<double>& w, int rows, int cols, const std::vector<double>& g) {
   std::vector<double> wg(static_cast<size_t>(rows) * cols);
@@ -449,7 +428,7 @@ std::vector<Job> layer_jobs(const Weights<E>& full, int l) {
     j.layer = l;
     j.which = which;
     const LayerWeights<E>& lw = full.layers[static_cast<size_t>(l)];
-    j.w = host_values(which == 0 ? lw.wo : lw.w_down);
+    j.w = detail::host_values(which == 0 ? lw.wo : lw.w_down);
   }
   return jobs;
 }

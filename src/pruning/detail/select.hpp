@@ -1,6 +1,7 @@
 #pragma once
 /// Copies of chosen rows and columns of a weight matrix, in its storage type (the pruning
-/// transforms that cut projections: RAP / KVPruner fusion, FLAP).
+/// transforms that cut projections: RAP / KVPruner fusion, FLAP), and a matrix's values on the
+/// host in double (the scores and factorisations of FLAP, SlimGPT and the low-rank methods).
 #include "core/matrix.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -51,6 +52,32 @@ Matrix<E> select_matrix(const Matrix<E>& m, const std::vector<int>& rows,
       break;
   }
   return o;
+}
+
+/// The values of m (any storage type, any backend) widened to fp32 and then to double,
+/// row-major.
+template <class E>
+std::vector<double> host_values(const Matrix<E>& m) {
+  std::vector<double> out(static_cast<std::size_t>(m.rows) * static_cast<std::size_t>(m.cols));
+  auto copy = [&](const auto& v) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    for (int r = 0; r < m.rows; ++r)
+      for (int c = 0; c < m.cols; ++c)
+        out[static_cast<std::size_t>(r) * static_cast<std::size_t>(m.cols) +
+            static_cast<std::size_t>(c)] = static_cast<double>(to_f32(h(r, c)));
+  };
+  switch (m.dtype) {
+    case DType::BF16:
+      copy(m.bf16);
+      break;
+    case DType::F16:
+      copy(m.f16);
+      break;
+    case DType::F32:
+      copy(m.f32);
+      break;
+  }
+  return out;
 }
 
 }  // namespace sparsim::pruning::detail
