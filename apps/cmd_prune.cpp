@@ -6,11 +6,9 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "eval/corpus.hpp"
-#include "io/run_file.hpp"
-#include "io/run_guard.hpp"
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
-#include "model_io.hpp"
+#include "prune_io.hpp"
 #include "prune_low_rank.hpp"
 #include "pruning/flap.hpp"
 #include "pruning/kv_prune.hpp"
@@ -22,7 +20,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <filesystem>
 #include <iostream>
 #include <optional>
 
@@ -30,167 +27,85 @@ namespace sparsim::app {
 
 namespace {
 
-/// The written model must be one sparsim runs: load it back (shapes, layout, fingerprint); on
-/// failure it is removed.
-template <class E>
-ModelInfo check_written(const std::string& out, const Config& plan) {
-  ModelInfo mo;
-  try {
-    auto wp = load_model<E>(out, LoadOptions{}, &mo);
-    require(wp->cfg.pruned() == plan.pruned() && wp->cfg.structured() == plan.structured() &&
-                wp->cfg.n_params() == plan.n_params(),
-            "the written model does not read back as pruned");
-  } catch (const Error& e) {
-    std::error_code ec;
-    std::filesystem::remove(out, ec);
-    fail("prune: the written model {} does not load ({}); removed", out, e.what());
-  }
-  return mo;
-}
-
-struct FlapArgs {
-  std::string model_arg, corpus_arg, text_field, out, json_out;
+/// A structured method's run (FLAP, SlimGPT), its options checked.
+template <class Options>
+struct StructuredArgs {
+  PruneFiles files;
   pruning::CutType cut;
-  pruning::PruneOptions po;
+  Options opt;
   CommonOptions co;
 };
+using FlapArgs = StructuredArgs<pruning::PruneOptions>;
+using SlimGptArgs = StructuredArgs<pruning::SlimGptOptions>;
+
+/// The start the structured methods share: the source and its corpus opened, the full model
+/// loaded, the calibration windows `r` cut and named in the options; then f(src, model, windows).
+template <class Options, class F>
+int with_calibration_windows(StructuredArgs<Options>& a, const WindowRequest& r, F&& f) {
+  const PruneSource src = open_prune_source(a.files);
+  return with_full_model(a.co, src.model, RefuseSource::AnyReduction, [&](const auto& m) {
+    const std::vector<std::vector<int>> windows =
+        corpus_windows(*src.corpus, src.model.path, m.w->cfg.context_length, r);
+    a.opt.source_fingerprint = m.info.fingerprint;
+    a.opt.calibration = windows_label(*src.corpus, r.count, r.tokens);
+    return f(src, m, windows);
+  });
+}
 
 /// prune --method flap: statistics over corpus windows, scores, the global structure search,
 /// the biases, the reduced GGUF.
 int prune_flap(int argc, char** argv, FlapArgs& a) {
-  const ResolvedModel rm = resolve_model(a.model_arg);
-  require(detect_model_format(rm.path) == ModelFormat::Gguf,
-          "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
-          "tensors and tokenizer",
-          rm.path);
-  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(a.corpus_arg)}},
-                {{"--out", a.out}, {"--json", a.json_out}});
-  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
-  Runtime rt(a.co);
-  return with_backend(a.co.backend, [&](auto exec) {
-    using E = decltype(exec);
-    (void)exec;
-    Stopwatch wall;
-    ModelInfo mi;
-    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
-    const Config& c = w->cfg;
-    require(!c.pruned() && !c.structured() && !c.low_rank_kv(),
-            "{} is already pruned ({}); prune the full model", rm.path, c.prune.method);
-    pruning::PruneOptions& po = a.po;
-    require(po.flap_tokens <= c.context_length,
-            "--flap-tokens {} exceeds the model's context of {}", po.flap_tokens, c.context_length);
-    const Tokenizer tok = tokenizer_for(rm.path);
-    const std::vector<int> stream = corpus_stream(corpus, tok);
-    const std::size_t need = static_cast<std::size_t>(po.flap_windows) * po.flap_tokens;
-    require(stream.size() >= need,
-            "prune --method flap: the corpus {} has {} tokens; {} windows of {} need {} "
-            "(a longer corpus, or fewer --flap-windows / --flap-tokens)",
-            corpus.source, stream.size(), po.flap_windows, po.flap_tokens, need);
-    std::vector<std::vector<int>> windows;
-    for (int i = 0; i < po.flap_windows; ++i) {
-      const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * po.flap_tokens;
-      windows.emplace_back(b, b + po.flap_tokens);
-    }
-    po.source_fingerprint = mi.fingerprint;
-    po.calibration = fmt::format("corpus {} ({} windows of {} tokens)", corpus.fingerprint,
-                                 po.flap_windows, po.flap_tokens);
+  pruning::PruneOptions& po = a.opt;
+  const WindowRequest r = method_windows("flap", po.flap_windows, po.flap_tokens);
+  return with_calibration_windows(a, r, [&](const auto& src, const auto& m, const auto& windows) {
     log().info("FLAP statistics: {} windows of {} tokens", po.flap_windows, po.flap_tokens);
+    using E = typename std::decay_t<decltype(m)>::Exec;
+    const auto& [w, mi, wall] = m;
+    const Config& c = w->cfg;
     Stopwatch stats_clock;
     const pruning::FlapStats st = pruning::flap_statistics<E>(w, windows);
     const double stats_s = stats_clock.seconds();
     const pruning::FlapScores sc = pruning::flap_scores(*w, st);
     const Config pc = pruning::plan_flap(c, sc, po);
     const pruning::OutputBiases biases = pruning::flap_biases(*w, pc, st);
+    const std::string& out = a.files.out;
     const pruning::WrittenModel written =
-        pruning::write_pruned_gguf(rm.path, pc, a.out, a.cut, &biases);
-    const ModelInfo mo = check_written<E>(a.out, pc);
+        pruning::write_pruned_gguf(src.model.path, pc, out, a.cut, &biases);
+    const ModelInfo mo = check_written_pruned<E>(out, pc);
     const pruning::FlapReport rep = pruning::flap_report(c, pc, po.ratio);
     std::cout << fmt::format(
         "pruned flap -> {}\n  source {} (fingerprint {})\n  statistics {} ({} tokens, {:.1f} "
         "s)\n  recipe {}\n  output fingerprint {}, {} parameters (full: {})\n\n",
-        a.out, mi.path, mi.fingerprint, po.calibration, st.tokens, stats_s, pc.prune.recipe,
+        out, mi.path, mi.fingerprint, po.calibration, st.tokens, stats_s, pc.prune.recipe,
         mo.fingerprint, pc.n_params(), c.n_params());
     std::cout << rep.table() << written.text();
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
-    if (!a.json_out.empty()) {
+    if (!a.files.json_out.empty()) {
       nlohmann::json j = rep.json();
       j.update(written.json());
-      j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
-      j["output"] = {{"path", a.out}, {"fingerprint", mo.fingerprint}};
-      j["calibration"] = {{"corpus_path", corpus.source},
-                          {"corpus_fingerprint", corpus.fingerprint},
-                          {"windows", po.flap_windows},
-                          {"tokens_per_window", po.flap_tokens},
-                          {"tokens", st.tokens}};
+      j["calibration"] = windows_json(*src.corpus, po.flap_windows, po.flap_tokens, st.tokens);
       j["recipe"] = pc.prune.recipe;
       j["n_params"] = pc.n_params();
       j["n_params_full"] = c.n_params();
       j["statistics_seconds"] = stats_s;
       j["wall_seconds"] = wall.seconds();
-      j["command"] = command_line(argc, argv);
-      io::write_file_atomically(a.json_out, j.dump(2) + "\n");
+      write_prune_json(std::move(j), a.files, src, mi, mo, command_line(argc, argv));
     }
     return 0;
   });
 }
 
-/// The corpus's first `n` windows of `tokens` tokens (consecutive), or a message naming what is
-/// short.
-std::vector<std::vector<int>> corpus_windows(const Corpus& corpus, const std::vector<int>& stream,
-                                             int n, int tokens, const char* method,
-                                             const char* opt) {
-  const std::size_t need = static_cast<std::size_t>(n) * tokens;
-  require(stream.size() >= need,
-          "prune --method {}: the corpus {} has {} tokens; {} windows of {} need {} (a longer "
-          "corpus, or fewer --{}-windows / --{}-tokens)",
-          method, corpus.source, stream.size(), n, tokens, need, opt, opt);
-  std::vector<std::vector<int>> windows;
-  for (int i = 0; i < n; ++i) {
-    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * tokens;
-    windows.emplace_back(b, b + tokens);
-  }
-  return windows;
-}
-
-struct SlimGptArgs {
-  std::string model_arg, corpus_arg, text_field, out, json_out;
-  pruning::CutType cut;
-  pruning::SlimGptOptions so;
-  CommonOptions co;
-};
-
 /// prune --method slimgpt: Gram matrices of the W_o and W_down inputs over corpus windows, the
 /// OBS greedy per layer with the incremental ratio, the compensated weights, the reduced GGUF.
 int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
-  const ResolvedModel rm = resolve_model(a.model_arg);
-  require(detect_model_format(rm.path) == ModelFormat::Gguf,
-          "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
-          "tensors and tokenizer",
-          rm.path);
-  io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(a.corpus_arg)}},
-                {{"--out", a.out}, {"--json", a.json_out}});
-  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
-  Runtime rt(a.co);
-  return with_backend(a.co.backend, [&](auto exec) {
-    using E = decltype(exec);
-    (void)exec;
-    Stopwatch wall;
-    ModelInfo mi;
-    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
-    const Config& c = w->cfg;
-    require(!c.pruned() && !c.structured() && !c.low_rank_kv(),
-            "{} is already pruned ({}); prune the full model", rm.path, c.prune.method);
-    pruning::SlimGptOptions& so = a.so;
-    require(so.tokens <= c.context_length, "--slimgpt-tokens {} exceeds the model's context of {}",
-            so.tokens, c.context_length);
-    const Tokenizer tok = tokenizer_for(rm.path);
-    const std::vector<std::vector<int>> windows = corpus_windows(
-        corpus, corpus_stream(corpus, tok), so.windows, so.tokens, "slimgpt", "slimgpt");
-    so.source_fingerprint = mi.fingerprint;
-    so.calibration = fmt::format("corpus {} ({} windows of {} tokens)", corpus.fingerprint,
-                                 so.windows, so.tokens);
+  pruning::SlimGptOptions& so = a.opt;
+  const WindowRequest r = method_windows("slimgpt", so.windows, so.tokens);
+  return with_calibration_windows(a, r, [&](const auto& src, const auto& m, const auto& windows) {
     log().info("SlimGPT statistics: {} windows of {} tokens{}", so.windows, so.tokens,
                so.sequential ? ", gathered again for every layer" : "");
+    using E = typename std::decay_t<decltype(m)>::Exec;
+    const auto& [w, mi, wall] = m;
+    const Config& c = w->cfg;
     const std::int64_t tokens = static_cast<std::int64_t>(so.windows) * so.tokens;
     double stats_s = 0, prune_s = 0;
     pruning::SlimGptResult res;
@@ -210,30 +125,25 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
     }
     const Config& pc = res.plan;
     const pruning::OutputBiases biases = pruning::zero_biases(pc);
+    const std::string& out = a.files.out;
     const pruning::WrittenModel written =
-        pruning::write_pruned_gguf(rm.path, pc, a.out, a.cut, &biases, &res.values);
-    const ModelInfo mo = check_written<E>(a.out, pc);
+        pruning::write_pruned_gguf(src.model.path, pc, out, a.cut, &biases, &res.values);
+    const ModelInfo mo = check_written_pruned<E>(out, pc);
     const pruning::FlapReport rep = pruning::flap_report(c, pc, so.ratio);
     std::cout << fmt::format(
         "pruned slimgpt -> {}\n  source {} (fingerprint {})\n  statistics {} ({} tokens, {:.1f} "
         "s)\n  greedy and compensation {:.1f} s\n  recipe {}\n  output fingerprint {}, {} "
         "parameters (full: {})\n\n",
-        a.out, mi.path, mi.fingerprint, so.calibration, tokens, stats_s, prune_s, pc.prune.recipe,
+        out, mi.path, mi.fingerprint, so.calibration, tokens, stats_s, prune_s, pc.prune.recipe,
         mo.fingerprint, pc.n_params(), c.n_params());
     std::cout << rep.table() << written.text();
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
-    if (!a.json_out.empty()) {
+    if (!a.files.json_out.empty()) {
       nlohmann::json j = rep.json();
       j["method"] = "slimgpt";
       j["layers"] = pruning::slimgpt_layers_json(res);
       j.update(written.json());
-      j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
-      j["output"] = {{"path", a.out}, {"fingerprint", mo.fingerprint}};
-      j["calibration"] = {{"corpus_path", corpus.source},
-                          {"corpus_fingerprint", corpus.fingerprint},
-                          {"windows", so.windows},
-                          {"tokens_per_window", so.tokens},
-                          {"tokens", tokens}};
+      j["calibration"] = windows_json(*src.corpus, so.windows, so.tokens, tokens);
       j["schedule"] = pruning::schedule_name(so.schedule);
       j["hessian"] = so.sequential ? "sequential" : "dense";
       j["damp"] = so.damp;
@@ -244,8 +154,7 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
       j["statistics_seconds"] = stats_s;
       j["prune_seconds"] = prune_s;
       j["wall_seconds"] = wall.seconds();
-      j["command"] = command_line(argc, argv);
-      io::write_file_atomically(a.json_out, j.dump(2) + "\n");
+      write_prune_json(std::move(j), a.files, src, mi, mo, command_line(argc, argv));
     }
     return 0;
   });
@@ -369,6 +278,8 @@ int cmd_prune(int argc, char** argv) {
   for (const char* o : {"slimgpt-windows", "slimgpt-tokens", "slimgpt-damp", "slimgpt-ffn-group",
                         "slimgpt-schedule", "slimgpt-hessian"})
     require(method == "slimgpt" || vm[o].defaulted(), "--{} applies to --method slimgpt only", o);
+  // the files of the structured methods (FLAP, SlimGPT), which gather statistics over the corpus
+  const PruneFiles corpus_files{model_arg, "", out, json_out, true, corpus_arg, text_field};
   if (method == "slimgpt") {
     for (const char* o : {"retain", "calibration", "score", "budget", "pair-score", "k-share",
                           "kv-budget", "flops-context", "flap-windows", "flap-tokens"})
@@ -380,8 +291,7 @@ int cmd_prune(int argc, char** argv) {
             "--slimgpt-hessian '{}' is not dense or sequential", slim_hessian);
     slim.sequential = slim_hessian == "sequential";
     slim.validate();
-    SlimGptArgs a{model_arg, corpus_arg, text_field, out, json_out, pruning::CutType::parse(type),
-                  slim,      co};
+    SlimGptArgs a{corpus_files, pruning::CutType::parse(type), slim, co};
     return prune_slimgpt(argc, argv, a);
   }
   if (low_rank) {
@@ -433,7 +343,7 @@ int cmd_prune(int argc, char** argv) {
          {"retain", "calibration", "score", "budget", "pair-score", "k-share", "kv-budget"})
       require(!vm.count(o) || vm[o].defaulted(),
               "--{} applies to K/V channel pruning (rap, kvpruner), not to flap", o);
-    FlapArgs a{model_arg, corpus_arg, text_field, out, json_out, cut, po_, co};
+    FlapArgs a{corpus_files, cut, po_, co};
     return prune_flap(argc, argv, a);
   }
   for (const char* o : {"ratio", "flap-windows", "flap-tokens", "corpus", "text-field"})
@@ -448,19 +358,13 @@ int cmd_prune(int argc, char** argv) {
   require(fisher || vm["pair-score"].defaulted(),
           "--pair-score applies to Fisher scores only (a magnitude pair score is the sum of its "
           "rows' squared norms)");
-  std::optional<sparsity::Calibration> calopt;
-  if (!calib_path.empty()) {
-    calopt = sparsity::read_calibration(calib_path);
-    require(calopt->fisher.has_value(),
-            "calibration file {} holds no Fisher scores (make one with sparsim calibrate --fisher)",
-            calib_path);
-  }
-  const ResolvedModel rm = resolve_model(model_arg);
-  require(detect_model_format(rm.path) == ModelFormat::Gguf,
-          "prune: {} is not a GGUF model; prune writes a GGUF built from the source GGUF's "
-          "tensors and tokenizer",
-          rm.path);
-  {
+  const std::optional<sparsity::Calibration> calopt = read_fisher_calibration(calib_path);
+  PruneFiles files;  // no corpus: the Fisher scores come from the calibration file
+  files.model_arg = model_arg;
+  files.calibration = calib_path;
+  files.out = out;
+  files.json_out = json_out;
+  const PruneSource src = open_prune_source(files, [](const ResolvedModel& rm) {
     gguf::File f = gguf::File::open(rm.path);
     const std::string arch = f.get_string("general.architecture").value_or("llama");
     for (const char* k : {"rope.dimension_count", "rope.freq_base"})
@@ -468,33 +372,22 @@ int cmd_prune(int argc, char** argv) {
               "{}: no RoPE metadata ('{}.{}'): pruning RoPE pairs needs a model that states how "
               "it rotates its keys",
               rm.path, arch, k);
-  }
-  // outputs checked against the inputs by file identity, folders, collisions (exit 2)
-  io::guard_run({{"--model", rm.path}, {"--calibration", calib_path}},
-                {{"--out", out}, {"--json", json_out}});
-
-  Runtime rt(co);
-  return with_backend(co.backend, [&](auto exec) {
-    using E = decltype(exec);
-    (void)exec;
-    Stopwatch wall;
-    ModelInfo mi;
-    // loaded for its fingerprint and config (the check against the calibration)
-    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, LoadOptions{}, &mi);
+  });
+  const ResolvedModel& rm = src.model;
+  // (the model is loaded for its fingerprint and config: the check against the calibration)
+  return with_full_model(co, rm, RefuseSource::KvPruned, [&](const auto& m) {
+    using E = typename std::decay_t<decltype(m)>::Exec;
+    const auto& [w, mi, wall] = m;
     const Config& c = w->cfg;
-    require(!c.pruned(), "{} is already pruned ({}); prune the full model", rm.path,
-            c.prune.method);
     if (calopt) calopt->check_model(mi.fingerprint, c, mi.path);
     po_.source_fingerprint = mi.fingerprint;
-    po_.calibration = fisher ? fmt::format("model {} corpus {} ({} sequences of {} tokens)",
-                                           calopt->model_fingerprint, calopt->corpus_fingerprint,
-                                           calopt->fisher->sequences, calopt->fisher->tokens)
-                             : std::string("none: magnitude scores of the weights");
+    po_.calibration =
+        fisher ? fisher_label(*calopt) : std::string("none: magnitude scores of the weights");
     const Config pc = fisher ? pruning::plan_pruning(c, *calopt->fisher, po_)
                              : pruning::plan_pruning(c, pruning::magnitude_channel_scores(*w), po_);
     const pruning::WrittenModel written = pruning::write_pruned_gguf(rm.path, pc, out, cut);
     // The file must be a model sparsim runs: load it back (shapes, layout, fingerprint).
-    const ModelInfo mo = check_written<E>(out, pc);
+    const ModelInfo mo = check_written_pruned<E>(out, pc);
     const pruning::PruneReport rep = pruning::prune_report(pc);
     std::cout << fmt::format(
         "pruned {} -> {}\n  source {} (fingerprint {})\n  scores {} "
@@ -507,8 +400,6 @@ int cmd_prune(int argc, char** argv) {
     if (!json_out.empty()) {
       nlohmann::json j = rep.json();
       j.update(written.json());
-      j["source"] = {{"path", mi.path}, {"fingerprint", mi.fingerprint}, {"origin", rm.origin}};
-      j["output"] = {{"path", out}, {"fingerprint", mo.fingerprint}};
       if (calopt) {
         j["calibration"] = {{"path", calib_path},
                             {"model_fingerprint", calopt->model_fingerprint},
@@ -525,8 +416,7 @@ int cmd_prune(int argc, char** argv) {
                        {"kv_budget", kv_budget}};
       j["n_params"] = pc.n_params();
       j["n_params_full"] = c.n_params();
-      j["command"] = command_line(argc, argv);
-      io::write_file_atomically(json_out, j.dump(2) + "\n");
+      write_prune_json(std::move(j), files, src, mi, mo, command_line(argc, argv));
     }
     return 0;
   });
