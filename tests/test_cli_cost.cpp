@@ -1,8 +1,8 @@
 // The FLOP ledger of real runs against FLOPs counted independently from the model's shapes and
 // the masks the run recorded (dense forward, and eval with each activation-sparsity method);
 // sparsim flops and sparsim predict on those run files; bad input.
+#include "cli_fixture.hpp"
 #include "flops/ledger_file.hpp"
-#include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "io/run_file.hpp"
 
@@ -45,20 +45,10 @@ nlohmann::json run_json(const std::string& cmd) {
   }
 }
 
-nlohmann::json read_json_file(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
-
-class CliCost : public ::testing::Test {
+class CliCost : public TinyModelCli<CliCost> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(31));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 6000, 11);
+    make_tiny({31, 5, 6000, 11});
     for (const char* st : {"f32", "bf16"}) {
       const RunResult r =
           run_cmd(sparsim_bin() + " forward --model " + model_ + " --tokens " + kTokens +
@@ -67,15 +57,10 @@ class CliCost : public ::testing::Test {
       ASSERT_EQ(r.exit_code, 0) << r.output;
     }
   }
-  static void TearDownTestSuite() { delete dir_; }
   static std::string fwd(const char* storage) {
     return dir_->file(std::string("fwd-") + storage + ".h5");
   }
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliCost::dir_ = nullptr;
-std::string CliCost::model_, CliCost::corpus_;
 
 // Dense forward: every projection, the LM head and attention counted from the shapes.
 TEST_F(CliCost, ForwardLedgerEqualsFlopsCountedFromTheShapes) {
@@ -139,7 +124,7 @@ TEST_F(CliCost, BenchProfilesTheBatchItTimes) {
       EXPECT_NE(r.output.find("2 x 16 tokens"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("decode time by op (profiled run, batch 2)"), std::string::npos);
     }
-    const nlohmann::json all = read_json_file(js);
+    const nlohmann::json all = read_json(js);
     w[b - 1] = all.at("profile_work");
     // the weights a decode step reads: the same whatever the batch (the old key is kept)
     step_bytes[b - 1] = all.at("decode_weight_bytes_per_step").get<double>();
@@ -301,8 +286,7 @@ TEST_F(CliCost, FlopsReportOnRunFiles) {
 }
 
 TEST_F(CliCost, PredictOnRunFilesFollowsTheProfile) {
-  const nlohmann::json hw =
-      read_json_file(std::string(SPARSIM_SOURCE_DIR) + "/data/hardware/h200.json");
+  const nlohmann::json hw = read_json(std::string(SPARSIM_SOURCE_DIR) + "/data/hardware/h200.json");
   const double P = hw["peak_flops"]["fp32"].get<double>(), W = hw["memory_bandwidth"].get<double>();
   const double tl = hw["launch_overhead_s"].get<double>();
   const nlohmann::json j =
@@ -351,7 +335,7 @@ TEST_F(CliCost, BadInputFailsWithAReasonAndWritesNothing) {
   std::ofstream(text) << "not hdf5\n";
   const std::string profile = dir_->file("incomplete.json");
   {
-    nlohmann::json p = read_json_file(std::string(SPARSIM_SOURCE_DIR) + "/data/hardware/h200.json");
+    nlohmann::json p = read_json(std::string(SPARSIM_SOURCE_DIR) + "/data/hardware/h200.json");
     p.erase("memory_bandwidth");
     std::ofstream(profile) << p.dump(2);
   }

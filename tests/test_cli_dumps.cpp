@@ -1,6 +1,6 @@
 // sparsim eval --dump-layers: projection inputs and their masks in the run file, checked against
 // each method's rule and the realised sparsity the run reports; bad option values.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 
 #include <algorithm>
@@ -13,32 +13,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CliDumps : public ::testing::Test {
+class CliDumps : public TinyModelCli<CliDumps> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(31));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 6000, 11);
-    calib_ = dir_->file("cal.h5");
-    const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
-                                corpus_ + " --out " + calib_ +
-                                " --context 128 --max-windows 4 --greedy-seqs 2 --greedy-tokens 32"
-                                " --alpha 0.05");
-    ASSERT_EQ(c.exit_code, 0) << c.output;
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static void SetUpTestSuite() { make_tiny_calibrated({31, 5, 6000, 11}); }
 
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 128 --stride 64 --max-windows 2 " + extra;
+    return on_tiny("eval", "--context 128 --stride 64 --max-windows 2", extra);
   }
-
-  static TempDir* dir_;
-  static std::string model_, corpus_, calib_;
 };
-TempDir* CliDumps::dir_ = nullptr;
-std::string CliDumps::model_, CliDumps::corpus_, CliDumps::calib_;
 
 int keep_count(int d, double s) {
   const double f = d * (1.0 - s);

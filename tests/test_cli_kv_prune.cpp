@@ -1,7 +1,7 @@
 // sparsim eval / bench / generate with ThinK and GRACE on a tiny model: the JSON summary and run
 // file records, λ = 0 against dense bit for bit, composition with an activation method, Token
 // Filtering and the retrieval task in one run, and bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 
 #include <nlohmann/json.hpp>
@@ -14,33 +14,15 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CliKvPrune : public ::testing::Test {
+class CliKvPrune : public TinyModelCli<CliKvPrune> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    SynthSpec s = tiny_spec(51);
-    s.cfg.context_length = 1024;
-    model_ = make_model(*dir_, "m.gguf", s);
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 7, 6000, 13);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
+  static void SetUpTestSuite() { make_tiny({51, 7, 6000, 13, 1024}); }
   // windows of 128 tokens, the last 32 scored: 95 tokens are prefilled and pruned first
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 128 --stride 128 --score 32 --max-windows 3 --progress never " + extra;
+    return on_tiny("eval", "--context 128 --stride 128 --score 32 --max-windows 3 --progress never",
+                   extra);
   }
-  static nlohmann::json read_json(const std::string& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-  }
-
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliKvPrune::dir_ = nullptr;
-std::string CliKvPrune::model_, CliKvPrune::corpus_;
 
 TEST_F(CliKvPrune, EvalRecordsBytesErrorsAndPerHeadTables) {
   const std::string dj = dir_->file("dense.json"), dh = dir_->file("dense.h5");
@@ -192,13 +174,7 @@ TEST_F(CliKvPrune, BadInputFailsWithoutOutput) {
       {"--method think --no-perplexity --task passkey --retrieval-lengths 320 --kv-window 400",
        "observation window"},
   };
-  for (const auto& [args, msg] : cases) {
-    const RunResult r = run_cmd(eval(args + sink));
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(js)) << args;
-    EXPECT_FALSE(fs::exists(out)) << args;
-  }
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {js, out});
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // sparsim prune --method palu|svd-llm end to end on a tiny model: the JSON summary, the low-rank
 // model run by eval / generate / bench / inspect, thread-count independence, bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 
 #include <nlohmann/json.hpp>
@@ -14,31 +14,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json read_json(const std::string& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-std::string bytes_of(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-class CliLowRank : public ::testing::Test {
+class CliLowRank : public TinyModelCli<CliLowRank> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(51));
-    other_ = make_model(*dir_, "other.gguf", tiny_spec(52));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 6, 3000, 9);
-    calib_ = dir_->file("fisher.h5");
-    const RunResult c =
-        run_cmd(sparsim_bin() + " calibrate --fisher --model " + model_ + " --corpus " + corpus_ +
-                " --out " + calib_ + " --fisher-seqs 3 --fisher-tokens 48");
-    ASSERT_EQ(c.exit_code, 0) << c.output;
+    make_tiny_fisher({51, 6, 3000, 9});
+    make_other(52);
   }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string prune(const std::string& method, const std::string& retain,
                            const std::string& out, const std::string& extra = "",
@@ -47,12 +28,7 @@ class CliLowRank : public ::testing::Test {
            retain + " --out " + out + " --corpus " + corpus_ + " " + whiten + " " +
            (method == "palu" ? "--calibration " + calib_ : "") + " " + extra;
   }
-
-  static TempDir* dir_;
-  static std::string model_, other_, corpus_, calib_;
 };
-TempDir* CliLowRank::dir_ = nullptr;
-std::string CliLowRank::model_, CliLowRank::other_, CliLowRank::corpus_, CliLowRank::calib_;
 
 TEST_F(CliLowRank, LowRankModelRunsEverywhere) {
   for (const std::string m : {"palu", "svd-llm"}) {
@@ -116,19 +92,16 @@ TEST_F(CliLowRank, ThreadCountDoesNotChangeTheModel) {
     const RunResult r = run_cmd(prune("palu", "0.6", out, "--threads " + t));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     if (first.empty())
-      first = bytes_of(out);
+      first = file_bytes(out);
     else
-      EXPECT_TRUE(bytes_of(out) == first);
+      EXPECT_TRUE(file_bytes(out) == first);
   }
 }
 
 TEST_F(CliLowRank, BadInputFailsClearlyWithoutOutput) {
   const std::string out = dir_->file("bad.gguf");
   auto expect_fail = [&](const std::string& cmd, const std::string& needle) {
-    const RunResult r = run_cmd(cmd);
-    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
-    EXPECT_NE(r.output.find(needle), std::string::npos) << cmd << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(out)) << cmd;
+    expect_fails(cmd, needle, {out});
   };
   expect_fail(prune("svd-llm", "0", out), "(0, 1]");
   expect_fail(prune("palu", "1.5", out), "(0, 1]");

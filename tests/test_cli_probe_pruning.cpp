@@ -1,6 +1,6 @@
 // sparsim eval / bench / generate with Probe Pruning on a tiny model: the realised ratio per
 // batch and layer in the JSON summary and the run file, ratio 0 equal to dense, and bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 
 #include <nlohmann/json.hpp>
@@ -13,30 +13,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CliProbePruning : public ::testing::Test {
+class CliProbePruning : public TinyModelCli<CliProbePruning> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(41));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 6, 6000, 13);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
+  static void SetUpTestSuite() { make_tiny({41, 6, 6000, 13}); }
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 96 --stride 64 --max-windows 3 --progress never " + extra;
+    return on_tiny("eval", "--context 96 --stride 64 --max-windows 3 --progress never", extra);
   }
-  static nlohmann::json read_json(const std::string& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-  }
-
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliProbePruning::dir_ = nullptr;
-std::string CliProbePruning::model_, CliProbePruning::corpus_;
 
 TEST_F(CliProbePruning, EvalRecordsRealisedRatioPerBatchAndLayer) {
   const std::string js = dir_->file("pp.json"), out = dir_->file("pp.h5"),
@@ -112,13 +95,7 @@ TEST_F(CliProbePruning, BadInputFailsWithoutOutput) {
       {"--method probe-pruning+probe-pruning", "twice"},
       {"--method probe-pruning --checkpoint c.ckpt", "--checkpoint"},
   };
-  for (const auto& [args, msg] : cases) {
-    const RunResult r = run_cmd(eval(args + sink));
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(js)) << args;
-    EXPECT_FALSE(fs::exists(out)) << args;
-  }
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {js, out});
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // sparsim profile: from a calibration file and afresh on a tiny model, budgets against
 // block_budgets, the plot, and bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 #include "sparsity/calibration.hpp"
 
@@ -13,36 +13,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// The options the fixture's calibration file was made with (shared by the afresh runs).
-const std::string kCalibOpts =
-    " --context 128 --max-windows 4 --greedy-seqs 2 --greedy-tokens 32 --alpha 0.05";
-
-class CliProfile : public ::testing::Test {
+class CliProfile : public TinyModelCli<CliProfile> {
  protected:
+  // (the afresh runs below take the calibration's options, kTinyCalibOpts)
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(31));
-    other_ = make_model(*dir_, "other.gguf", tiny_spec(32));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 6000, 11);
-    calib_ = dir_->file("cal.h5");
-    const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
-                                corpus_ + " --out " + calib_ + kCalibOpts);
-    ASSERT_EQ(c.exit_code, 0) << c.output;
+    make_tiny_calibrated({31, 5, 6000, 11});
+    make_other(32);
   }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string profile(const std::string& args) { return sparsim_bin() + " profile " + args; }
   static std::vector<double> read(const std::string& file, const std::string& name,
                                   std::vector<hsize_t>* dims = nullptr) {
     return io::H5File::open_read(file).root().open_group("profile").read<double>(name, dims);
   }
-
-  static TempDir* dir_;
-  static std::string model_, other_, corpus_, calib_;
 };
-TempDir* CliProfile::dir_ = nullptr;
-std::string CliProfile::model_, CliProfile::other_, CliProfile::corpus_, CliProfile::calib_;
 
 TEST_F(CliProfile, FromFileAndAfreshAgreeExactly) {
   const sparsity::Calibration cal = sparsity::read_calibration(calib_);
@@ -52,8 +36,8 @@ TEST_F(CliProfile, FromFileAndAfreshAgreeExactly) {
     const RunResult ra = run_cmd(profile("--calibration " + calib_ + " --model " + model_ +
                                          " --variant " + variant + " --out " + a));
     ASSERT_EQ(ra.exit_code, 0) << ra.output;
-    const RunResult rb = run_cmd(profile("--model " + model_ + " --corpus " + corpus_ + kCalibOpts +
-                                         " --variant " + variant + " --out " + b));
+    const RunResult rb = run_cmd(profile("--model " + model_ + " --corpus " + corpus_ +
+                                         kTinyCalibOpts + " --variant " + variant + " --out " + b));
     ASSERT_EQ(rb.exit_code, 0) << rb.output;
     std::vector<hsize_t> da, db;
     const std::vector<double> ea = read(a, "sensitivity", &da), eb = read(b, "sensitivity", &db);

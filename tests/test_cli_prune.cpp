@@ -1,6 +1,6 @@
 // sparsim calibrate --fisher and sparsim prune end to end on a tiny model: the JSON summary, the
 // pruned model run by eval / generate / bench / inspect, thread-count independence, bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 #include "model/gguf.hpp"
 #include "model/gguf_writer.hpp"
@@ -15,24 +15,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-nlohmann::json read_json(const std::string& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-class CliPrune : public ::testing::Test {
+class CliPrune : public TinyModelCli<CliPrune> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(41));
-    other_ = make_model(*dir_, "other.gguf", tiny_spec(42));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 3000, 9);
-    calib_ = dir_->file("fisher.h5");
-    const RunResult c =
-        run_cmd(sparsim_bin() + " calibrate --fisher --model " + model_ + " --corpus " + corpus_ +
-                " --out " + calib_ + " --fisher-seqs 3 --fisher-tokens 48");
-    ASSERT_EQ(c.exit_code, 0) << c.output;
+    ASSERT_NO_FATAL_FAILURE(make_tiny_fisher({41, 5, 3000, 9}));
+    make_other(42);
     // Q4_1 with 16 heads: W_o rows of any even head width are whole 32-blocks, cut through them
     SynthSpec s = tiny_spec(43);
     s.type = gguf::GGMLType::Q4_1;
@@ -41,12 +28,9 @@ class CliPrune : public ::testing::Test {
     s.cfg.d_model = 256;
     q41_ = make_model(*dir_, "q41.gguf", s);
     q41_calib_ = dir_->file("q41-fisher.h5");
-    const RunResult cq =
-        run_cmd(sparsim_bin() + " calibrate --fisher --model " + q41_ + " --corpus " + corpus_ +
-                " --out " + q41_calib_ + " --fisher-seqs 2 --fisher-tokens 48");
+    const RunResult cq = calibrate_fisher(q41_, q41_calib_, 2, 48);
     ASSERT_EQ(cq.exit_code, 0) << cq.output;
   }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string prune(const std::string& method, const std::string& retain,
                            const std::string& out, const std::string& extra = "") {
@@ -59,12 +43,8 @@ class CliPrune : public ::testing::Test {
            " --out " + out + " --flops-context 64 " + extra;
   }
 
-  static TempDir* dir_;
-  static std::string model_, other_, corpus_, calib_, q41_, q41_calib_;
+  inline static std::string q41_, q41_calib_;
 };
-TempDir* CliPrune::dir_ = nullptr;
-std::string CliPrune::model_, CliPrune::other_, CliPrune::corpus_, CliPrune::calib_, CliPrune::q41_,
-    CliPrune::q41_calib_;
 
 TEST_F(CliPrune, CalibrationHoldsFisherScores) {
   io::H5File f = io::H5File::open_read(calib_);
@@ -271,10 +251,7 @@ TEST_F(CliPrune, ThreadCountDoesNotChangeFisherScores) {
 TEST_F(CliPrune, BadInputFailsClearlyWithoutOutput) {
   const std::string out = dir_->file("bad.gguf");
   auto expect_fail = [&](const std::string& cmd, const std::string& needle) {
-    const RunResult r = run_cmd(cmd);
-    EXPECT_NE(r.exit_code, 0) << cmd << "\n" << r.output;
-    EXPECT_NE(r.output.find(needle), std::string::npos) << cmd << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(out)) << cmd;
+    expect_fails(cmd, needle, {out});
   };
   expect_fail(prune("rap", "0", out), "(0, 1]");
   expect_fail(prune("rap", "1.5", out), "(0, 1]");

@@ -1,5 +1,5 @@
 // sparsim calibrate and eval --method: an end-to-end run on a tiny model, and bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 #include "sparsity/calibration.hpp"
 
@@ -15,35 +15,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CliSparsity : public ::testing::Test {
+class CliSparsity : public TinyModelCli<CliSparsity> {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    SynthSpec s = tiny_spec(21);
-    model_ = make_model(*dir_, "m.gguf", s);
-    other_ = make_model(*dir_, "other.gguf", tiny_spec(22));
     // generated text: words over a small alphabet, enough tokens for a few windows
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 3, 6000, 13);
-    calib_ = dir_->file("cal.h5");
-    const RunResult c = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " +
-                                corpus_ + " --out " + calib_ +
-                                " --context 128 --max-windows 4 --greedy-seqs 2 --greedy-tokens 32"
-                                " --alpha 0.05");
-    ASSERT_EQ(c.exit_code, 0) << c.output;
+    make_tiny_calibrated({21, 3, 6000, 13});
+    make_other(22);
   }
-  static void TearDownTestSuite() { delete dir_; }
 
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 128 --stride 64 --max-windows 3 " + extra;
+    return on_tiny("eval", "--context 128 --stride 64 --max-windows 3", extra);
   }
-
-  static TempDir* dir_;
-  static std::string model_, other_, corpus_, calib_;
 };
-TempDir* CliSparsity::dir_ = nullptr;
-std::string CliSparsity::model_, CliSparsity::other_, CliSparsity::corpus_, CliSparsity::calib_;
 
 /// Input width of each projection of the tiny model (tiny_config) and its parameter count.
 struct ProjShape {

@@ -1,6 +1,6 @@
 // sparsim eval / bench / generate with Token Filtering and the generated retrieval task: an
 // end-to-end run on a tiny model, composition with an activation method, and bad input.
-#include "helpers.hpp"
+#include "cli_fixture.hpp"
 #include "io/hdf5.hpp"
 
 #include <nlohmann/json.hpp>
@@ -15,32 +15,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class CliTokenFilter : public ::testing::Test {
+class CliTokenFilter : public TinyModelCli<CliTokenFilter> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    SynthSpec s = tiny_spec(31);
-    s.cfg.context_length = 1024;  // room for retrieval prompts of the byte-level test tokenizer
-    model_ = make_model(*dir_, "m.gguf", s);
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 6000, 13);
-  }
-  static void TearDownTestSuite() { delete dir_; }
-
+  // context 1024: room for retrieval prompts of the byte-level test tokenizer
+  static void SetUpTestSuite() { make_tiny({31, 5, 6000, 13, 1024}); }
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 96 --stride 64 --max-windows 3 --progress never " + extra;
+    return on_tiny("eval", "--context 96 --stride 64 --max-windows 3 --progress never", extra);
   }
-  static nlohmann::json read_json(const std::string& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-  }
-
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliTokenFilter::dir_ = nullptr;
-std::string CliTokenFilter::model_, CliTokenFilter::corpus_;
 
 TEST_F(CliTokenFilter, EvalReportsTargetRealisedAndPerLayer) {
   const std::string js = dir_->file("tf.json"), out = dir_->file("tf.h5"),
@@ -158,13 +140,7 @@ TEST_F(CliTokenFilter, BadInputFailsWithoutOutput) {
       {"--no-perplexity --task haystack", "--task"},
       {"--no-perplexity --task passkey --retrieval-depths 0,1.5", "outside"},
   };
-  for (const auto& [args, msg] : cases) {
-    const RunResult r = run_cmd(eval(args + sink));
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(js)) << args;
-    EXPECT_FALSE(fs::exists(out)) << args;
-  }
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {js, out});
 }
 
 }  // namespace

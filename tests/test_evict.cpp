@@ -4,10 +4,10 @@
 // attention over the kept tokens alone, decode against the reference model with the evicted
 // tokens left out (alone and composed with GRACE), the ledger, and the command line.
 #include "backends.hpp"
+#include "cli_fixture.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "eval/perplexity.hpp"
-#include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "kernels/cached_attention.hpp"
 #include "model/loader.hpp"
@@ -558,31 +558,15 @@ TYPED_TEST(EvictEngine, NewPromptResetsEvictions) {
 
 namespace fs = std::filesystem;
 
-class CliEvict : public ::testing::Test {
+class CliEvict : public TinyModelCli<CliEvict> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    SynthSpec s = tiny_spec(64);
-    s.cfg.context_length = 1024;
-    model_ = make_model(*dir_, "m.gguf", s);
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 7, 6000, 13);
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static void SetUpTestSuite() { make_tiny({64, 7, 6000, 13, 1024}); }
   // windows of 128 tokens, the last 32 scored: 95 tokens are prefilled and evicted from first
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --context 128 --stride 128 --score 32 --max-windows 2 --progress never " + extra;
+    return on_tiny("eval", "--context 128 --stride 128 --score 32 --max-windows 2 --progress never",
+                   extra);
   }
-  static nlohmann::json read_json(const std::string& p) {
-    std::ifstream f(p);
-    return nlohmann::json::parse(f);
-  }
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliEvict::dir_ = nullptr;
-std::string CliEvict::model_, CliEvict::corpus_;
 
 TEST_F(CliEvict, EvalRecordsKeptTokensAndBytes) {
   const std::string dj = dir_->file("dense.json");
@@ -652,13 +636,7 @@ TEST_F(CliEvict, BadInputFailsWithoutOutput) {
       {"--evict pyramidkv --evict-beta 0", "--evict-beta"},
       {"--evict-budget 0.3", "add --evict"},
   };
-  for (const auto& [args, msg] : cases) {
-    const RunResult r = run_cmd(eval(args + sink));
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(js)) << args;
-    EXPECT_FALSE(fs::exists(out)) << args;
-  }
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {js, out});
 }
 
 }  // namespace

@@ -4,9 +4,9 @@
 // zeroed plus the biases (prefill and decode), the pruned GGUF round trip, the command end to
 // end and its bad input.
 #include "backends.hpp"
+#include "cli_fixture.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
-#include "helpers.hpp"
 #include "model/loader.hpp"
 #include "pruning/flap.hpp"
 #include "pruning/pruned_gguf.hpp"
@@ -415,30 +415,15 @@ TYPED_TEST(FlapModel, GgufRoundTrip) {
 // ---------------------------------------------------------------------------------------------
 // The command
 
-nlohmann::json read_json(const std::string& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-class FlapCli : public ::testing::Test {
+class FlapCli : public TinyModelCli<FlapCli> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(56));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 3000, 9);
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static void SetUpTestSuite() { make_tiny({56, 5, 3000, 9}); }
   static std::string prune(const std::string& ratio, const std::string& out,
                            const std::string& extra = "") {
-    return sparsim_bin() + " prune --method flap --model " + model_ + " --corpus " + corpus_ +
-           " --ratio " + ratio + " --flap-windows 4 --flap-tokens 48 --out " + out + " " + extra;
+    return on_tiny("prune --method flap",
+                   "--ratio " + ratio + " --flap-windows 4 --flap-tokens 48 --out " + out, extra);
   }
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* FlapCli::dir_ = nullptr;
-std::string FlapCli::model_, FlapCli::corpus_;
 
 TEST_F(FlapCli, PrunesAndEveryCommandRunsTheModel) {
   const std::string out = dir_->file("flap.gguf"), js = dir_->file("flap.json");
@@ -471,15 +456,8 @@ TEST_F(FlapCli, PrunesAndEveryCommandRunsTheModel) {
 
 TEST_F(FlapCli, BadInputIsNamedAndWritesNothing) {
   const std::string out = dir_->file("bad.gguf");
-  struct Case {
-    std::string cmd, message;
-  };
-  const std::string tiny = dir_->file("tiny.txt");
-  {
-    std::ofstream f(tiny);
-    f << "a few words only.\n";
-  }
-  const std::vector<Case> cases = {
+  const std::string tiny = write_short_corpus();
+  const BadCases cases = {
       {prune("0", out), "--ratio must be in (0, 1)"},
       {prune("1", out), "--ratio must be in (0, 1)"},
       {prune("1.5", out), "--ratio must be in (0, 1)"},
@@ -489,12 +467,7 @@ TEST_F(FlapCli, BadInputIsNamedAndWritesNothing) {
        "need"},
       {prune("0.97", out), "removes every"},
   };
-  for (const Case& c : cases) {
-    const RunResult r = run_cmd(c.cmd);
-    EXPECT_NE(r.exit_code, 0) << c.cmd;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.cmd << "\n" << r.output;
-    EXPECT_FALSE(std::filesystem::exists(out)) << c.cmd;
-  }
+  expect_each_fails(cases, {out});
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // The generated long-context suite (eval --task ruler): every prompt's answer recomputed from
 // the decoded prompt text alone, seeded reproducibility, scoring, bad input, and an end-to-end
 // run on a tiny model.
+#include "cli_fixture.hpp"
 #include "core/error.hpp"
 #include "eval/corpus.hpp"
 #include "eval/ruler.hpp"
-#include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "model/gguf.hpp"
 #include "model/model_registry.hpp"
@@ -275,26 +275,13 @@ TEST_F(RulerGen, ASmallCorpusIsAnError) {
 
 // ------------------------------------------------------------------ end to end
 
-class CliRuler : public ::testing::Test {
+class CliRuler : public TinyModelCli<CliRuler> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    SynthSpec s = tiny_spec(41);
-    s.cfg.context_length = 4096;
-    model_ = make_model(*dir_, "m.gguf", s);
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 6000, 13);
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static void SetUpTestSuite() { make_tiny({41, 5, 6000, 13, 4096}); }
   static std::string eval(const std::string& extra) {
-    return sparsim_bin() + " eval --model " + model_ + " --corpus " + corpus_ +
-           " --no-perplexity --progress never " + extra;
+    return on_tiny("eval", "--no-perplexity --progress never", extra);
   }
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* CliRuler::dir_ = nullptr;
-std::string CliRuler::model_, CliRuler::corpus_;
 
 TEST_F(CliRuler, RunsTheSuiteAndRecordsEveryItem) {
   const std::string js = dir_->file("r.json"), out = dir_->file("r.h5"),
@@ -357,13 +344,7 @@ TEST_F(CliRuler, BadInputFailsWithoutOutput) {
       {"--task ruler:vt,vt --ruler-lengths 1024", "named twice"},
       {"--task passkey --ruler-samples 5", "--ruler-samples needs --task ruler"},
   };
-  for (const auto& [args, msg] : cases) {
-    const RunResult r = run_cmd(eval(args + sink));
-    EXPECT_NE(r.exit_code, 0) << args;
-    EXPECT_NE(r.output.find(msg), std::string::npos) << args << "\n" << r.output;
-    EXPECT_FALSE(fs::exists(js)) << args;
-    EXPECT_FALSE(fs::exists(out)) << args;
-  }
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {js, out});
 }
 
 }  // namespace

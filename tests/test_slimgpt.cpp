@@ -4,9 +4,9 @@
 // the pruned GGUF round trip, the command end to end (thread-count independent output) and its
 // bad input.
 #include "backends.hpp"
+#include "cli_fixture.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
-#include "helpers.hpp"
 #include "model/loader.hpp"
 #include "pruning/slimgpt.hpp"
 
@@ -508,36 +508,16 @@ TYPED_TEST(SlimGptModel, SequentialPrunesOnThePrunedLayersInputs) {
 // ---------------------------------------------------------------------------------------------
 // The command
 
-nlohmann::json read_json(const std::string& p) {
-  std::ifstream f(p);
-  return nlohmann::json::parse(f);
-}
-
-std::string file_bytes(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
-
-class SlimGptCli : public ::testing::Test {
+class SlimGptCli : public TinyModelCli<SlimGptCli> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    model_ = make_model(*dir_, "m.gguf", tiny_spec(64));
-    corpus_ = dir_->file("corpus.txt");
-    write_word_corpus(corpus_, 5, 3000, 9);
-  }
-  static void TearDownTestSuite() { delete dir_; }
+  static void SetUpTestSuite() { make_tiny({64, 5, 3000, 9}); }
   static std::string prune(const std::string& ratio, const std::string& out,
                            const std::string& extra = "") {
-    return sparsim_bin() + " prune --method slimgpt --model " + model_ + " --corpus " + corpus_ +
-           " --ratio " + ratio + " --slimgpt-windows 4 --slimgpt-tokens 48 --out " + out + " " +
-           extra;
+    return on_tiny("prune --method slimgpt",
+                   "--ratio " + ratio + " --slimgpt-windows 4 --slimgpt-tokens 48 --out " + out,
+                   extra);
   }
-  static TempDir* dir_;
-  static std::string model_, corpus_;
 };
-TempDir* SlimGptCli::dir_ = nullptr;
-std::string SlimGptCli::model_, SlimGptCli::corpus_;
 
 TEST_F(SlimGptCli, PrunesAndEvalRunsTheModel) {
   const std::string out = dir_->file("slim.gguf"), js = dir_->file("slim.json");
@@ -584,15 +564,8 @@ TEST_F(SlimGptCli, SequentialHessiansWriteARunnableModel) {
 
 TEST_F(SlimGptCli, BadInputIsNamedAndWritesNothing) {
   const std::string out = dir_->file("bad.gguf");
-  struct Case {
-    std::string cmd, message;
-  };
-  const std::string tiny = dir_->file("tiny.txt");
-  {
-    std::ofstream f(tiny);
-    f << "a few words only.\n";
-  }
-  const std::vector<Case> cases = {
+  const std::string tiny = write_short_corpus();
+  const BadCases cases = {
       {prune("1", out), "--ratio must be in [0, 1)"},
       {prune("1.5", out), "--ratio must be in [0, 1)"},
       {prune("-0.1", out), "--ratio must be in [0, 1)"},
@@ -610,12 +583,7 @@ TEST_F(SlimGptCli, BadInputIsNamedAndWritesNothing) {
            dir_->file("missing.txt") + " --ratio 0.3 --out " + out,
        "missing.txt"},
   };
-  for (const Case& c : cases) {
-    const RunResult r = run_cmd(c.cmd);
-    EXPECT_NE(r.exit_code, 0) << c.cmd;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.cmd << "\n" << r.output;
-    EXPECT_FALSE(std::filesystem::exists(out)) << c.cmd;
-  }
+  expect_each_fails(cases, {out});
 }
 
 }  // namespace
