@@ -222,6 +222,23 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
       tfg->layers().size(), gating::to_string(ma.tf.layers), batch, prompt, decode, reps,
       median(realised), att, 100 * (1 - att), median(r_att_gate), step, 100 * (1 - step),
       100 * share, implied, 100 * median(gate_share), 1e3 * median(d_step), 1e3 * median(m_step));
+  // Dropped tokens: the method's KV cache against the dense engine's (the last repetition).
+  const gating::KVCacheRecord& kvr = tfg->kv_cache();
+  const double dense_alloc = static_cast<double>(dense.cache().bytes());
+  if (!kvr.empty()) {
+    constexpr double MiB = 1024.0 * 1024.0;
+    std::cout << fmt::format(
+        "KV cache, all layers, {} sequences (--tf-drop-skipped, {} layers compacted):\n"
+        "  held at the end    {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
+        "  held at the peak   {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
+        "  allocated, peak    {:9.3f} MiB; dense engine {:9.3f} MiB ({:.1f}%)\n",
+        batch,
+        std::count_if(kvr.layers.begin(), kvr.layers.end(),
+                      [](const auto& r) { return r.compacted; }),
+        kvr.held_final / MiB, kvr.dense_final / MiB, 100 * kvr.held_final / kvr.dense_final,
+        kvr.held_peak / MiB, kvr.dense_peak / MiB, 100 * kvr.held_peak / kvr.dense_peak,
+        kvr.allocated_peak / MiB, dense_alloc / MiB, 100 * kvr.allocated_peak / dense_alloc);
+  }
   if (!json_out.empty()) {
     nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                         {"storage", storage},
@@ -248,7 +265,18 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
                         {"dense_step_seconds", median(d_step)},
                         {"method_step_seconds", median(m_step)},
                         {"realised_reps", realised},
-                        {"per_rep", per_rep}};
+                        {"per_rep", per_rep},
+                        {"dense_kv_bytes_allocated", dense_alloc}};
+    if (!kvr.empty())
+      j["kv_bytes"] = {{"held_final", kvr.held_final},
+                       {"dense_final", kvr.dense_final},
+                       {"held_peak", kvr.held_peak},
+                       {"dense_peak", kvr.dense_peak},
+                       {"allocated_peak", kvr.allocated_peak},
+                       {"allocated_final", kvr.allocated_final},
+                       {"dense_allocated", dense_alloc},
+                       {"held_vs_dense_final", kvr.held_final / kvr.dense_final},
+                       {"allocated_peak_vs_dense", kvr.allocated_peak / dense_alloc}};
     nlohmann::json fl = nlohmann::json::object();
     for (int o = 0; o < flops::kNumOps; ++o) {
       const auto t = ledger.by_op(static_cast<flops::Op>(o), flops::Phase::Decode);

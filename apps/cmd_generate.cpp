@@ -167,6 +167,14 @@ int cmd_generate(int argc, char** argv) {
     if (tfg)
       log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,
                  tfg->realised(), tfg->decided_tokens());
+    if (tfg && !tfg->kv_cache().empty()) {
+      const gating::KVCacheRecord& kv = tfg->kv_cache();
+      log().info(
+          "token filter KV cache: {:.0f} of {:.0f} bytes held at the end ({:.1f}%), {:.0f} "
+          "allocated at the peak against {:.0f} dense",
+          kv.held_final, kv.dense_final, 100 * kv.held_final / kv.dense_final, kv.allocated_peak,
+          kv.allocated_dense);
+    }
     return 0;
   });
 }

@@ -58,6 +58,10 @@ void MethodArgs::add_options(po::options_description& d) {
       "the paper gives no default count); each aims at "
       "r·L/N")("tf-drop-skipped", po::bool_switch(&tf.drop_skipped),
                "Token Filtering: skipped tokens also leave the KV cache and the anchor")(
+      "tf-drop-mode", po::value(&tf_drop_mode)->default_value("auto"),
+      "Token Filtering with --tf-drop-skipped: compact (gated layers keep only the kept tokens, "
+      "their cache bytes freed), mask (dropped positions stay allocated, given no attention) or "
+      "auto (compact, or mask where think, grace or --evict also runs)")(
       "tf-trace", po::value(&tf.trace_sequences)->default_value(4),
       "Token Filtering: sequences whose per-token similarity, threshold and decisions go to the "
       "run file")("kv-prune", po::value(&kv.lambda)->default_value(0.5),
@@ -186,6 +190,14 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
             "--tf-ratio must be in [0, 1), got {}", tf.ratio);
     require(tf.num_layers >= 0, "--tf-num-layers must be non-negative, got {}", tf.num_layers);
     require(tf.warmup >= 2, "--tf-warmup must be at least 2 tokens, got {}", tf.warmup);
+    require(tf_drop_mode == "auto" || tf_drop_mode == "compact" || tf_drop_mode == "mask",
+            "--tf-drop-mode must be auto, compact or mask, got '{}'", tf_drop_mode);
+    require(tf.drop_skipped || tf_drop_mode == "auto",
+            "--tf-drop-mode {} says where dropped tokens go: add --tf-drop-skipped", tf_drop_mode);
+    require(!(tf.drop_skipped && tf_drop_mode == "compact" && (kv_prune || evict())),
+            "--tf-drop-mode compact cannot run with think, grace or --evict: they read the "
+            "prompt's cache at its positions, so dropped tokens can only be masked there "
+            "(--tf-drop-mode mask or auto)");
   }
   mopt.method = sparsity::parse_method(act);
   mopt.validate();

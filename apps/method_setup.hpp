@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -39,6 +40,7 @@ struct MethodArgs {
   bool token_filter = false;                 ///< --method includes token-filter
   gating::TokenFilterOptions tf;
   std::string tf_criterion, tf_anchor, tf_keys, tf_layers;
+  std::string tf_drop_mode = "auto";  ///< --tf-drop-mode: auto, compact or mask
   bool kv_prune = false;  ///< --method includes think or grace
   pruning::KvPruneOptions kv;
   std::string kv_protect = "0.05,0.25", kv_guard = "off";
@@ -75,6 +77,7 @@ std::unique_ptr<gating::TokenFilter<E>> make_token_filter(const MethodArgs& a, E
   auto g = std::make_unique<gating::TokenFilter<E>>(a.tf, eng.config().n_layer, sh.n_kv_head,
                                                     sh.qk_dim, sh.v_dim, eng.max_seqs());
   eng.set_token_gate(g.get());
+  eng.set_drop_compaction(a.tf_drop_mode != "mask");
   return g;
 }
 
@@ -317,20 +320,58 @@ nlohmann::json token_filter_json(const gating::TokenFilter<E>& g) {
                    {"skipped", g.skipped(l)},
                    {"similarity_mean", g.similarity_mean(l)},
                    {"threshold_final", g.threshold_final_mean(l)}});
-  return {{"target", o.ratio},
-          {"realised", g.realised()},
-          {"criterion", gating::to_string(o.criterion)},
-          {"layers", g.layers()},
-          {"layer_set", gating::to_string(o.layers)},
-          {"layer_target", g.layer_target()},
-          {"anchor", gating::to_string(o.anchor)},
-          {"gamma", o.gamma},
-          {"keys", o.pre_rope ? "pre-rope" : "post-rope"},
-          {"warmup", o.warmup},
-          {"eta", o.eta},
-          {"drop_skipped", o.drop_skipped},
-          {"decided_tokens", g.decided_tokens()},
-          {"per_layer", per}};
+  nlohmann::json j = {{"target", o.ratio},
+                      {"realised", g.realised()},
+                      {"criterion", gating::to_string(o.criterion)},
+                      {"layers", g.layers()},
+                      {"layer_set", gating::to_string(o.layers)},
+                      {"layer_target", g.layer_target()},
+                      {"anchor", gating::to_string(o.anchor)},
+                      {"gamma", o.gamma},
+                      {"keys", o.pre_rope ? "pre-rope" : "post-rope"},
+                      {"warmup", o.warmup},
+                      {"eta", o.eta},
+                      {"drop_skipped", o.drop_skipped},
+                      {"decided_tokens", g.decided_tokens()},
+                      {"per_layer", per}};
+  const gating::KVCacheRecord& kv = g.kv_cache();
+  if (!kv.empty()) {
+    nlohmann::json pl = nlohmann::json::array();
+    bool all = true, any = false;
+    for (std::size_t l = 0; l < kv.layers.size(); ++l) {
+      const auto& r = kv.layers[l];
+      const bool gated =
+          std::find(g.layers().begin(), g.layers().end(), static_cast<int>(l)) != g.layers().end();
+      if (gated) all = all && r.compacted, any = any || r.compacted;
+      pl.push_back({{"layer", l},
+                    {"gated", gated},
+                    {"compacted", r.compacted},
+                    {"positions_final", r.positions_final},
+                    {"held_final", r.held_final},
+                    {"held_fraction", r.positions_sum > 0 ? r.held_sum / r.positions_sum : 1.0},
+                    {"bytes_held_peak", r.held_bytes_peak},
+                    {"bytes_allocated_peak", r.allocated_peak},
+                    {"bytes_allocated_final", r.allocated_final},
+                    {"bytes_allocated_dense", r.allocated_dense}});
+    }
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 1.0; };
+    j["kv_cache"] = {{"mode", all   ? "compacted"
+                              : any ? "mixed"
+                                    : "masked"},
+                     {"calls", kv.calls},
+                     {"bytes_held_final", kv.held_final},
+                     {"bytes_dense_final", kv.dense_final},
+                     {"bytes_allocated_final", kv.allocated_final},
+                     {"bytes_held_peak", kv.held_peak},
+                     {"bytes_dense_peak", kv.dense_peak},
+                     {"bytes_allocated_peak", kv.allocated_peak},
+                     {"bytes_allocated_dense", kv.allocated_dense},
+                     {"held_fraction", kv.held_fraction()},
+                     {"held_peak_vs_dense_peak", ratio(kv.held_peak, kv.dense_peak)},
+                     {"allocated_peak_vs_dense", ratio(kv.allocated_peak, kv.allocated_dense)},
+                     {"per_layer", pl}};
+  }
+  return j;
 }
 
 /// The sweep table's columns of Token Filtering (io/summary_columns.hpp), from the

@@ -122,6 +122,75 @@ TEST_F(CliTokenFilter, BenchAndGenerateTakeTheSameOptions) {
   EXPECT_NE(r.output.find("token filter: target 0.300"), std::string::npos) << r.output;
 }
 
+// --tf-drop-skipped: the gated layers free the dropped tokens' bytes; the record counts them; the
+// masked layout gives the same perplexity with the dense allocation; without it no record.
+TEST_F(CliTokenFilter, DroppedTokensLeaveTheCache) {
+  const std::string jc = dir_->file("drop_c.json"), jm = dir_->file("drop_m.json"),
+                    out = dir_->file("drop_c.h5"), jn = dir_->file("drop_n.json");
+  // (r = 0.5: each window keeps fewer than one page of 64 slots, of the 96 positions)
+  const std::string base = "--method token-filter --tf-ratio 0.5 --tf-warmup 8 --tf-num-layers 2 ";
+  RunResult r = run_cmd(eval(base + "--tf-drop-skipped --json " + jc + " --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(eval(base + "--tf-drop-skipped --tf-drop-mode mask --json " + jm));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(eval(base + "--json " + jn));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto c = read_json(jc), m = read_json(jm), n = read_json(jn);
+  EXPECT_FALSE(n.at("token_filter").contains("kv_cache"));
+  const auto& kc = c.at("token_filter").at("kv_cache");
+  const auto& km = m.at("token_filter").at("kv_cache");
+  EXPECT_EQ(kc.at("mode"), "compacted");
+  EXPECT_EQ(km.at("mode"), "masked");
+  EXPECT_NEAR(c.at("perplexity").get<double>(), m.at("perplexity").get<double>(),
+              1e-5 * m.at("perplexity").get<double>());
+  // one call per window of 96 tokens, one sequence each: 96 positions written in each layer
+  EXPECT_EQ(kc.at("calls").get<int>(), 3);
+  const double written = kc.at("bytes_dense_final").get<double>();
+  const double held = kc.at("bytes_held_final").get<double>();
+  EXPECT_LT(held, written);
+  EXPECT_EQ(km.at("bytes_held_final").get<double>(), held);  // the same tokens dropped
+  EXPECT_LT(kc.at("bytes_allocated_peak").get<double>(),
+            kc.at("bytes_allocated_dense").get<double>());
+  EXPECT_EQ(km.at("bytes_allocated_peak").get<double>(),
+            km.at("bytes_allocated_dense").get<double>());
+  // the held bytes are the layers' held positions at the bytes of a position; the skipped
+  // tokens of the last window are what the gated layers lack
+  const auto& pl = kc.at("per_layer");
+  ASSERT_EQ(pl.size(), 2u);
+  double sum = 0;
+  for (const auto& l : pl) {
+    EXPECT_EQ(l.at("positions_final").get<double>(), 96.0);
+    EXPECT_TRUE(l.at("gated").get<bool>());
+    EXPECT_TRUE(l.at("compacted").get<bool>());
+    sum += l.at("held_final").get<double>();
+  }
+  EXPECT_NEAR(sum / (2 * 96.0), held / written, 1e-12);
+  io::H5File f = io::H5File::open_read(out);
+  io::Group g = f.root().open_group("token_filter").open_group("kv_cache");
+  std::vector<hsize_t> dims;
+  const auto hf = g.read<double>("held_final", &dims);
+  EXPECT_EQ(dims, (std::vector<hsize_t>{2}));
+  EXPECT_EQ(hf[0], pl[0].at("held_final").get<double>());
+  EXPECT_EQ(hf[1], pl[1].at("held_final").get<double>());
+}
+
+TEST_F(CliTokenFilter, BenchReportsKvBytesAgainstDense) {
+  const std::string js = dir_->file("bench_drop.json");
+  RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ +
+                        " --prompt 24 --decode 8 --reps 1 --batch 4 --method token-filter"
+                        " --tf-ratio 0.5 --tf-warmup 8 --tf-drop-skipped --json " +
+                        js);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("KV cache, all layers, 4 sequences"), std::string::npos) << r.output;
+  const auto j = read_json(js);
+  const auto& kv = j.at("kv_bytes");
+  EXPECT_LT(kv.at("held_final").get<double>(), kv.at("dense_final").get<double>());
+  EXPECT_GT(kv.at("held_final").get<double>(), 0.0);
+  EXPECT_EQ(kv.at("dense_allocated").get<double>(), j.at("dense_kv_bytes_allocated").get<double>());
+  // the tiny model's context is one page: the buffers grow to it
+  EXPECT_LE(kv.at("allocated_peak").get<double>(), kv.at("dense_allocated").get<double>());
+}
+
 TEST_F(CliTokenFilter, BadInputFailsWithoutOutput) {
   const std::string js = dir_->file("bad.json"), out = dir_->file("bad.h5");
   const std::string sink = " --json " + js + " --out " + out;
@@ -136,6 +205,10 @@ TEST_F(CliTokenFilter, BadInputFailsWithoutOutput) {
       {"--tf-ratio 0.3", "add token-filter to --method"},
       {"--method token-filter+token-filter", "twice"},
       {"--method teal+wina", "at most one"},
+      {"--method token-filter --tf-drop-mode compact", "add --tf-drop-skipped"},
+      {"--method token-filter --tf-drop-skipped --tf-drop-mode shrink", "--tf-drop-mode"},
+      {"--method token-filter+think --tf-drop-skipped --tf-drop-mode compact", "masked"},
+      {"--tf-drop-skipped", "add token-filter to --method"},
       {"--no-perplexity --task passkey --retrieval-lengths 4096", "context"},
       {"--no-perplexity --task haystack", "--task"},
       {"--no-perplexity --task passkey --retrieval-depths 0,1.5", "outside"},

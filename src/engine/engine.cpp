@@ -166,6 +166,7 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     keep_rows_ = IVec<E>("sparsim::gate::keep_rows", n);
     keep_seq_ = IVec<E>("sparsim::gate::keep_seq", n);
     keep_pos_ = IVec<E>("sparsim::gate::keep_pos", n);
+    keep_slot_ = IVec<E>("sparsim::gate::keep_slot", n);
     keep_flags_ = IVec<E>("sparsim::gate::keep_sparse_flags", n);
     kpre_ = Mat<E>();  // allocated on demand (pre-RoPE gates only)
     xg_ = alloc("sparsim::gate::x_kept", n, c.d_model);
@@ -393,6 +394,15 @@ void Engine<E>::set_positions(int n_seq, int T, int p0) {
       cache_.reset_layout(l);
       cache_.clear_dropped(l);
       cache_.clear_evicted(l);
+      cache_.reset_tokens(l);
+      // a gate that drops skipped tokens: its layers keep only the kept tokens (unless a
+      // channel selector or token evictor, which read the prompt at its positions, runs too)
+      const bool compact = drop_compaction_ && tgate_ && tgate_->drop_skipped() &&
+                           tgate_->active(l) && !selector_ && !evictor_;
+      if (compact != cache_.token_compacted(l)) {
+        graphs_ = std::make_unique<Graphs>();
+        cache_.set_token_compaction(l, compact);
+      }
     }
   // rows the masker sparsifies
   const int t0 = sparse_from_ == kDecodeOnly ? (T == 1 ? 0 : T) : sparse_from_;
@@ -417,6 +427,7 @@ void Engine<E>::set_positions(int n_seq, int T, int p0) {
 template <class E>
 void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops::Phase ph) {
   if (use_fused(T) && fusable(l)) {
+    cache_.note_written(l, n_seq, 1, p0);
     block_fused(l, x_in, n_seq, p0, ph);
     return;
   }
@@ -471,6 +482,12 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
           "without token gating");
   int n_keep = n;
   std::vector<int> h_skip;
+  const bool tok_compact = cache_.token_compacted(l);
+  require(!tok_compact || (gated && tgate_->drop_skipped()),
+          "layer {} holds only the tokens a dropping token gate kept (these sequences started "
+          "with it); continue them with that gate, or start new sequences at position 0",
+          l);
+  h_slot_.clear();
   if (c.low_rank_kv()) {
     // the cache holds the latents A·x; keys and values are rebuilt at attention time
     require(!gated && !selector_ && !evictor_,
@@ -510,17 +527,24 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     }
     rope(l, k, pos, false);
     mark(flops::Op::RoPE);
-    cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+    // (a token-compacted layer stores after the decision: only the kept rows enter it)
+    if (!tok_compact) cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
     IVec<E> skip(skip_.data(), n);
     PolicyCost gc;
     const int n_skip = tgate_->decide(exec_, l, CMat<E>(kg), CMat<E>(v), skip, gc);
     mark(flops::Op::GateSimilarity);
     if (ledger_) ledger_->add(flops::Op::GateSimilarity, l, ph, 0, gc.flops, 0, gc.bytes);
-    if (tgate_->drop_skipped()) cache_.set_dropped(exec_, l, skip, n_seq, T, p0);
     if (n_skip > 0) {
       auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
       h_skip.assign(hs.data(), hs.data() + n);
       n_keep = n - n_skip;
+    }
+    const int* hsk = h_skip.empty() ? nullptr : h_skip.data();
+    if (tok_compact) {
+      h_slot_ = cache_.store_kept(exec_, l, CMat<E>(k), CMat<E>(v), hsk, n_seq, T, p0);
+      mark(flops::Op::RoPE);  // (the cache append's time goes with RoPE's, as on the dense path)
+    } else if (tgate_->drop_skipped()) {
+      cache_.set_dropped(exec_, l, skip, hsk, n_seq, T, p0);
     }
   }
   if (c.low_rank_kv()) {
@@ -576,7 +600,15 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
     if (n_keep > 0) {
       rope(l, qg, kp, true);
       mark(flops::Op::RoPE);
-      cached_attention(exec_, CMat<E>(qg), ks, kp, cache_.layer(l), sh, ag, p0 + T);
+      IVec<E> kat = kp;  // the cache index each kept row attends up to
+      if (tok_compact) {
+        kat = IVec<E>(keep_slot_.data(), n_keep);
+        auto hsl = Kokkos::create_mirror_view(kat);
+        for (int i = 0; i < n_keep; ++i)
+          hsl(i) = h_slot_[static_cast<std::size_t>(h_keep_rows_[static_cast<std::size_t>(i)])];
+        Kokkos::deep_copy(exec_, kat, hsl);
+      }
+      cached_attention(exec_, CMat<E>(qg), ks, kat, cache_.layer(l), sh, ag, p0 + T);
       mark(flops::Op::AttnScore);
     }
     if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
@@ -589,7 +621,8 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       ledger_->add(flops::Op::GatherScatter, l, ph, 0, 0, 0, 4.0 * (4.0 * g + z));
     }
   }
-  if (record_mass_ && !cache_.layer(l).compacted() && h_skip.empty() && !c.low_rank_kv())
+  if (record_mass_ && !cache_.layer(l).compacted() && !tok_compact && h_skip.empty() &&
+      !c.low_rank_kv())
     sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), sh, n_seq, T, p0,
                             mass_[static_cast<std::size_t>(l)],
                             mass_queries_[static_cast<std::size_t>(l)]);
@@ -608,7 +641,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   add_bias(lw.down_bias);
   residual(rot ? &w_->rot_mlp_next[l] : nullptr);
   block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data(), false,
-               gated);
+               gated, h_slot_.empty() ? nullptr : h_slot_.data());
 }
 
 template <class E>
@@ -623,7 +656,7 @@ void Engine<E>::prune_structured(int l, Site site, const Mat<E>& x, const Mat<E>
 
 template <class E>
 void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                             const int* skip, bool fused, bool gated) {
+                             const int* skip, bool fused, bool gated, const int* slots) {
   if (!ledger_) return;
   const Config& c = w_->cfg;
   const AttnShape& sh = cache_.shape(l);
@@ -643,7 +676,7 @@ void Engine<E>::block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0,
   const int rope_launches = fused || !(gated && n_keep > 0) ? 1 : 2;
   ledger_->add(flops::Op::RoPE, l, ph, rf, rr, 8.0 * n * (qw + kw), 8.0 * (n_keep * qw + n * kw),
                rope_launches, fused ? 0 : rope_launches);
-  attention_ledger(l, ph, n_seq, T, p0, skip, fused ? 1 : 2);
+  attention_ledger(l, ph, n_seq, T, p0, skip, fused ? 1 : 2, slots);
   const double ff = c.d_ff_at(l), sw = 6.0 * n * ff;
   ledger_->add(flops::Op::SwiGLU, l, ph, sw, sw, 12.0 * n * ff, 12.0 * n * ff, 1, fused ? 0 : 1);
   const int res_launches = fused || !rot ? 2 : 4;
@@ -676,7 +709,19 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
   const int hd = w_->cfg.head_dim;
-  if (device_path_ && T == 1 && sh.v_dim <= hd) {
+  if (kv.token_compacted()) {
+    // every row of the call was kept: row r attends to the held slots up to its own
+    const int n = n_seq * T;
+    const IVec<E> at(keep_slot_.data(), n);
+    auto hsl = Kokkos::create_mirror_view(at);
+    int top = 0;
+    for (int r = 0; r < n; ++r) top = std::max(top, hsl(r) = h_slot_[static_cast<std::size_t>(r)]);
+    Kokkos::deep_copy(exec_, at, hsl);
+    if (device_path_ && T == 1 && sh.v_dim <= hd)
+      attention_decode_split(exec_, q, kv, at, out, n_seq, sh, attn_ws_);
+    else
+      cached_attention(exec_, q, IVec<E>(seq_.data(), n), at, kv, sh, out, top + 1);
+  } else if (device_path_ && T == 1 && sh.v_dim <= hd) {
     // pruned widths (the model's scale), compacted prompt keys and dropped positions too
     attention_decode_split(exec_, q, kv, IVec<E>(pos_.data(), n_seq), out, n_seq, sh, attn_ws_);
   } else if (!kv.compacted() && !kv.has_drops() && !kv.has_evictions()) {
@@ -734,7 +779,7 @@ void Engine<E>::attend_low_rank(int l, const CMat<E>& q, const Mat<E>& out, int 
 
 template <class E>
 void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip,
-                                 int kernels) {
+                                 int kernels, const int* slots) {
   const AttnShape& sh = cache_.shape(l);
   const KVLayer<E>& kv = cache_.layer(l);
   const int base = kv.k_base;
@@ -797,8 +842,10 @@ void Engine<E>::attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p
       const double np = p0 + t + 1;
       pairs += np;
       if (skip && skip[s * T + t]) continue;
-      pairs_real += np;
-      const double nb = std::min<double>(base, np), nf = np - nb;
+      // a token-compacted layer: the row reads the held slots up to its own
+      const double nr = slots ? slots[s * T + t] + 1.0 : np;
+      pairs_real += nr;
+      const double nb = std::min<double>(base, nr), nf = nr - nb;
       sf_real += 2.0 * (nf * nh * qk + nb * g * ck);
       kb_real += 4.0 * (nf * kw + nb * ck);
     }
@@ -910,6 +957,24 @@ void Engine<E>::compact_keys(int layer, const KeptChannels& kept, flops::Phase p
 }
 
 template <class E>
+void Engine<E>::account_cache(int n_seq) {
+  if (!tgate_ || !tgate_->drop_skipped()) return;
+  std::vector<KVOccupancy> occ(static_cast<std::size_t>(cache_.n_layer()));
+  for (int l = 0; l < cache_.n_layer(); ++l) {
+    KVOccupancy& o = occ[static_cast<std::size_t>(l)];
+    for (int s = 0; s < n_seq; ++s) {
+      o.positions += cache_.positions(l, s);
+      o.held += cache_.held(l, s);
+    }
+    o.position_bytes = static_cast<double>(cache_.position_bytes(l));
+    o.allocated = static_cast<double>(cache_.k_bytes(l) + cache_.v_bytes(l));
+    o.allocated_dense = o.position_bytes * max_seqs_ * max_ctx_;
+    o.compacted = cache_.token_compacted(l);
+  }
+  tgate_->account_cache(occ);
+}
+
+template <class E>
 void Engine<E>::record_attention_mass(bool on) {
   record_mass_ = on;
   mass_.clear();
@@ -956,6 +1021,7 @@ void Engine<E>::run_block(int layer, const Mat<E>& x, int n_seq, int T, int p0) 
     t_mark_ = clock_seconds(profile_clock_);
   }
   block(layer, x, n_seq, T, p0, T > 1 ? flops::Phase::Prefill : flops::Phase::Decode);
+  account_cache(n_seq);
   if (tgate_) tgate_->end_call(exec_);
   exec_.fence();
   finish_call();
@@ -1010,6 +1076,8 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     if (all && !(graph_ && !ledger_ && graph_step(n_seq, x, logits)))
       decode_kernels(n_seq, x, logits, ph);
     if (all) {
+      for (int l = 0; l < c.n_layer; ++l) cache_.note_written(l, n_seq, 1, p0);
+      account_cache(n_seq);
       if (tgate_) tgate_->end_call(exec_);
       exec_.fence();
       finish_call();
@@ -1025,6 +1093,7 @@ Mat<E> Engine<E>::forward_tail(const std::vector<std::vector<int>>& tokens, int 
     check_interrupt();  // between layers: SIGINT / SIGTERM stop the run here
     block(l, x, n_seq, T, p0, ph);
   }
+  account_cache(n_seq);
   if (tgate_) tgate_->end_call(exec_);
 
   Mat<E> src = x;

@@ -85,6 +85,14 @@ class Engine {
   /// Token gate before attention (Token Filtering); `g` is not owned; nullptr: none.
   void set_token_gate(TokenGate<E>* g) { tgate_ = g; }
   TokenGate<E>* token_gate() const { return tgate_; }
+  /// Where a gate's dropped tokens go (gate->drop_skipped()): with `on` (the default) the gated
+  /// layers of sequences started (position 0) under the gate keep only the kept tokens
+  /// (KVCache::set_token_compaction), so their bytes are freed; off, or with a channel
+  /// selector or token evictor attached, the dropped positions stay allocated and are masked
+  /// out of attention. Both give the same attention up to the order of the sums. Takes effect
+  /// at the next call at position 0.
+  void set_drop_compaction(bool on) { drop_compaction_ = on; }
+  bool drop_compaction() const { return drop_compaction_; }
   /// K-cache channel selector run after prefill (ThinK, GRACE); not owned; nullptr: none.
   void set_channel_selector(ChannelSelector<E>* s) { selector_ = s; }
   ChannelSelector<E>* channel_selector() const { return selector_; }
@@ -167,8 +175,10 @@ class Engine {
   void rope(int l, const Mat<E>& x, const IVec<E>& pos, bool is_q);
   /// Queries and keys of layer l in one launch (the same rotations as rope() on each).
   void rope_qk(int l, const Mat<E>& q, const Mat<E>& k, const IVec<E>& pos);
+  /// slots (token-compacted layer): per row the held slot it attends up to (nullptr: its
+  /// position)
   void attention_ledger(int l, flops::Phase ph, int n_seq, int T, int p0, const int* skip,
-                        int kernels = 2);
+                        int kernels = 2, const int* slots = nullptr);
   void select_channels(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                        flops::Phase ph);
   /// End of a prefill in layer l: the token evictor, then the channel selector, then the
@@ -189,7 +199,10 @@ class Engine {
   }
   void block_fused(int l, const Mat<E>& x, int n_seq, int p0, flops::Phase ph);
   void block_ledger(int l, int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
-                    const int* skip, bool fused = false, bool gated = false);
+                    const int* skip, bool fused = false, bool gated = false,
+                    const int* slots = nullptr);
+  /// End of a call with a gate that drops skipped tokens: every layer's cache occupancy.
+  void account_cache(int n_seq);
   void finish_call();
   void decode_kernels(int n_seq, const Mat<E>& x, const Mat<E>& logits, flops::Phase ph);
   bool graph_step(int n_seq, const Mat<E>& x, const Mat<E>& logits);
@@ -216,6 +229,9 @@ class Engine {
   IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
   typename IVec<E>::HostMirror sparse_flags_host_;
   IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;
+  IVec<E> keep_slot_;            // token-compacted layer: the slot each attending row reads up to
+  std::vector<int> h_slot_;      // token-compacted layer: the slot of each row of the call
+  bool drop_compaction_ = true;  // see set_drop_compaction
   std::vector<int> h_sparse_flags_, h_keep_rows_;
   TokenGate<E>* tgate_ = nullptr;
   ChannelSelector<E>* selector_ = nullptr;

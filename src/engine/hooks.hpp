@@ -10,6 +10,7 @@
 #include "model/weights.hpp"
 
 #include <functional>
+#include <vector>
 
 namespace sparsim {
 
@@ -75,6 +76,17 @@ struct PolicyCost {
   double flops = 0, bytes = 0;
 };
 
+/// One layer's KV cache at the end of a call (over the call's sequences), reported to a token
+/// gate that drops skipped tokens (TokenGate::account_cache).
+struct KVOccupancy {
+  double positions = 0;        ///< Σ over the call's sequences of the positions written
+  double held = 0;             ///< Σ of the positions held (written less dropped)
+  double position_bytes = 0;   ///< bytes of one position's key and value at full widths
+  double allocated = 0;        ///< bytes of the layer's key and value buffers as allocated
+  double allocated_dense = 0;  ///< bytes of the dense layout's buffers (max_seqs × max_ctx)
+  bool compacted = false;      ///< the layer holds only kept tokens (else every position)
+};
+
 /// Decides, per layer and row, whether a token skips attention. The engine calls it after the
 /// row's K and V are computed and cached; a skipped row's Q projection, attention and O
 /// projection are not computed and its attention output is zero (the residual passes through).
@@ -98,6 +110,9 @@ class TokenGate {
   /// cost.
   virtual int decide(const E& exec, int layer, const CMat<E>& k, const CMat<E>& v,
                      const IVec<E>& skip, PolicyCost& cost) = 0;
+  /// With drop_skipped(): the KV cache of every layer at the end of the call (index = layer),
+  /// called just before end_call().
+  virtual void account_cache(const std::vector<KVOccupancy>& layers) { (void)layers; }
   /// End of the call (all layers done).
   virtual void end_call(const E& exec) { (void)exec; }
 };

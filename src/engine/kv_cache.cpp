@@ -22,6 +22,139 @@ KVCache<E>::KVCache(const Config& c, int max_seqs, int max_ctx)
   kept_counts_.resize(static_cast<std::size_t>(c.n_layer));
   kept_tokens_.resize(static_cast<std::size_t>(c.n_layer));
   evict_len_.assign(static_cast<std::size_t>(c.n_layer), 0);
+  const std::size_t L = static_cast<std::size_t>(c.n_layer), S = static_cast<std::size_t>(max_seqs);
+  written_.assign(L, std::vector<int>(S, 0));
+  n_dropped_.assign(L, std::vector<int>(S, 0));
+  h_dropped_.resize(L);
+  slot_pos_.assign(L, std::vector<std::vector<int>>(S));
+}
+
+template <class E>
+void KVCache<E>::forget_from(int l, int s, int p0) {
+  const std::size_t lu = static_cast<std::size_t>(l), su = static_cast<std::size_t>(s);
+  int& w = written_[lu][su];
+  if (p0 < w) {
+    if (layer(l).tokens_compact) {
+      auto& sp = slot_pos_[lu][su];
+      while (!sp.empty() && sp.back() >= p0) sp.pop_back();
+    } else if (!h_dropped_[lu].empty()) {
+      std::uint8_t* f = h_dropped_[lu].data() + su * static_cast<std::size_t>(max_ctx_);
+      for (int p = p0; p < w; ++p)
+        if (f[p]) f[p] = 0, --n_dropped_[lu][su];
+    }
+  }
+  w = p0;
+}
+
+template <class E>
+void KVCache<E>::note_written(int l, int n_seq, int T, int p0) {
+  for (int s = 0; s < n_seq; ++s) {
+    forget_from(l, s, p0);
+    written_[static_cast<std::size_t>(l)][static_cast<std::size_t>(s)] = p0 + T;
+  }
+}
+
+template <class E>
+int KVCache<E>::held(int l, int s) const {
+  const std::size_t lu = static_cast<std::size_t>(l), su = static_cast<std::size_t>(s);
+  if (layer(l).tokens_compact) return static_cast<int>(slot_pos_[lu][su].size());
+  return written_[lu][su] - n_dropped_[lu][su];
+}
+
+template <class E>
+void KVCache<E>::reset_tokens(int l) {
+  const std::size_t lu = static_cast<std::size_t>(l);
+  std::fill(written_[lu].begin(), written_[lu].end(), 0);
+  std::fill(n_dropped_[lu].begin(), n_dropped_[lu].end(), 0);
+  std::fill(h_dropped_[lu].begin(), h_dropped_[lu].end(), std::uint8_t{0});
+  for (auto& sp : slot_pos_[lu]) sp.clear();
+  KVLayer<E>& kl = layers_[lu];
+  if (kl.tokens_compact) {  // a new prompt: the buffers grow again from nothing
+    kl.k = Cache<E>();
+    kl.v = Cache<E>();
+  }
+}
+
+template <class E>
+void KVCache<E>::set_token_compaction(int l, bool on) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  if (kl.tokens_compact == on) return;
+  require(!kl.compacted() && !kl.has_evictions(),
+          "KV cache: layer {} has compacted keys or evicts tokens; token compaction needs the "
+          "dense layout",
+          l);
+  kl.tokens_compact = on;
+  kl.dropped = IMat<E>();  // (a masked layer's flags; positions are slots from here on)
+  kl.k = Cache<E>();
+  kl.v = Cache<E>();
+  if (!on) {
+    kl.k = Cache<E>("sparsim::kcache", max_seqs_, max_ctx_, shape(l).k_width());
+    kl.v = Cache<E>("sparsim::vcache", max_seqs_, max_ctx_, shape(l).v_width());
+  }
+  reset_tokens(l);
+}
+
+template <class E>
+std::vector<int> KVCache<E>::store_kept(const E& exec, int l, const CMat<E>& k, const CMat<E>& v,
+                                        const int* h_skip, int n_seq, int T, int p0) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  require(kl.tokens_compact, "KV cache: layer {} is not token-compacted", l);
+  require(p0 >= 0 && p0 + T <= max_ctx_ && n_seq <= max_seqs_, "KV cache: rows beyond the cache");
+  const int n = n_seq * T;
+  std::vector<int> slot(static_cast<std::size_t>(n), -1);
+  int need = 0;
+  for (int s = 0; s < n_seq; ++s) {
+    forget_from(l, s, p0);
+    written_[static_cast<std::size_t>(l)][static_cast<std::size_t>(s)] = p0 + T;
+    auto& sp = slot_pos_[static_cast<std::size_t>(l)][static_cast<std::size_t>(s)];
+    for (int t = 0; t < T; ++t) {
+      const int r = s * T + t;
+      if (h_skip && h_skip[r]) continue;
+      slot[static_cast<std::size_t>(r)] = static_cast<int>(sp.size());
+      sp.push_back(p0 + t);
+    }
+    need = std::max(need, static_cast<int>(sp.size()));
+  }
+  const int cap = capacity(l);
+  if (need > cap) {
+    // grow to whole pages; the held slots move, the rest is never read before it is written
+    const int nc = std::min(max_ctx_, (need + kTokenPage - 1) / kTokenPage * kTokenPage);
+    const int kw = shape(l).k_width(), vw = shape(l).v_width();
+    Cache<E> nk(
+        Kokkos::view_alloc(std::string("sparsim::kcache_tokens"), Kokkos::WithoutInitializing),
+        max_seqs_, nc, kw),
+        nv(Kokkos::view_alloc(std::string("sparsim::vcache_tokens"), Kokkos::WithoutInitializing),
+           max_seqs_, nc, vw);
+    if (cap > 0) {
+      const auto cut = std::make_pair(0, cap);
+      Kokkos::deep_copy(exec, Kokkos::subview(nk, Kokkos::ALL, cut, Kokkos::ALL), kl.k);
+      Kokkos::deep_copy(exec, Kokkos::subview(nv, Kokkos::ALL, cut, Kokkos::ALL), kl.v);
+      exec.fence();
+    }
+    kl.k = nk;
+    kl.v = nv;
+  }
+  if (n == 0) return slot;
+  if (slot_dev_.extent(0) < static_cast<std::size_t>(n))
+    slot_dev_ = IVec<E>("sparsim::kv_slots", n);
+  const IVec<E> dst(slot_dev_.data(), n);
+  auto hd = Kokkos::create_mirror_view(dst);
+  for (int r = 0; r < n; ++r) hd(r) = slot[static_cast<std::size_t>(r)];
+  Kokkos::deep_copy(exec, dst, hd);
+  const auto K = kl.k, V = kl.v;
+  const int kd = static_cast<int>(k.extent(1)), vd = static_cast<int>(v.extent(1));
+  const int wd = kd > vd ? kd : vd;
+  Kokkos::parallel_for(
+      "sparsim::engine::kv_store_kept",
+      light(Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n, wd})),
+      KOKKOS_LAMBDA(const int r, const int j) {
+        const int p = dst(r);
+        if (p < 0) return;
+        const int s = r / T;
+        if (j < kd) K(s, p, j) = k(r, j);
+        if (j < vd) V(s, p, j) = v(r, j);
+      });
+  return slot;
 }
 
 template <class E>
@@ -31,13 +164,30 @@ void KVCache<E>::store(const E& exec, int l, const CMat<E>& k, const CMat<E>& v,
   require(p0 >= kl.k_base,
           "KV cache: layer {} holds compacted keys up to position {}; cannot write position {}", l,
           kl.k_base - 1, p0);
+  require(!kl.tokens_compact,
+          "KV cache: layer {} holds only the kept tokens of its sequences (store_kept writes it)",
+          l);
   require(p0 + T <= max_ctx_ && n_seq <= max_seqs_, "KV cache: rows beyond the cache");
+  note_written(l, n_seq, T, p0);
   kv_store(exec, k, v, kl.k, kl.v, n_seq, T, p0, kl.k_base);
 }
 
 template <class E>
-void KVCache<E>::set_dropped(const E& exec, int l, const IVec<E>& skip, int n_seq, int T, int p0) {
+void KVCache<E>::set_dropped(const E& exec, int l, const IVec<E>& skip, const int* h_skip,
+                             int n_seq, int T, int p0) {
   KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  const std::size_t lu = static_cast<std::size_t>(l);
+  if (h_skip) {
+    auto& hd = h_dropped_[lu];
+    if (hd.empty()) hd.assign(static_cast<std::size_t>(max_seqs_) * max_ctx_, 0);
+    for (int s = 0; s < n_seq; ++s)
+      for (int t = 0; t < T; ++t) {
+        std::uint8_t& f = hd[static_cast<std::size_t>(s) * max_ctx_ + p0 + t];
+        const std::uint8_t now = h_skip[s * T + t] ? 1 : 0;
+        n_dropped_[lu][static_cast<std::size_t>(s)] += now - f;
+        f = now;
+      }
+  }
   if (!kl.has_drops()) kl.dropped = IMat<E>("sparsim::kv_dropped", max_seqs_, max_ctx_);
   auto d = kl.dropped;
   Kokkos::parallel_for(
@@ -56,6 +206,7 @@ void KVCache<E>::evict(const E& exec, int l, const KeptTokens& kept) {
   KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
   const AttnShape& sh = shape(l);
   require(!kl.has_evictions(), "KV cache: layer {} already evicts tokens", l);
+  require(!kl.tokens_compact, "KV cache: layer {} holds only kept tokens; it cannot evict", l);
   const int P = kept.positions;
   require(P >= 1 && P <= max_ctx_, "KV cache: cannot evict from {} positions of {}", P, max_ctx_);
   require(static_cast<int>(kept.idx.size()) <= max_seqs_,
@@ -125,6 +276,8 @@ void KVCache<E>::compact_keys(const E& exec, int l, const KeptChannels& kept) {
   KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
   const AttnShape& sh = shape(l);
   require(!kl.compacted(), "KV cache: layer {} is already compacted", l);
+  require(!kl.tokens_compact,
+          "KV cache: layer {} holds only kept tokens; its key channels cannot be compacted", l);
   const int P = kept.positions;
   require(P >= 1 && P <= max_ctx_, "KV cache: cannot compact {} positions of {}", P, max_ctx_);
   require(static_cast<int>(kept.idx.size()) <= max_seqs_,

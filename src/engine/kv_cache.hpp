@@ -19,6 +19,15 @@
 /// mask does not shrink the buffers: prompt_bytes() says what a cache holding only the kept
 /// tokens (at their compacted key widths) needs, beside the bytes allocated.
 ///
+/// Token compaction (set_token_compaction): a layer whose skipped tokens leave the cache keeps
+/// only the kept tokens of each sequence, in position order, at slots 0 … held − 1 of buffers of
+/// `capacity` slots (grown in pages of kTokenPage as tokens arrive, released at a new prompt).
+/// Keys are cached after RoPE, so a query needs only the slots, not the positions: it attends
+/// to slots 0 … its own (KVLayer::tokens_compact). The host keeps the original position of
+/// every held slot (held_positions) and, per sequence, the positions written and held, for the
+/// byte accounting of every layer (dense layers hold every position written; a masked layer,
+/// set_dropped, all but the dropped ones).
+///
 /// Shapes come from AttnShape per layer, so per-layer Q/K and V head widths (a pruned model)
 /// need only attn_shape() to read them from the model.
 #include "core/compat.hpp"
@@ -29,6 +38,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace sparsim {
@@ -62,8 +72,53 @@ class KVCache {
   void store(const E& exec, int l, const CMat<E>& k, const CMat<E>& v, int n_seq, int T, int p0);
 
   /// Sets the dropped flag of positions p0 … p0+T−1 of the call's sequences from `skip`
-  /// (row s·T + t; 1: drop). Allocates the flags on first use.
-  void set_dropped(const E& exec, int l, const IVec<E>& skip, int n_seq, int T, int p0);
+  /// (row s·T + t; 1: drop). Allocates the flags on first use. `h_skip`: the same flags on the
+  /// host (nullptr: none set), for the count of positions held.
+  void set_dropped(const E& exec, int l, const IVec<E>& skip, const int* h_skip, int n_seq, int T,
+                   int p0);
+  /// The same, reading the host flags from `skip`.
+  void set_dropped(const E& exec, int l, const IVec<E>& skip, int n_seq, int T, int p0) {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
+    set_dropped(exec, l, skip, h.data(), n_seq, T, p0);
+  }
+
+  /// Slots a token-compacted layer's buffers grow by.
+  static constexpr int kTokenPage = 64;
+  /// Turns token compaction of layer `l` on (the dense buffers are released; nothing is held)
+  /// or off (dense buffers, nothing held). Throws when the layer's keys are channel-compacted
+  /// or it evicts tokens.
+  void set_token_compaction(int l, bool on);
+  bool token_compacted(int l) const { return layer(l).tokens_compact; }
+  /// Token-compacted layer: appends the rows r = s·T + t of k and v whose h_skip[r] is 0
+  /// (h_skip nullptr: every row) at the next slots of their sequences, growing the buffers
+  /// when needed. A call at p0 below a sequence's written positions first forgets the slots of
+  /// positions ≥ p0. Returns per row its slot (−1: skipped, not stored).
+  std::vector<int> store_kept(const E& exec, int l, const CMat<E>& k, const CMat<E>& v,
+                              const int* h_skip, int n_seq, int T, int p0);
+  /// Forgets what every sequence holds in layer `l` (a new prompt); a token-compacted layer
+  /// releases its buffers.
+  void reset_tokens(int l);
+  /// Records that rows at positions p0 … p0+T−1 of sequences 0 … n_seq−1 were written to
+  /// layer `l` by a kernel of its own (the fused decode); store() records its own writes.
+  void note_written(int l, int n_seq, int T, int p0);
+  /// Positions written to sequence s of layer l (p0 + T of its latest call) and positions
+  /// held (written less dropped / not stored).
+  int positions(int l, int s) const {
+    return written_[static_cast<std::size_t>(l)][static_cast<std::size_t>(s)];
+  }
+  int held(int l, int s) const;
+  /// Token-compacted layer: the original position of each held slot of sequence s, ascending.
+  const std::vector<int>& held_positions(int l, int s) const {
+    return slot_pos_[static_cast<std::size_t>(l)][static_cast<std::size_t>(s)];
+  }
+  /// Slots allocated per sequence of a token-compacted layer (max_ctx otherwise).
+  int capacity(int l) const {
+    return layer(l).tokens_compact ? static_cast<int>(layer(l).v.extent(1)) : max_ctx_;
+  }
+  /// Bytes of one position's key and value at the layer's full widths.
+  std::size_t position_bytes(int l) const {
+    return sizeof(float) * static_cast<std::size_t>(shape(l).k_width() + shape(l).v_width());
+  }
 
   /// Compacts the keys of positions 0 … kept.positions − 1 of layer `l` to the kept channels.
   /// Sequences beyond kept.idx.size() keep no channel. The full-width region shrinks to the
@@ -110,6 +165,12 @@ class KVCache {
   std::vector<std::vector<std::vector<int>>> kept_counts_;               // [layer][seq][head]
   std::vector<std::vector<std::vector<std::vector<int>>>> kept_tokens_;  // [layer][seq][head]
   std::vector<int> evict_len_;                                           // [layer]
+  std::vector<std::vector<int>> written_;                // [layer][seq] positions written
+  std::vector<std::vector<int>> n_dropped_;              // [layer][seq] masked: dropped count
+  std::vector<std::vector<std::uint8_t>> h_dropped_;     // [layer][seq·max_ctx] masked flags
+  std::vector<std::vector<std::vector<int>>> slot_pos_;  // [layer][seq] compacted: positions
+  IVec<E> slot_dev_;                                     // store_kept: the slot of each row
+  void forget_from(int l, int s, int p0);  // positions ≥ p0 of sequence s are no longer written
 };
 
 }  // namespace sparsim

@@ -380,7 +380,42 @@ double TokenFilter<E>::threshold_final_mean(int layer) const {
 }
 
 template <class E>
+void TokenFilter<E>::account_cache(const std::vector<KVOccupancy>& occ) {
+  if (kv_.layers.size() != occ.size()) kv_.layers.assign(occ.size(), KVCacheRecord::Layer{});
+  double held = 0, dense = 0, alloc = 0, alloc_dense = 0;
+  for (std::size_t l = 0; l < occ.size(); ++l) {
+    const KVOccupancy& o = occ[l];
+    KVCacheRecord::Layer& r = kv_.layers[l];
+    r.compacted = o.compacted;
+    r.position_bytes = o.position_bytes;
+    r.positions_final = o.positions;
+    r.held_final = o.held;
+    r.positions_sum += o.positions;
+    r.held_sum += o.held;
+    r.held_bytes_peak = std::max(r.held_bytes_peak, o.held * o.position_bytes);
+    r.allocated_final = o.allocated;
+    r.allocated_peak = std::max(r.allocated_peak, o.allocated);
+    r.allocated_dense = o.allocated_dense;
+    held += o.held * o.position_bytes;
+    dense += o.positions * o.position_bytes;
+    alloc += o.allocated;
+    alloc_dense += o.allocated_dense;
+  }
+  ++kv_.calls;
+  kv_.held_final = held;
+  kv_.dense_final = dense;
+  kv_.allocated_final = alloc;
+  kv_.allocated_dense = alloc_dense;
+  kv_.held_peak = std::max(kv_.held_peak, held);
+  kv_.dense_peak = std::max(kv_.dense_peak, dense);
+  kv_.allocated_peak = std::max(kv_.allocated_peak, alloc);
+  kv_.held_sum += held;
+  kv_.dense_sum += dense;
+}
+
+template <class E>
 void TokenFilter<E>::reset_stats() {
+  kv_ = KVCacheRecord{};
   decided_tokens_ = 0;
   std::fill(skipped_.begin(), skipped_.end(), 0);
   std::fill(decided_l_.begin(), decided_l_.end(), 0);
@@ -426,6 +461,46 @@ void TokenFilter<E>::write(io::Group& g) const {
   g.write<double>("similarity_mean", smean, {"1", "mean similarity S over decided tokens"});
   g.write<double>("threshold_final", tfin,
                   {"1", "threshold after the last token, mean over the last call's sequences"});
+  if (!kv_.empty()) {
+    io::Group kg = g.create_group("kv_cache");
+    kg.set_attr("meaning",
+                "KV cache of the run with skipped tokens dropped, at the end of every call over "
+                "the call's sequences: held = positions still cached, dense = every position "
+                "written, allocated = the key and value buffers; [layer] tables over all layers");
+    kg.set_attr("calls", static_cast<std::int64_t>(kv_.calls));
+    kg.set_attr("bytes_held_final", kv_.held_final);
+    kg.set_attr("bytes_dense_final", kv_.dense_final);
+    kg.set_attr("bytes_allocated_final", kv_.allocated_final);
+    kg.set_attr("bytes_held_peak", kv_.held_peak);
+    kg.set_attr("bytes_dense_peak", kv_.dense_peak);
+    kg.set_attr("bytes_allocated_peak", kv_.allocated_peak);
+    kg.set_attr("bytes_allocated_dense", kv_.allocated_dense);
+    kg.set_attr("held_fraction", kv_.held_fraction());
+    std::vector<std::int32_t> comp;
+    std::vector<double> pos, held, frac, hpeak, apeak, afin, adense;
+    for (const auto& r : kv_.layers) {
+      comp.push_back(r.compacted ? 1 : 0);
+      pos.push_back(r.positions_final);
+      held.push_back(r.held_final);
+      frac.push_back(r.positions_sum > 0 ? r.held_sum / r.positions_sum : 1.0);
+      hpeak.push_back(r.held_bytes_peak);
+      apeak.push_back(r.allocated_peak);
+      afin.push_back(r.allocated_final);
+      adense.push_back(r.allocated_dense);
+    }
+    kg.write<std::int32_t>("compacted", comp, {"", "1: the layer held only the kept tokens"});
+    kg.write<double>("positions_final", pos, {"token", "positions written, latest call"});
+    kg.write<double>("held_final", held, {"token", "positions held, latest call"});
+    kg.write<double>("held_fraction", frac,
+                     {"1", "positions held / written, summed over the calls"});
+    kg.write<double>("bytes_held_peak", hpeak, {"B", "held key and value bytes, max over calls"});
+    kg.write<double>("bytes_allocated_peak", apeak,
+                     {"B", "allocated key and value bytes, max over calls"});
+    kg.write<double>("bytes_allocated_final", afin,
+                     {"B", "allocated key and value bytes, latest call"});
+    kg.write<double>("bytes_allocated_dense", adense,
+                     {"B", "key and value bytes of the dense layout (max_seqs x max_ctx)"});
+  }
   if (traces_.empty()) return;
   io::Group tg = g.create_group("trace");
   tg.set_attr("meaning",

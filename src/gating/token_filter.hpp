@@ -97,6 +97,34 @@ struct GateTrace {
   std::vector<std::uint8_t> skipped;
 };
 
+/// The KV cache of a run whose skipped tokens are dropped (--tf-drop-skipped), from the
+/// engine's occupancy at the end of every call (TokenGate::account_cache). Bytes are those of
+/// the call's sequences: `held` the positions the cache still holds, `dense` every position
+/// written (what a dense cache holds), `allocated` the buffers as allocated (a token-compacted
+/// layer's grow with what it holds; a dense or masked layer's are max_seqs × max_ctx).
+struct KVCacheRecord {
+  struct Layer {
+    bool compacted = false;      ///< held only the kept tokens (at the latest call)
+    double position_bytes = 0;   ///< key + value bytes of one position
+    double positions_final = 0;  ///< Σ over sequences of positions written, latest call
+    double held_final = 0;       ///< Σ of positions held, latest call
+    double positions_sum = 0;    ///< Σ over calls of positions_final
+    double held_sum = 0;         ///< Σ over calls of held_final
+    double held_bytes_peak = 0;  ///< max over calls of held · position_bytes
+    double allocated_final = 0, allocated_peak = 0, allocated_dense = 0;
+  };
+  std::vector<Layer> layers;  ///< every layer of the model
+  std::uint64_t calls = 0;
+  /// Model totals (Σ over layers) at the latest call and their maxima over calls.
+  double held_final = 0, dense_final = 0, allocated_final = 0;
+  double held_peak = 0, dense_peak = 0, allocated_peak = 0;
+  double allocated_dense = 0;          ///< the dense cache's buffers, all layers
+  double held_sum = 0, dense_sum = 0;  ///< Σ over calls of the model totals
+  /// Σ held / Σ dense bytes over the calls (the time-averaged fraction of the cache kept).
+  double held_fraction() const { return dense_sum > 0 ? held_sum / dense_sum : 1.0; }
+  bool empty() const { return calls == 0; }
+};
+
 template <class E>
 class TokenFilter final : public TokenGate<E> {
  public:
@@ -114,6 +142,9 @@ class TokenFilter final : public TokenGate<E> {
   bool drop_skipped() const override { return opt_.drop_skipped; }
   int decide(const E& exec, int layer, const CMat<E>& k, const CMat<E>& v, const IVec<E>& skip,
              PolicyCost& cost) override;
+  void account_cache(const std::vector<KVOccupancy>& layers) override;
+  /// The KV cache accounting (empty unless drop_skipped).
+  const KVCacheRecord& kv_cache() const { return kv_; }
 
   const TokenFilterOptions& options() const { return opt_; }
   const std::vector<int>& layers() const { return layers_; }
@@ -160,6 +191,7 @@ class TokenFilter final : public TokenGate<E> {
   std::vector<std::vector<GateTrace>> traces_;
   std::vector<int> trace_of_seq_;  // call sequence → trace index (−1: not traced)
   int sequences_started_ = 0;
+  KVCacheRecord kv_;
 };
 
 }  // namespace sparsim::gating

@@ -44,6 +44,11 @@ struct KVLayer {
   IMat<E> koff;  ///< [seq][n_kv + 1] first compact column of each head
   int k_base = 0;
   IMat<E> dropped;  ///< [seq][pos] 1: excluded from attention (empty: no position is)
+  /// Token compaction (a token gate whose skipped tokens leave the cache): k and v hold only
+  /// the kept tokens of each sequence, in position order, at slots 0 … held − 1; a query
+  /// attends to the slots up to its own (RoPE is applied before caching, so the slot order is
+  /// all the kernels need). k and v then have `cap` slots, not max_ctx positions.
+  bool tokens_compact = false;
   /// [seq][kv head][pos] 1: evicted from that head's cache (token eviction; read only while
   /// `evicts`, so the buffer outlives the prompts that used it)
   IMat3<E> evicted;
@@ -51,6 +56,7 @@ struct KVLayer {
   bool compacted() const { return k_base > 0; }
   bool has_drops() const { return dropped.extent(0) > 0; }
   bool has_evictions() const { return evicts; }
+  bool token_compacted() const { return tokens_compact; }
 };
 
 /// Row p of a head's block in a compact key cache: sequence s's k_base·cap floats (LayoutRight)
