@@ -41,6 +41,9 @@ class ReferenceLlama {
   /// Token eviction: evicted(layer, pos, kv_head) true leaves that cached token out of every
   /// later score and value mix of the head.
   std::function<bool(int, int, int)> evicted;
+  /// Called with each layer's query [n_head·head_dim] and key [n_kv_head·head_dim] of the fed
+  /// position, after RoPE (the vectors attention scores), as (layer, pos, q, k).
+  std::function<void(int, int, const std::vector<double>&, const std::vector<double>&)> on_qk;
 
   /// The full model with channels removed, as a pruned model computes it: per layer, flags
   /// [n_kv_head·head_dim] of the K and V channels that survive. A removed K channel has its rows
@@ -80,6 +83,7 @@ class ReferenceLlama {
       rotate(q, pos);
       rotate(k, pos);
       cut(true);
+      if (on_qk) on_qk(l, pos, q, k);
       kc_[l].push_back(k);
       vc_[l].push_back(v);
       if (skip && skip(l, pos)) {  // the residual passes through; the MLP still runs

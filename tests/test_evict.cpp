@@ -531,6 +531,119 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
   }
 }
 
+/// Hands the policy's inputs through and keeps a host copy of the observed queries per layer.
+template <class E>
+class RecordingEvictor final : public TokenEvictor<E> {
+ public:
+  explicit RecordingEvictor(TokenEvictor<E>& inner) : in_(inner) {}
+  int observation_window(int T) const override { return in_.observation_window(T); }
+  bool evicts(int T) const override { return in_.evicts(T); }
+  KeptTokens select(const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& shape,
+                    const CMat<E>& q_obs, const IVec<E>& q_ok, int n_seq, int T) override {
+    Kokkos::View<float**, Kokkos::LayoutRight, Kokkos::HostSpace> h("q", q_obs.extent(0),
+                                                                    q_obs.extent(1));
+    Kokkos::deep_copy(h, q_obs);
+    if (static_cast<int>(q.size()) <= layer) q.resize(static_cast<std::size_t>(layer + 1));
+    q[static_cast<std::size_t>(layer)].assign(h.data(), h.data() + h.size());
+    return in_.select(exec, layer, cache, shape, q_obs, q_ok, n_seq, T);
+  }
+  void account(int layer, double dense, double kept) override { in_.account(layer, dense, kept); }
+  std::vector<std::vector<float>> q;  ///< [layer][row·n_head·qk]
+
+ private:
+  TokenEvictor<E>& in_;
+};
+
+// The engine gathers the observation queries from its own prefill (each sequence's last w rows,
+// after RoPE; the host attention path and the device path's tiled prefill): the queries it hands
+// the policy are the reference model's queries of those positions, and its kept sets are the
+// ones that votes computed here from the reference's queries and keys (double precision) give.
+TYPED_TEST(EvictEngine, KeptSetsFromPrefillMatchReferenceQueriesAndKeys) {
+  using E = TypeParam;
+  TempDir dir;
+  const std::string path = make_model(dir, "m.gguf", tiny_spec(64));
+  auto w = load_model<E>(path, LoadOptions{});
+  const Config& c = w->cfg;
+  const int n_seq = 2, P = 40, d = c.head_dim, nh = c.n_head, nkv = c.n_kv_head, g = nh / nkv;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const std::vector<std::vector<int>> prompts = {tokens(P, c.vocab, 5), tokens(P, c.vocab, 6)};
+  // the reference's post-RoPE queries and keys: [seq][layer][pos][channel]
+  std::vector<std::vector<std::vector<std::vector<double>>>> rq(n_seq), rk(n_seq);
+  for (int s = 0; s < n_seq; ++s) {
+    ReferenceLlama r(path);
+    rq[s].resize(c.n_layer);
+    rk[s].resize(c.n_layer);
+    r.on_qk = [&, s](int l, int, const std::vector<double>& q, const std::vector<double>& k) {
+      rq[s][l].push_back(q);
+      rk[s][l].push_back(k);
+    };
+    for (int t = 0; t < P; ++t) r.step(prompts[s][t]);
+  }
+  struct Case {
+    EvictMethod m;
+    EvictPool pool;
+  };
+  for (const Case cs : {Case{EvictMethod::H2O, EvictPool::Avg},
+                        Case{EvictMethod::SnapKV, EvictPool::Avg},
+                        Case{EvictMethod::SnapKV, EvictPool::Max},
+                        Case{EvictMethod::PyramidKV, EvictPool::Avg}})
+    for (bool device : {false, true}) {
+      SCOPED_TRACE(std::string(pruning::to_string(cs.m)) + " " + pruning::to_string(cs.pool) +
+                   (device ? " device path" : " host path"));
+      EvictOptions o;
+      o.method = cs.m;
+      o.pool = cs.pool;
+      o.budget = 0.5;
+      o.window = 8;
+      o.kernel = 3;
+      o.beta = 4;
+      pruning::TokenEvictorPolicy<E> ev(o, c.n_layer, nkv, n_seq);
+      RecordingEvictor<E> rec(ev);
+      Engine<E> a(w, n_seq, 64);
+      a.set_device_path(device);
+      a.set_token_evictor(&rec);
+      a.forward(prompts, 0, false);
+      const int wn = ev.observation_window(P);
+      ASSERT_EQ(static_cast<int>(rec.q.size()), c.n_layer);
+      for (int l = 0; l < c.n_layer; ++l) {
+        ASSERT_TRUE(a.cache().layer(l).has_evictions()) << l;
+        const auto& q = rec.q[static_cast<std::size_t>(l)];
+        ASSERT_EQ(q.size(), static_cast<std::size_t>(n_seq * wn * nh * d)) << l;
+        for (int s = 0; s < n_seq; ++s) {
+          // the observed rows are the reference's queries of positions P − w … P − 1
+          double err = 0, ref = 0;
+          for (int i = 0; i < wn; ++i)
+            for (int j = 0; j < nh * d; ++j) {
+              const double want = rq[s][l][P - wn + i][j];
+              err = std::max(err, std::abs(q[(s * wn + i) * nh * d + j] - want));
+              ref = std::max(ref, std::abs(want));
+            }
+          EXPECT_LE(err, 1e-5 * std::max(1.0, ref)) << "layer " << l << " s " << s;
+          const int C = pruning::layer_budget(o, l, c.n_layer, P);
+          for (int h = 0; h < nkv; ++h) {
+            std::vector<double> votes(P, 0.0);
+            for (int gg = 0; gg < g; ++gg)
+              for (int i = 0; i < wn; ++i) {
+                const int t = P - wn + i, hq = h * g + gg;
+                std::vector<double> sc(t + 1);
+                double mx = -1e300, z = 0;
+                for (int p = 0; p <= t; ++p) {
+                  double x = 0;
+                  for (int j = 0; j < d; ++j) x += rq[s][l][t][hq * d + j] * rk[s][l][p][h * d + j];
+                  sc[p] = x * scale;
+                  mx = std::max(mx, sc[p]);
+                }
+                for (int p = 0; p <= t; ++p) z += std::exp(sc[p] - mx);
+                for (int p = 0; p <= t; ++p) votes[p] += std::exp(sc[p] - mx) / z;
+              }
+            EXPECT_EQ(a.cache().kept_tokens(l)[s][h], pruning::choose_tokens(o, P, C, votes))
+                << "layer " << l << " s " << s << " kv head " << h;
+          }
+        }
+      }
+    }
+}
+
 // A new prompt at position 0 ends the evictions of the previous one.
 TYPED_TEST(EvictEngine, NewPromptResetsEvictions) {
   using E = TypeParam;
