@@ -460,7 +460,7 @@ int cmd_bench(int argc, char** argv) {
   const Clock clock = clock_name == "cpu" ? Clock::ProcessCpu : Clock::Wall;
   require(run_out.empty() || run_out != json_out, "--out and --json name the same file '{}'",
           run_out);
-  require(batch >= 1 && batch <= 64, "--batch must be in 1 … 64, got {}", batch);
+  require(batch >= 1 && batch <= 1024, "--batch must be in 1 … 1024, got {}", batch);
   require(run_out.empty() || batch == 1,
           "--out: the run file's profiled calls decode one sequence; leave --batch at 1");
   require(decode_path == "fused" || decode_path == "ops",

@@ -151,7 +151,7 @@ def run_bench(a, cf):
                     continue
                 sh([a.sparsim, "bench", "--model", path, "--prompt", str(a.bench_prompt), "--decode",
                     str(a.bench_decode), "--batch", str(b), "--reps", "1", "--json", js,
-                    "--threads", str(a.threads)] + extra, js + ".log")
+                    "--threads", str(a.bench_threads)] + extra, js + ".log")
 
 
 def per_item(js, kind):
@@ -266,6 +266,7 @@ def summarise(a, cf):
                      "windows128": a.windows128, "windows2048": a.windows2048,
                      "task_items": a.task_items, "passkey_length": a.passkey_length,
                      "nih_lengths": a.nih_lengths, "nih_depths": a.nih_depths, "threads": a.threads,
+                     "bench_threads": a.bench_threads,
                      "bench_batches": a.bench_batches, "bench_prompt": a.bench_prompt,
                      "bench_decode": a.bench_decode, "bench_reps": a.bench_reps,
                      "bench_methods": a.bench_methods},
@@ -288,18 +289,28 @@ def summarise_bench(a, cf):
                 continue
             # a method run of `bench --method` also times dense in the same process; a model
             # (FLAP) and dense itself are timed alone
+            # Token Filtering's bench times profiled decode steps of both engines (no prefill)
             def tps(j, which):
-                if m in ("token-filter", "probe-pruning"):
-                    key = {"token-filter": "token_filter", "probe-pruning": "probe_pruning"}[m]
-                    if which == "method":
-                        return j[key]["decode_tokens_per_s"], j[key]["prefill_tokens_per_s"]
+                if m == "token-filter":
+                    step = j["method_step_seconds" if which == "method" else "dense_step_seconds"]
+                    return j["batch"] / step, None
+                if m == "probe-pruning" and which == "method":
+                    pp = j["probe_pruning"]
+                    return pp["decode_tokens_per_s"], pp["prefill_tokens_per_s"]
                 return j["decode_tokens_per_s"], j["prefill_tokens_per_s"]
             dec = [tps(j, "method")[0] for j in runs]
             pre = [tps(j, "method")[1] for j in runs]
             row = {"name": n, "method": m, "batch": b, "reps": len(runs),
                    "decode_tokens_per_s": float(np.median(dec)), "decode_tokens_per_s_all": dec,
-                   "prefill_tokens_per_s": float(np.median(pre)),
-                   "load_average_start": [j.get("load_average_start") for j in runs]}
+                   "prefill_tokens_per_s": None if None in pre else float(np.median(pre)),
+                   "load_average_start": [j.get("load_average_start", j.get("load_average_before"))
+                                          for j in runs]}
+            if m in ("dense", "flap"):  # weights read per decode step (all sequences)
+                row["decode_weight_bytes_per_step"] = float(np.median(
+                    [j["decode_weight_bytes_per_step"] for j in runs]))
+            if m == "probe-pruning":  # the probe's own time over the prefill step it runs in
+                row["probe_share_of_prefill"] = float(np.median(
+                    [j["probe_pruning"]["probe_share_of_prefill"] for j in runs]))
             if m in ("token-filter", "probe-pruning"):
                 row["dense_same_run_decode_tokens_per_s"] = float(np.median([tps(j, "dense")[0] for j in runs]))
             out.append(row)
@@ -307,6 +318,12 @@ def summarise_bench(a, cf):
         d = next((x for x in out if x["method"] == "dense" and x["batch"] == row["batch"]), None)
         if d:
             row["decode_vs_dense"] = row["decode_tokens_per_s"] / d["decode_tokens_per_s"]
+            if row["method"] == "flap" and "decode_weight_bytes_per_step" in d:
+                # the speed-up the bytes allow (dense bytes over the pruned model's) and the
+                # share of that gain realised: (measured - 1) / (allowed - 1)
+                allowed = d["decode_weight_bytes_per_step"] / row["decode_weight_bytes_per_step"]
+                row["bytes_allowed_speedup"] = allowed
+                row["share_of_bytes_gain"] = (row["decode_vs_dense"] - 1) / (allowed - 1)
         if "dense_same_run_decode_tokens_per_s" in row:
             row["decode_vs_dense_same_run"] = row["decode_tokens_per_s"] / row["dense_same_run_decode_tokens_per_s"]
     return out
@@ -420,20 +437,33 @@ def write_page(a, s):
     if not s.get("bench"):
         L.append("Not run in this summary (`--bench`).\n")
     else:
-        L.append(f"`sparsim bench --prompt {st['bench_prompt']} --decode {st['bench_decode']} --batch B --reps 1`, "
+        L.append(f"`sparsim bench --prompt {st['bench_prompt']} --decode {st['bench_decode']} --batch B --reps 1 "
+                 f"--threads {st.get('bench_threads', st['threads'])}`, "
                  f"{st['bench_reps']} runs per arm interleaved, medians; decode tokens/s count every sequence. "
                  "Token Filtering and Probe Pruning runs also time dense in the same process "
-                 "(`vs dense, same process`); FLAP is a model and is set against the dense runs of the same "
-                 "batch.\n")
+                 "(`vs dense, same process`); Token Filtering's bench times profiled decode steps (each "
+                 "operation fenced, so that its attention stage can be reported) and no prefill, so its "
+                 "same-process ratio is the fair one; FLAP is a model and is set against the dense runs "
+                 "of the same batch.\n")
+        L.append("FLAP's row also gives the speed-up its weight bytes allow (dense decode bytes per "
+                 "step over FLAP's) and the share of that gain it realises, (measured − 1) / "
+                 "(allowed − 1).\n")
         L.append("| batch | configuration | decode tokens/s | vs dense | vs dense, same process | "
-                 "prefill tokens/s | load average at start |")
-        L.append("|---|---|---|---|---|---|---|")
+                 "bytes allow | share of the bytes' gain | prefill tokens/s | load average at start |")
+        L.append("|---|---|---|---|---|---|---|---|---|")
         for x in s["bench"]:
             lab = LABEL[x["method"]] + ("" if x["method"] == "dense" else f" {st['ratios'][-1]:.0%}")
             sr = f"{x['decode_vs_dense_same_run']:.3f}" if "decode_vs_dense_same_run" in x else "-"
             ld = ", ".join(f"{v:.2f}" for v in x["load_average_start"] if v is not None)
             L.append(f"| {x['batch']} | {lab} | {x['decode_tokens_per_s']:.1f} | {x.get('decode_vs_dense', 1.0):.3f} | "
-                     f"{sr} | {x['prefill_tokens_per_s']:.1f} | {ld} |")
+                     f"{sr} | {format(x['bytes_allowed_speedup'], '.3f') if 'bytes_allowed_speedup' in x else '-'} | "
+                     f"{format(x['share_of_bytes_gain'], '.2f') if 'share_of_bytes_gain' in x else '-'} | "
+                     f"{'-' if x['prefill_tokens_per_s'] is None else format(x['prefill_tokens_per_s'], '.1f')} | {ld} |")
+        pp = [x for x in s["bench"] if "probe_share_of_prefill" in x]
+        if pp:
+            L.append("\nProbe Pruning's probe (selected and run once per batch, in the prefill step) "
+                     "takes " + ", ".join(f"{x['probe_share_of_prefill']:.1%} at batch {x['batch']}"
+                                          for x in pp) + " of that step (median of the runs).")
         L.append("")
     text = "\n".join(L) + "\n"
     if os.path.exists(a.page):  # keep the hand-written reading below the generated part
@@ -464,10 +494,12 @@ def main():
     ap.add_argument("--nih-depths", type=int, default=20)
     ap.add_argument("--bench", action="store_true", help="also run the throughput benchmark")
     ap.add_argument("--bench-methods", default="token-filter,flap,probe-pruning")
-    ap.add_argument("--bench-batches", default="8,32,128")
+    ap.add_argument("--bench-batches", default="1,8,32,128")
     ap.add_argument("--bench-prompt", type=int, default=13)
     ap.add_argument("--bench-decode", type=int, default=64)
     ap.add_argument("--bench-reps", type=int, default=3)
+    ap.add_argument("--bench-threads", type=int, default=None,
+                    help="threads of the throughput runs (default: --threads)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "tf_baselines_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "tf-baselines.md"))
@@ -480,6 +512,8 @@ def main():
     a.ratios = [float(x) for x in a.ratios.split(",") if x]
     a.nih_lengths = [int(x) for x in a.nih_lengths.split(",") if x]
     a.bench_batches = [int(x) for x in a.bench_batches.split(",") if x]
+    if a.bench_threads is None:
+        a.bench_threads = a.threads
     if a.page_only:
         write_page(a, json.load(open(a.json)))
         return

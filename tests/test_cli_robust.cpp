@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 
 #include <cstring>
@@ -109,6 +110,18 @@ TEST_F(CliPaths, TwoOutputsOfOneName) {
   expect_refused(sparsim_bin() + " profile --model " + model_ + " --corpus " + corpus_ + " --out " +
                      p + " --plot " + p,
                  {"--out", "--plot"});
+}
+
+TEST_F(CliPaths, BenchBatchOutsideItsRange) {
+  for (const char* b : {"0", "1025", "-3"}) {
+    const RunResult r = run_cmd(sparsim_bin() + " bench --model " + model_ + " --batch " + b +
+                                " --json " + dir_.file("b.json"));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(std::string("--batch must be in 1 … 1024, got ") + b),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir_.file("b.json")));
+  }
 }
 
 TEST_F(CliPaths, MissingFoldersAndFolderOutputsBeforeAnyWork) {

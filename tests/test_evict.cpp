@@ -728,6 +728,11 @@ TEST_F(CliEvict, EvalRecordsKeptTokensAndBytes) {
   const auto bj = read_json(dir_->file("bench.json"));
   EXPECT_GT(bj.at("select_seconds").get<double>(), 0.0);
   EXPECT_EQ(bj.at("evict").at("method"), "pyramidkv");
+  // the decode attention kernels' own time per step, profiled, for both engines
+  EXPECT_GT(bj.at("decode_attention_seconds_dense").get<double>(), 0.0);
+  EXPECT_GT(bj.at("decode_attention_seconds_method").get<double>(), 0.0);
+  EXPECT_LT(bj.at("decode_attention_seconds_dense").get<double>(),
+            bj.at("decode_step_seconds_dense").get<double>());
 }
 
 TEST_F(CliEvict, BadInputFailsWithoutOutput) {
