@@ -42,14 +42,18 @@ def methods(args):
     # channels (λ = 1 - b of the K cache: K at the budget, V whole); the evictors keep a share b
     # of the prompt's tokens (K and V); SnapKV ∘ GRACE is SnapKV at b with GRACE λ = 0.5 on the
     # kept tokens, the composition of the ThinK paper (channels pruned on top of a token budget)
-    for b in args.budgets:
+    def budget(b):
         lam, g = round(1 - b, 4), f"budget {b}"
-        out += [cf(f"think_l{lam}", ["--method", "think", "--kv-prune", str(lam)], g),
-                cf(f"grace_l{lam}", ["--method", "grace", "--kv-prune", str(lam)], g)]
+        out = [cf(f"think_l{lam}", ["--method", "think", "--kv-prune", str(lam)], g),
+               cf(f"grace_l{lam}", ["--method", "grace", "--kv-prune", str(lam)], g)]
         for e in ("streaming", "h2o", "snapkv", "pyramidkv"):
             out.append(cf(f"{e}_b{b}", ["--evict", e, "--evict-budget", str(b)], g))
         out.append(cf(f"snapkv_b{b}+grace_l0.5", ["--evict", "snapkv", "--evict-budget", str(b),
                                                    "--method", "grace", "--kv-prune", "0.5"], g))
+        return out
+    # the first budget, then Token Filtering and the models, then the other budgets: a study
+    # stopped early has whole comparisons
+    out += budget(args.budgets[0])
     for k in args.snapkv_kernels:  # SnapKV's pooling kernel, at the first budget
         b = args.budgets[0]
         out.append(cf(f"snapkv_b{b}_k{k}", ["--evict", "snapkv", "--evict-budget", str(b),
@@ -61,6 +65,8 @@ def methods(args):
         name, path = spec.split("=", 1)
         r = name.rsplit("_r", 1)[1] if "_r" in name else name
         out.append(cf(name, [], f"ratio {r}", model=path))
+    for b in args.budgets[1:]:
+        out += budget(b)
     return out
 
 

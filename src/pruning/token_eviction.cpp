@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "io/hdf5.hpp"
+#include "kernels/linear.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -229,69 +230,84 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
     const auto dropped = cache.dropped;
     const auto votes = votes_;
     const int nh = sh.n_head, group = sh.group(), qk = sh.qk_dim, nkv = nkv_;
-    const double scale = sh.scale;
-    Kokkos::View<double**, Layout, DeviceOf<E>> mx("sparsim::evict::max", n_seq * w, nh),
-        z("sparsim::evict::sum", n_seq * w, nh);
-    // Observed row r = s·w + i is the query at position T − w + i. Pass 1: each row's softmax
-    // maximum and normaliser over the positions it attends to (dropped ones excluded).
+    const float scale = sh.scale;
+    // Observed row r = s·w + i is the query at position T − w + i. The rows go in blocks whose
+    // scores fit kScoreFloats. Pass 1, per (row, query head): each score once (a float dot
+    // product), the row's maximum, then exp(score − max) in place of the score and the
+    // normaliser, over the positions the row attends to (dropped ones excluded). Pass 2, per
+    // (sequence, KV head, position): the votes, Σ over the group's heads, then the block's rows
+    // in order, of each weight, added to the blocks before. Every sum has one owner and a fixed
+    // order, so the votes do not depend on the thread count.
+    constexpr std::size_t kScoreFloats = std::size_t{1} << 24;  // 64 MiB of scores
+    const std::size_t per_row = static_cast<std::size_t>(n_seq) * nh * T;
+    const int rb = static_cast<int>(
+        std::max<std::size_t>(1, std::min<std::size_t>(w, kScoreFloats / per_row)));
+    Kokkos::View<float***, Layout, DeviceOf<E>> S(
+        Kokkos::view_alloc(Kokkos::WithoutInitializing, "sparsim::evict::scores"), n_seq * rb, nh,
+        T);
+    Kokkos::View<double**, Layout, DeviceOf<E>> z("sparsim::evict::sum", n_seq * rb, nh);
     Kokkos::parallel_for(
-        "sparsim::evict::softmax_norm",
-        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * w, nh}),
-        KOKKOS_LAMBDA(const int r, const int hq) {
-          const int s = r / w, t = T - w + r % w, kvh = hq / group;
-          double m = -1e300, sum = 0.0;
-          if (q_ok(r)) {
-            for (int p = 0; p <= t; ++p) {
-              if (drops && dropped(s, p)) continue;
-              double d = 0.0;
-              for (int i = 0; i < qk; ++i)
-                d += static_cast<double>(q_obs(r, hq * qk + i)) * K(s, p, kvh * qk + i);
-              m = d * scale > m ? d * scale : m;
-            }
-            for (int p = 0; p <= t; ++p) {
-              if (drops && dropped(s, p)) continue;
-              double d = 0.0;
-              for (int i = 0; i < qk; ++i)
-                d += static_cast<double>(q_obs(r, hq * qk + i)) * K(s, p, kvh * qk + i);
-              sum += kx::exp(d * scale - m);
-            }
-          }
-          mx(r, hq) = m;
-          z(r, hq) = sum;
-        });
-    // Pass 2: the votes of position p in KV head h, Σ over the group's heads, then the rows in
-    // order, of the weight each row after p gives it.
-    Kokkos::parallel_for(
-        "sparsim::evict::votes",
+        "sparsim::evict::votes_zero",
         Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nkv, T}),
-        KOKKOS_LAMBDA(const int sh_i, const int p) {
-          const int s = sh_i / nkv, h = sh_i % nkv;
-          double acc = 0.0;
-          if (!(drops && dropped(s, p)))
-            for (int g = 0; g < group; ++g) {
-              const int hq = h * group + g;
-              for (int i = 0; i < w; ++i) {
-                const int r = s * w + i;
-                if (T - w + i < p || !q_ok(r)) continue;
-                double d = 0.0;
-                for (int c = 0; c < qk; ++c)
-                  d += static_cast<double>(q_obs(r, hq * qk + c)) * K(s, p, h * qk + c);
-                acc += kx::exp(d * scale - mx(r, hq)) / z(r, hq);
+        KOKKOS_LAMBDA(const int sh_i, const int p) { votes(sh_i / nkv, sh_i % nkv, p) = 0.0; });
+    for (int i0 = 0; i0 < w; i0 += rb) {
+      const int nr = std::min(rb, w - i0);
+      Kokkos::parallel_for(
+          "sparsim::evict::scores",
+          Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nr, nh}),
+          KOKKOS_LAMBDA(const int j, const int hq) {
+            const int s = j / nr, i = i0 + j % nr, r = s * w + i, t = T - w + i;
+            const int kvh = hq / group;
+            double sum = 0.0;
+            if (q_ok(r)) {
+              const float* qr = &q_obs(r, hq * qk);
+              float m = -3.0e38f;
+              for (int p = 0; p <= t; ++p) {
+                const float d = drops && dropped(s, p)
+                                    ? -3.0e38f
+                                    : detail::dot_lanes(qr, &K(s, p, kvh * qk), qk) * scale;
+                S(j, hq, p) = d;
+                m = d > m ? d : m;
+              }
+              for (int p = 0; p <= t; ++p) {
+                const float e = drops && dropped(s, p) ? 0.0f : kx::exp(S(j, hq, p) - m);
+                S(j, hq, p) = e;
+                sum += e;
               }
             }
-          votes(s, h, p) = acc;
-        });
+            z(j, hq) = sum;
+          });
+      Kokkos::parallel_for(
+          "sparsim::evict::votes",
+          Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nkv, T}),
+          KOKKOS_LAMBDA(const int sh_i, const int p) {
+            const int s = sh_i / nkv, h = sh_i % nkv;
+            double acc = 0.0;
+            if (!(drops && dropped(s, p)))
+              for (int g = 0; g < group; ++g) {
+                const int hq = h * group + g;
+                for (int ii = 0; ii < nr; ++ii) {
+                  const int i = i0 + ii, j = s * nr + ii;
+                  if (T - w + i < p || !q_ok(s * w + i) || !(z(j, hq) > 0.0)) continue;
+                  acc += static_cast<double>(S(j, hq, p)) / z(j, hq);
+                }
+              }
+            votes(s, h, p) += acc;
+          });
+    }
     auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), votes_);
     hvotes.resize(static_cast<std::size_t>(n_seq) * nkv_ * T);
     for (int s = 0; s < n_seq; ++s)
       for (int h = 0; h < nkv_; ++h)
         for (int p = 0; p < T; ++p)
           hvotes[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
-    // own cost: both passes score every observed (row, position) pair of every query head
+    // own cost: every observed (row, position) pair of every query head scored once (dot,
+    // exp), then its weight added to the votes
     const double pairs = static_cast<double>(w) * T - 0.5 * w * (w - 1.0);
-    out.flops = 2.0 * n_seq * pairs * nh * (2.0 * qk + 4.0);
-    out.bytes = 2.0 * 4.0 * n_seq * static_cast<double>(T) * sh.k_width() +
-                4.0 * n_seq * w * sh.q_width() + 8.0 * n_seq * nkv_ * T;
+    out.flops = n_seq * pairs * nh * (2.0 * qk + 6.0);
+    out.bytes = 4.0 * n_seq * static_cast<double>(T) * sh.k_width() +
+                4.0 * n_seq * w * sh.q_width() + 3.0 * 4.0 * n_seq * pairs * nh +
+                8.0 * n_seq * nkv_ * T;
   }
   out.idx.resize(static_cast<std::size_t>(n_seq));
   std::vector<double> v;
