@@ -490,7 +490,7 @@ def main():
     ap.add_argument("--windows2048", type=int, default=8)
     ap.add_argument("--task-items", type=int, default=30)
     ap.add_argument("--passkey-length", type=int, default=1024)
-    ap.add_argument("--nih-lengths", default="512,1024,2048")
+    ap.add_argument("--nih-lengths", default="512,1024,2048,2560,3072")
     ap.add_argument("--nih-depths", type=int, default=20)
     ap.add_argument("--bench", action="store_true", help="also run the throughput benchmark")
     ap.add_argument("--bench-methods", default="token-filter,flap,probe-pruning")
