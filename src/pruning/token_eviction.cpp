@@ -235,9 +235,9 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
     // scores fit kScoreFloats. Pass 1, per (row, query head): each score once (a float dot
     // product), the row's maximum, then exp(score − max) in place of the score and the
     // normaliser, over the positions the row attends to (dropped ones excluded). Pass 2, per
-    // (sequence, KV head, position): the votes, Σ over the group's heads, then the block's rows
-    // in order, of each weight, added to the blocks before. Every sum has one owner and a fixed
-    // order, so the votes do not depend on the thread count.
+    // (sequence, KV head, position chunk): the votes, Σ over the group's heads, then the block's
+    // rows in order, of each weight, added to the blocks before. Every sum has one owner and a
+    // fixed order, so the votes do not depend on the thread count.
     constexpr std::size_t kScoreFloats = std::size_t{1} << 24;  // 64 MiB of scores
     const std::size_t per_row = static_cast<std::size_t>(n_seq) * nh * T;
     const int rb = static_cast<int>(
@@ -277,22 +277,30 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
             }
             z(j, hq) = sum;
           });
+      // positions in chunks of kChunk, so that each row's weights are read contiguously; per
+      // position the sum runs over the group's heads, then the rows, as a plain loop would
+      constexpr int kChunk = 64;
       Kokkos::parallel_for(
           "sparsim::evict::votes",
-          Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nkv, T}),
-          KOKKOS_LAMBDA(const int sh_i, const int p) {
-            const int s = sh_i / nkv, h = sh_i % nkv;
-            double acc = 0.0;
-            if (!(drops && dropped(s, p)))
-              for (int g = 0; g < group; ++g) {
-                const int hq = h * group + g;
-                for (int ii = 0; ii < nr; ++ii) {
-                  const int i = i0 + ii, j = s * nr + ii;
-                  if (T - w + i < p || !q_ok(s * w + i) || !(z(j, hq) > 0.0)) continue;
-                  acc += static_cast<double>(S(j, hq, p)) / z(j, hq);
-                }
+          Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
+                                                    {n_seq * nkv, (T + kChunk - 1) / kChunk}),
+          KOKKOS_LAMBDA(const int sh_i, const int c) {
+            const int s = sh_i / nkv, h = sh_i % nkv, p0 = c * kChunk;
+            const int p1 = p0 + kChunk < T ? p0 + kChunk : T;
+            double acc[kChunk];
+            for (int p = 0; p < kChunk; ++p) acc[p] = 0.0;
+            for (int g = 0; g < group; ++g) {
+              const int hq = h * group + g;
+              for (int ii = 0; ii < nr; ++ii) {
+                const int i = i0 + ii, j = s * nr + ii, t = T - w + i;
+                if (!q_ok(s * w + i) || !(z(j, hq) > 0.0)) continue;
+                const double zz = z(j, hq);
+                const int pe = t + 1 < p1 ? t + 1 : p1;
+                for (int p = p0; p < pe; ++p) acc[p - p0] += static_cast<double>(S(j, hq, p)) / zz;
               }
-            votes(s, h, p) += acc;
+            }
+            for (int p = p0; p < p1; ++p)
+              if (!(drops && dropped(s, p))) votes(s, h, p) += acc[p - p0];
           });
     }
     auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), votes_);
