@@ -252,23 +252,37 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
         KOKKOS_LAMBDA(const int sh_i, const int p) { votes(sh_i / nkv, sh_i % nkv, p) = 0.0; });
     for (int i0 = 0; i0 < w; i0 += rb) {
       const int nr = std::min(rb, w - i0);
+      // scores: positions in chunks, each key row read once for all the block's rows (it stays
+      // in the first-level cache) instead of once per row
+      constexpr int kKeyChunk = 256;
       Kokkos::parallel_for(
           "sparsim::evict::scores",
+          Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0},
+                                                    {n_seq * nh, (T + kKeyChunk - 1) / kKeyChunk}),
+          KOKKOS_LAMBDA(const int shq, const int c) {
+            const int s = shq / nh, hq = shq % nh, kvh = hq / group;
+            const int p0 = c * kKeyChunk, p1 = p0 + kKeyChunk < T ? p0 + kKeyChunk : T;
+            for (int p = p0; p < p1; ++p) {
+              const bool gone = drops && dropped(s, p);
+              const float* kp = &K(s, p, kvh * qk);
+              for (int ii = 0; ii < nr; ++ii) {
+                const int i = i0 + ii, r = s * w + i;
+                if (T - w + i < p || !q_ok(r)) continue;
+                S(s * nr + ii, hq, p) =
+                    gone ? -3.0e38f : detail::dot_lanes(&q_obs(r, hq * qk), kp, qk) * scale;
+              }
+            }
+          });
+      // each row's maximum, then exp(score − max) in place of the score and the normaliser
+      Kokkos::parallel_for(
+          "sparsim::evict::softmax",
           Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {n_seq * nr, nh}),
           KOKKOS_LAMBDA(const int j, const int hq) {
             const int s = j / nr, i = i0 + j % nr, r = s * w + i, t = T - w + i;
-            const int kvh = hq / group;
             double sum = 0.0;
             if (q_ok(r)) {
-              const float* qr = &q_obs(r, hq * qk);
               float m = -3.0e38f;
-              for (int p = 0; p <= t; ++p) {
-                const float d = drops && dropped(s, p)
-                                    ? -3.0e38f
-                                    : detail::dot_lanes(qr, &K(s, p, kvh * qk), qk) * scale;
-                S(j, hq, p) = d;
-                m = d > m ? d : m;
-              }
+              for (int p = 0; p <= t; ++p) m = S(j, hq, p) > m ? S(j, hq, p) : m;
               for (int p = 0; p <= t; ++p) {
                 const float e = drops && dropped(s, p) ? 0.0f : kx::exp(S(j, hq, p) - m);
                 S(j, hq, p) = e;
