@@ -117,7 +117,7 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
                         {"load_average", load_average()},
                         {"evict", ej}};
     if (kvp) j["kv_prune"] = kv_prune_json(*kvp, meth);
-    io::write_file_atomically(json_out, j.dump(2) + "\n");
+    io::write_file_atomically(json_out, io::json_file_text(j));
   }
   return 0;
 }

@@ -342,7 +342,7 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
     std::cout << fmt::format("selection per head         {:.1f} µs on the host (O(d²))\n",
                              1e6 * s["select_seconds_per_head"].get<double>());
   }
-  if (!json_out.empty()) io::write_file_atomically(json_out, j.dump(2) + "\n");
+  if (!json_out.empty()) io::write_file_atomically(json_out, io::json_file_text(j));
   return 0;
 }
 

@@ -287,7 +287,7 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
                                                            {"bytes_realised", t.bytes_realised}};
     }
     j["decode_ledger_last_rep"] = fl;
-    io::write_file_atomically(json_out, j.dump(2) + "\n");
+    io::write_file_atomically(json_out, io::json_file_text(j));
   }
   return 0;
 }
@@ -622,7 +622,7 @@ int cmd_bench(int argc, char** argv) {
           }
         if (cfg_a.pruned()) j["pruned"] = pruning::prune_report(cfg_a).json();
         if (cfg_a.low_rank_kv()) j["low_rank"] = pruning::low_rank_summary(cfg_a).json();
-        io::write_file_atomically(json_out, j.dump(2) + "\n");
+        io::write_file_atomically(json_out, io::json_file_text(j));
       }
       return 0;
     }
@@ -991,7 +991,7 @@ int cmd_bench(int argc, char** argv) {
         j["probe_pruning"] = pj;
       }
       interruption_point("write");
-      io::write_file_atomically(json_out, j.dump(2) + "\n");
+      io::write_file_atomically(json_out, io::json_file_text(j));
     }
     return 0;
   });

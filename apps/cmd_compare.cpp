@@ -367,7 +367,7 @@ int cmd_compare(int argc, char** argv) {
       }
     }
     io::AtomicTextFile jf(json_out);
-    jf.stream() << j.dump(2) << "\n";
+    jf.stream() << io::json_file_text(j);
     if (rf) rf->commit();
     jf.commit();
     return 0;

@@ -815,7 +815,7 @@ int cmd_eval(int argc, char** argv) {
     std::unique_ptr<io::AtomicTextFile> jf;
     if (!json_out.empty()) {
       jf = std::make_unique<io::AtomicTextFile>(json_out);
-      jf->stream() << j.dump(2) << "\n";
+      jf->stream() << io::json_file_text(j);
     }
     interruption_point("write");
     if (rf) rf->commit();

@@ -56,7 +56,7 @@ int cmd_flops(int argc, char** argv) {
     } else {
       nlohmann::ordered_json j = {{"runs", nlohmann::ordered_json::array()}};
       for (const auto& r : runs) j["runs"].push_back(flops::report_json(r));
-      text = j.dump(2) + "\n";
+      text = io::json_file_text(j);
     }
   } else if (csv) {
     text = flops::report_csv(runs);

@@ -64,7 +64,7 @@ int cmd_predict(int argc, char** argv) {
   const cost::HardwareProfile hw = hw_all.at_threads(t, &note);
   const cost::Prediction pr = cost::predict(lf, hw, precision);
   const nlohmann::ordered_json j = cost::prediction_json(lf, hw, pr, note);
-  const std::string text = json ? j.dump(2) + "\n" : cost::prediction_text(j, by_layer);
+  const std::string text = json ? io::json_file_text(j) : cost::prediction_text(j, by_layer);
   if (out.empty())
     std::cout << text;
   else

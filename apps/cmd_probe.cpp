@@ -289,7 +289,7 @@ int probe_device(const CommonOptions& co, const std::string& out, const std::str
                 {"reps", reps},
                 {"clock", clock_name}};
   cost::parse_hardware_profile(j.dump(), out);
-  file << j.dump(2) << "\n";
+  file << io::json_file_text(j);
   file.commit();
   std::cout << fmt::format(
       "wrote {}: {}: fp32 GEMM {:.1f} TFLOP/s, bf16 GEMM {:.1f} TFLOP/s, bandwidth {:.0f} GB/s "
@@ -438,7 +438,7 @@ int cmd_probe(int argc, char** argv) {
                 {"clock", clock_name}};
   // What predict will read back must be a valid profile.
   cost::parse_hardware_profile(j.dump(), out);
-  file << j.dump(2) << "\n";
+  file << io::json_file_text(j);
   file.commit();
   std::cout << fmt::format(
       "wrote {}: {} at {} threads: {:.2f} GFLOP/s, {:.2f} GB/s, launch {:.2f} us\n", out, name,

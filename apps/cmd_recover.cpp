@@ -535,7 +535,7 @@ int cmd_recover(int argc, char** argv) {
       j["peak_rss_bytes"] = peak;
       j["merge_check_rel_error"] = merge_err;
       j["command"] = command_line(argc, argv);
-      io::write_file_atomically(a.json, j.dump(2) + "\n");
+      io::write_file_atomically(a.json, io::json_file_text(j));
       interrupt::output_written(a.json);
     }
     if (!ckpt_path.empty()) {

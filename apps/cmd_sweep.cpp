@@ -3,6 +3,7 @@
 #include "common.hpp"
 #include "core/log.hpp"
 #include "core/timer.hpp"
+#include "io/run_file.hpp"
 #include "sweep/collect.hpp"
 #include "sweep/mpi.hpp"
 #include "sweep/plan.hpp"
@@ -327,7 +328,7 @@ int do_slurm(const Spec& spec, const Plan& plan, const Store& store, const Slurm
   }
   cj["chunks"] = arr;
   const std::string chunk_file = dir + "/chunks.json";
-  write_atomically(chunk_file, cj.dump(1) + "\n", false);
+  write_atomically(chunk_file, io::json_file_text(cj, 1), false);
   const std::string script = dir + "/job.sbatch";
   write_atomically(script,
                    sbatch_script(spec, so, self_exe(), chunk_file, dir + "/logs",
@@ -434,7 +435,7 @@ int cmd_sweep(int argc, char** argv) {
           for (std::size_t i = 0; i < plan.points.size(); ++i)
             j["points"][i]["state"] = to_string(store.status(plan.points[i]).state);
         }
-        std::cout << j.dump(2) << "\n";
+        std::cout << io::json_file_text(j);
       } else {
         if (store.exists()) store.check_owner();
         print_plan(spec, plan, store);
@@ -445,7 +446,7 @@ int cmd_sweep(int argc, char** argv) {
       if (store.exists()) store.check_owner();
       const json s = status_json(plan, store);
       if (as_json)
-        std::cout << s.dump(2) << "\n";
+        std::cout << io::json_file_text(s);
       else
         print_status(spec, s);
       return 0;

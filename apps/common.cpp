@@ -2,6 +2,7 @@
 
 #include "core/log.hpp"
 #include "eval/corpus.hpp"
+#include "io/run_file.hpp"
 #include "model/model_registry.hpp"
 
 #include <nlohmann/json.hpp>
@@ -75,7 +76,7 @@ bool options_checked(const po::variables_map& vm) {
     else
       j[name] = nullptr;  // a type this table does not know: present, value not shown
   }
-  std::cout << j.dump() << "\n";
+  std::cout << io::json_file_text(j, -1);
   return true;
 }
 

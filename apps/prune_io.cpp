@@ -88,7 +88,7 @@ void write_prune_json(nlohmann::json j, const PruneFiles& f, const PruneSource& 
       {"path", source.path}, {"fingerprint", source.fingerprint}, {"origin", src.model.origin}};
   j["output"] = {{"path", f.out}, {"fingerprint", written.fingerprint}};
   j["command"] = command;
-  io::write_file_atomically(f.json_out, j.dump(2) + "\n");
+  io::write_file_atomically(f.json_out, io::json_file_text(j));
 }
 
 }  // namespace sparsim::app

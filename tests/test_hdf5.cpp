@@ -611,6 +611,14 @@ TEST(RunFile, MissingDirectoryIsReported) {
   EXPECT_EQ(dir.entries(), 0u);
 }
 
+TEST(RunFile, JsonTextOfAnIllFormedString) {
+  // nlohmann's dump() throws on a string that is not UTF-8; a JSON output never does.
+  const nlohmann::json j = {{"output", std::string("42\xAC")}, {"n", 1}};
+  EXPECT_THROW((void)j.dump(), nlohmann::json::exception);
+  EXPECT_EQ(json_file_text(j, -1), "{\"n\":1,\"output\":\"42\xEF\xBF\xBD\"}\n");
+  EXPECT_EQ(nlohmann::json::parse(json_file_text(j))["output"], "42\xEF\xBF\xBD");
+}
+
 TEST(RunFile, AtomicTextFiles) {
   ScratchDir dir;
   const std::string path = dir.file("summary.json");

@@ -390,6 +390,20 @@ TEST(TokenizerBpe, InvalidUtf8BecomesReplacementCharacter) {
             t.encode("\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", false));
 }
 
+TEST(TokenizerBpe, DecodeTextCutsNoReportOnAHalfCharacter) {
+  // A generation that stops after the first byte of "é": decode gives the raw byte (as a
+  // streaming printer wants), decode_text a well-formed replacement that JSON can hold.
+  TempDir dir;
+  const auto t = tiny_bpe(dir, {"a b"});
+  auto ids = t.encode("ab\xC3\xA9", false);
+  ASSERT_GE(ids.size(), 2u);
+  ids.pop_back();
+  EXPECT_EQ(t.decode(ids), "ab\xC3");
+  EXPECT_EQ(t.decode_text(ids), "ab\xEF\xBF\xBD");
+  EXPECT_NO_THROW(nlohmann::json(t.decode_text(ids)).dump());
+  EXPECT_EQ(t.decode_text(t.encode("ab \xC3\xA9", false)), "ab \xC3\xA9");
+}
+
 /// A SentencePiece vocabulary with scores, as a GGUF "llama" tokenizer.
 Tokenizer tiny_spm(const TempDir& dir, bool add_space_prefix = true) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};

@@ -147,7 +147,7 @@ RetrievalResult run_retrieval(Engine<E>& eng, const Tokenizer& tok,
         eng, seqs, G, tok.eos_id(), [](std::size_t, const std::vector<int>&) { return false; });
     for (int b = 0; b < nb; ++b) {
       const std::size_t k = i + static_cast<std::size_t>(b);
-      res.output[k] = tok.decode(out[static_cast<std::size_t>(b)]);
+      res.output[k] = tok.decode_text(out[static_cast<std::size_t>(b)]);
       res.correct[k] = first_number(res.output[k]) == items[k].answer ? 1 : 0;
     }
     i = j;

@@ -524,7 +524,7 @@ RulerResult run_ruler(Engine<E>& eng, const Tokenizer& tok, const std::vector<Ru
         });
     for (int b = 0; b < nb; ++b) {
       const std::size_t k = i + static_cast<std::size_t>(b);
-      res.output[k] = tok.decode(out[static_cast<std::size_t>(b)]);
+      res.output[k] = tok.decode_text(out[static_cast<std::size_t>(b)]);
       const int f = found(items[k], res.output[k]);
       res.recall[k] = static_cast<double>(f) / static_cast<double>(items[k].answers.size());
       res.correct[k] = f == static_cast<int>(items[k].answers.size()) ? 1 : 0;

@@ -6,6 +6,8 @@
 #include "io/hdf5.hpp"
 #include "io/temp_file.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <fstream>
 #include <string>
@@ -55,6 +57,11 @@ class RunFile {
   bool aborted_ = false;
   H5File file_;
 };
+
+/// The text of a JSON output: `j` with `indent` (-1: one line), newline-terminated. A byte of a
+/// string that is not part of well-formed UTF-8 (text a model generated) is written as U+FFFD,
+/// so a report never fails, after the run, on what the model produced.
+std::string json_file_text(const nlohmann::json& j, int indent = 2);
 
 /// Writes `contents` to `path` through a temporary file and a rename (fsynced first).
 /// With overwrite == false, fails if `path` exists.

@@ -565,6 +565,10 @@ std::string Tokenizer::decode_token(int id) const {
   return d_->pieces[id];
 }
 
+std::string Tokenizer::decode_text(const std::vector<int>& ids) const {
+  return detail::utf8_sanitize(decode(ids));
+}
+
 std::string Tokenizer::decode(const std::vector<int>& ids) const {
   // Plain tokens are collected into a segment that ends at a special token. In SentencePiece
   // vocabularies a "▁" that arrives through byte tokens is a space too (encode cannot tell the

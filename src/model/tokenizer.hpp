@@ -83,6 +83,9 @@ class Tokenizer {
 
   std::vector<int> encode(std::string_view text, bool add_bos) const;
   std::string decode(const std::vector<int>& ids) const;
+  /// decode() made well-formed UTF-8 for reports: every byte that does not belong to a
+  /// well-formed sequence (a character cut at the end of a generation) becomes U+FFFD.
+  std::string decode_text(const std::vector<int>& ids) const;
   /// The bytes of one token (no leading-space removal). Throws for an id out of range.
   std::string decode_token(int id) const;
 
