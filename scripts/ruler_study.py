@@ -124,7 +124,8 @@ TASK_ORDER = ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquer
 def pairs(args, names, groups):
     """The pairs the study tests: every configuration against dense, and the configurations of
     one group (budget or ratio) against each other; in the kv study every pair. The SnapKV
-    kernel arms are set against SnapKV with its default kernel at the same budget."""
+    kernel arms are set against every configuration of their budget (SnapKV with its default
+    kernel first)."""
     out = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
@@ -135,6 +136,7 @@ def pairs(args, names, groups):
             base = f"snapkv_b{args.budgets[0]}"
             if base in names:
                 out.append((base, n))
+                out += [(m, n) for m in names if m != base and groups[m] == groups[base]]
     return out
 
 
