@@ -3,11 +3,12 @@
 // engine and one with the evictor (and ThinK / GRACE when --method names them) run the same
 // prompts, alternating within each repetition: prefill time, the evictor's own selection time
 // against the prefill, the median decode step of each and the decode attention kernels' time.
+#include "bench_decode.hpp"
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
-#include "method_setup.hpp"
+#include "method_stack.hpp"
 #include "records.hpp"
 
 #include <nlohmann/json.hpp>
@@ -24,44 +25,21 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
   const Config& c = w->cfg;
   const int ctx = prompt + decode;
   Engine<E> dense(w, batch, ctx, nullptr, exec), meth(w, batch, ctx, nullptr, exec);
-  auto evp = make_token_evictor(ma, meth, prompt);
-  auto kvp = make_kv_pruner(ma, meth, prompt);
+  MethodStack<E> stack(ma, meth, sparsity::Plan{}, {ctx, prompt});
+  pruning::TokenEvictorPolicy<E>* evp = stack.evictor();
+  pruning::KvChannelPruner<E>* kvp = stack.channel_selector();
   std::vector<std::vector<int>> seqs(static_cast<std::size_t>(batch));
   for (int s = 0; s < batch; ++s)
     for (int i = 0; i < prompt; ++i)
       seqs[static_cast<std::size_t>(s)].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
-  auto med = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   // The decode steps run profiled (per-op times; host backends run op by op anyway, so the
   // fences cost little there), which gives the attention kernels' own time per step: the part
   // of the step eviction shrinks.
-  auto attention_seconds = [](const Engine<E>& eng) {
-    const auto& o = eng.op_seconds();
-    return o[static_cast<int>(flops::Op::AttnScore)] + o[static_cast<int>(flops::Op::AttnSoftmax)] +
-           o[static_cast<int>(flops::Op::AttnValue)];
-  };
   auto run = [&](Engine<E>& eng, double& pre, double& dec, double& att) {
-    Stopwatch sw(clock);
-    eng.forward(seqs, 0, false);
-    pre = sw.seconds();
-    std::vector<std::vector<int>> next;
-    for (const auto& s : seqs) next.push_back({s.back()});
-    std::vector<double> steps;
-    eng.clear_op_seconds();
-    eng.set_profile_clock(clock);
-    eng.set_profile(true);
-    for (int t = 0; t < decode; ++t) {
-      Stopwatch st(clock);
-      eng.forward(next, prompt + t, false);
-      steps.push_back(st.seconds());
-      for (auto& n : next) n[0] = (n[0] * 31 + 7) % c.vocab;
-    }
-    eng.set_profile(false);
-    att = attention_seconds(eng) / decode;
-    dec = med(steps);
+    const DecodeTiming t = timed_decode(eng, seqs, decode, c.vocab, {clock, true, nullptr, 0});
+    pre = t.prefill;
+    dec = t.step;
+    att = t.attention_per_step() / decode;
   };
   std::vector<double> d_pre, d_dec, d_att, m_pre, m_dec, m_att, sel, att_ratio;
   for (int r = 0; r < reps; ++r) {
@@ -78,8 +56,9 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
     sel.push_back(evp->select_seconds() - s0);
     att_ratio.push_back(d_att.back() > 0 ? m_att.back() / d_att.back() : 0.0);
   }
-  const double dp = med(d_pre), dd = med(d_dec), mp = med(m_pre), md = med(m_dec), ms = med(sel);
-  const double da = med(d_att), ma_ = med(m_att), ar = med(att_ratio);
+  const double dp = median_of(d_pre), dd = median_of(d_dec), mp = median_of(m_pre),
+               md = median_of(m_dec), ms = median_of(sel);
+  const double da = median_of(d_att), ma_ = median_of(m_att), ar = median_of(att_ratio);
   const nlohmann::json ej = evict_json(*evp);
   std::cout << fmt::format(
       "token eviction {} (budget {}), {} × {} prompt tokens, {} decode steps, {} reps\n"

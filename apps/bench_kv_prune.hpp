@@ -15,12 +15,14 @@
 //    --kv-synthetic-cache skips the model run: the caches are filled with random keys and values
 //    (decode attention time does not depend on their values) and the method selects its channels
 //    from random observed queries — for contexts whose prefill is too slow to run here.
+#include "bench_decode.hpp"
 #include "common.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
 #include "io/run_file.hpp"
 #include "kernels/cached_attention.hpp"
-#include "method_setup.hpp"
+#include "method_stack.hpp"
+#include "records.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -33,17 +35,6 @@
 namespace sparsim::app {
 
 namespace kvbench {
-
-inline double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-inline double load_average() {
-  double l[1] = {0};
-  return ::getloadavg(l, 1) == 1 ? l[0] : -1.0;
-}
 
 /// Seconds of the three attention variants over all layers, one repetition each, alternating.
 struct AttnTimes {
@@ -117,8 +108,8 @@ inline nlohmann::json attention_json(const AttnTimes& t, double lambda, int n_la
     const double kd = t.dense[r] - t.nok[r];
     saved.push_back(kd > 0 ? (t.dense[r] - t.method[r]) / kd : 0.0);
   }
-  const double d = median(t.dense), m = median(t.method), z = median(t.nok);
-  const double s = median(saved);
+  const double d = median_of(t.dense), m = median_of(t.method), z = median_of(t.nok);
+  const double s = median_of(saved);
   return {{"layers", n_layer},
           {"dense_seconds", d},
           {"method_seconds", m},
@@ -143,7 +134,6 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
                    const ModelInfo& mi, int prompt, int decode, int reps, int batch, bool synthetic,
                    const std::string& storage, const std::string& backend, int threads,
                    const std::string& json_out) {
-  using kvbench::median;
   const Config& c = w->cfg;
   require_uniform_key_width(c);
   const AttnShape sh = attn_shape(c, 0);
@@ -151,7 +141,7 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
   require(ma.kv.window <= prompt, "--kv-window {} is longer than the prompt of {} tokens",
           ma.kv.window, prompt);
   const int ctx = prompt + (synthetic ? 1 : decode);
-  const double load_before = kvbench::load_average();
+  const double load_before = load_average();
   nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                       {"storage", storage},
                       {"backend", backend},
@@ -218,32 +208,15 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
         {"select_seconds_per_head", sel.select_seconds() / std::max<double>(1, sel.selections())}};
   } else {
     Engine<E> dense(w, batch, ctx, nullptr, exec), meth(w, batch, ctx, nullptr, exec);
-    auto sel = make_kv_pruner(ma, meth, prompt);
+    MethodStack<E> stack(ma, meth, sparsity::Plan{}, {ctx, prompt});
+    pruning::KvChannelPruner<E>* sel = stack.channel_selector();
     struct Run {
       double prefill = 0, step = 0, attn = 0;
     };
     auto run = [&](Engine<E>& e) {
-      Run out;
-      Stopwatch sw;
-      e.forward(prompts, 0, false);
-      out.prefill = sw.seconds();
-      e.clear_op_seconds();
-      e.set_profile(true);
-      std::vector<int> next(static_cast<std::size_t>(batch));
-      for (int s = 0; s < batch; ++s) next[s] = prompts[s].back();
-      std::vector<double> steps;
-      for (int t = 0; t < decode; ++t) {
-        std::vector<std::vector<int>> tok;
-        for (int s = 0; s < batch; ++s) tok.push_back({next[s]});
-        Stopwatch st;
-        e.forward(tok, prompt + t, false);
-        steps.push_back(st.seconds());
-        for (int s = 0; s < batch; ++s) next[s] = (next[s] * 31 + 7 + s) % c.vocab;
-      }
-      e.set_profile(false);
-      out.step = median(steps);
-      out.attn = e.op_seconds()[static_cast<int>(flops::Op::AttnScore)] / decode;
-      return out;
+      const DecodeTiming t =
+          timed_decode(e, prompts, decode, c.vocab, {Clock::Wall, true, nullptr, 1});
+      return Run{t.prefill, t.step, t.ops[static_cast<int>(flops::Op::AttnScore)] / decode};
     };
     std::vector<double> d_pre, m_pre, d_step, m_step, d_att, m_att, sel_prefill;
     std::vector<double> sel_head, gram_head;
@@ -268,34 +241,34 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
         ml.push_back(meth.cache().layer(l));
       }
       const auto t1 = kvbench::time_attention(exec, dl, ml, sh, batch, prompt, 3);
-      at.dense.push_back(median(t1.dense));
-      at.method.push_back(median(t1.method));
-      at.nok.push_back(median(t1.nok));
+      at.dense.push_back(median_of(t1.dense));
+      at.method.push_back(median_of(t1.method));
+      at.nok.push_back(median_of(t1.nok));
     }
     for (int l = 0; l < c.n_layer; ++l) {
       k_dense += dense.cache().k_bytes(l);
       k_method += meth.cache().k_bytes(l);
     }
     j["decode_tokens"] = decode;
-    j["prefill"] = {{"dense_seconds", median(d_pre)},
-                    {"method_seconds", median(m_pre)},
+    j["prefill"] = {{"dense_seconds", median_of(d_pre)},
+                    {"method_seconds", median_of(m_pre)},
                     {"dense_seconds_reps", d_pre},
                     {"method_seconds_reps", m_pre}};
-    j["selection"] = {{"select_seconds_per_head", median(sel_head)},
-                      {"gram_seconds_per_head", median(gram_head)},
+    j["selection"] = {{"select_seconds_per_head", median_of(sel_head)},
+                      {"gram_seconds_per_head", median_of(gram_head)},
                       {"heads_per_prefill", c.n_layer * sh.n_kv_head * batch},
-                      {"share_of_prefill", median(sel_prefill)},
+                      {"share_of_prefill", median_of(sel_prefill)},
                       {"share_of_prefill_reps", sel_prefill}};
-    j["decode"] = {{"dense_step_seconds", median(d_step)},
-                   {"method_step_seconds", median(m_step)},
-                   {"step_ratio", median(m_step) / median(d_step)},
-                   {"dense_attention_seconds_per_step", median(d_att)},
-                   {"method_attention_seconds_per_step", median(m_att)},
-                   {"attention_ratio", median(m_att) / median(d_att)},
+    j["decode"] = {{"dense_step_seconds", median_of(d_step)},
+                   {"method_step_seconds", median_of(m_step)},
+                   {"step_ratio", median_of(m_step) / median_of(d_step)},
+                   {"dense_attention_seconds_per_step", median_of(d_att)},
+                   {"method_attention_seconds_per_step", median_of(m_att)},
+                   {"attention_ratio", median_of(m_att) / median_of(d_att)},
                    {"profiled", true}};
     j["kv_prune"] = kv_prune_json(*sel, meth);
   }
-  const double load_after = kvbench::load_average();
+  const double load_after = load_average();
   j["load_average_after"] = load_after;
   j["k_bytes_dense"] = static_cast<double>(k_dense);
   j["k_bytes"] = static_cast<double>(k_method);

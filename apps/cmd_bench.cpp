@@ -1,5 +1,6 @@
 // sparsim bench: prefill and decode throughput, decode against the memory-bandwidth ideal, and
 // with --method the decode of an activation-sparsity method against dense in the same run.
+#include "bench_decode.hpp"
 #include "bench_evict.hpp"
 #include "bench_kv_prune.hpp"
 #include "common.hpp"
@@ -12,7 +13,7 @@
 #include "io/run_guard.hpp"
 #include "kernels/bandwidth.hpp"
 #include "kernels/host_gemv.hpp"
-#include "method_setup.hpp"
+#include "method_stack.hpp"
 #include "model/loader.hpp"
 #include "pruning/kv_prune.hpp"
 #include "pruning/low_rank.hpp"
@@ -29,12 +30,6 @@
 namespace sparsim::app {
 
 namespace {
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 bool is_projection(flops::Op o) {
   return o >= flops::Op::QProj && o <= flops::Op::DownProj;
@@ -54,21 +49,8 @@ std::vector<std::vector<int>> batch_of(const std::vector<int>& toks, int batch, 
 template <class E>
 std::pair<double, double> timed_run(Engine<E>& eng, const std::vector<int>& toks, int decode,
                                     int vocab, Clock clock, int batch = 1) {
-  const int prompt = static_cast<int>(toks.size());
-  const auto seqs = batch_of(toks, batch, vocab);
-  Stopwatch sw(clock);
-  eng.forward(seqs, 0, false);
-  const double pre = sw.seconds();
-  std::vector<std::vector<int>> next(static_cast<std::size_t>(batch));
-  for (int b = 0; b < batch; ++b) next[static_cast<std::size_t>(b)] = {seqs[b].back()};
-  std::vector<double> steps;
-  for (int s = 0; s < decode; ++s) {
-    Stopwatch st(clock);
-    eng.forward(next, prompt + s, false);
-    steps.push_back(st.seconds());
-    for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
-  }
-  return {pre, median(steps)};
+  const DecodeTiming t = timed_decode(eng, batch_of(toks, batch, vocab), decode, vocab, {clock});
+  return {t.prefill, t.step};
 }
 
 /// Per-op times of one profiled prefill and of the decode steps after it.
@@ -126,10 +108,9 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
   const Config& c = w->cfg;
   const int ctx = prompt + decode;
   Engine<E> dense(w, batch, ctx, nullptr, exec), meth(ws, batch, ctx, nullptr, exec);
-  sparsity::ActivationMasker<E> masker(c.n_layer);
-  attach_masker(meth, masker, plan);
+  MethodStack<E> stack(ma, meth, plan, {ctx, prompt});
   if (ma.sparse() && skipping && batch == 1) meth.use_column_skipping(true);
-  auto tfg = make_token_filter(ma, meth, ctx);
+  gating::TokenFilter<E>* tfg = stack.token_filter();
   std::vector<std::vector<int>> prompts(static_cast<std::size_t>(batch));
   for (int s = 0; s < batch; ++s)
     for (int i = 0; i < prompt; ++i) prompts[s].push_back((i * 7919 + 13 + s * 104729) % c.vocab);
@@ -138,29 +119,9 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
     std::array<double, flops::kNumOps> ops{};
   };
   auto run = [&](Engine<E>& e, flops::Ledger* ledger) {
-    Run out;
-    Stopwatch sw;
-    e.forward(prompts, 0, false);
-    out.prefill = sw.seconds();
-    e.clear_op_seconds();
-    e.set_profile(true);
-    e.set_ledger(ledger);
-    std::vector<int> next(static_cast<std::size_t>(batch));
-    for (int s = 0; s < batch; ++s) next[s] = prompts[s].back();
-    std::vector<double> steps;
-    for (int t = 0; t < decode; ++t) {
-      std::vector<std::vector<int>> tok;
-      for (int s = 0; s < batch; ++s) tok.push_back({next[s]});
-      Stopwatch st;
-      e.forward(tok, prompt + t, false);
-      steps.push_back(st.seconds());
-      for (int s = 0; s < batch; ++s) next[s] = (next[s] * 31 + 7 + s) % c.vocab;
-    }
-    e.set_profile(false);
-    e.set_ledger(nullptr);
-    out.step = median(steps);
-    out.ops = e.op_seconds();
-    return out;
+    const DecodeTiming t =
+        timed_decode(e, prompts, decode, c.vocab, {Clock::Wall, true, ledger, 1});
+    return Run{t.prefill, t.step, t.ops};
   };
   auto at = [](const Run& r, flops::Op o) { return r.ops[static_cast<int>(o)]; };
   auto attn_stage = [&](const Run& r) {
@@ -204,7 +165,7 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
                        {"realised", tfg->realised()}});
   }
   const double load_after = load_average();
-  const double att = median(r_att), step = median(r_step), share = median(d_att_share);
+  const double att = median_of(r_att), step = median_of(r_step), share = median_of(d_att_share);
   // If only the attention stage changed, the step would take 1 − share·(1 − att) of dense.
   const double implied = 1.0 - share * (1.0 - att);
   std::cout << fmt::format(
@@ -220,8 +181,9 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
       "dense step {:.2f} ms, method step {:.2f} ms\n",
       mi.path, storage, backend, threads, load_before, load_after, ma.method, ma.tf.ratio,
       tfg->layers().size(), gating::to_string(ma.tf.layers), batch, prompt, decode, reps,
-      median(realised), att, 100 * (1 - att), median(r_att_gate), step, 100 * (1 - step),
-      100 * share, implied, 100 * median(gate_share), 1e3 * median(d_step), 1e3 * median(m_step));
+      median_of(realised), att, 100 * (1 - att), median_of(r_att_gate), step, 100 * (1 - step),
+      100 * share, implied, 100 * median_of(gate_share), 1e3 * median_of(d_step),
+      1e3 * median_of(m_step));
   // Dropped tokens: the method's KV cache against the dense engine's (the last repetition).
   const gating::KVCacheRecord& kvr = tfg->kv_cache();
   const double dense_alloc = static_cast<double>(dense.cache().bytes());
@@ -256,14 +218,14 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
                         {"token_filter", token_filter_json(*tfg)},
                         {"attention_stage_ratio", att},
                         {"attention_stage_ratio_reps", r_att},
-                        {"attention_stage_with_gate_ratio", median(r_att_gate)},
+                        {"attention_stage_with_gate_ratio", median_of(r_att_gate)},
                         {"step_ratio", step},
                         {"step_ratio_reps", r_step},
                         {"step_ratio_implied", implied},
                         {"dense_attention_stage_share", share},
-                        {"gate_similarity_share_of_layers", median(gate_share)},
-                        {"dense_step_seconds", median(d_step)},
-                        {"method_step_seconds", median(m_step)},
+                        {"gate_similarity_share_of_layers", median_of(gate_share)},
+                        {"dense_step_seconds", median_of(d_step)},
+                        {"method_step_seconds", median_of(m_step)},
                         {"realised_reps", realised},
                         {"per_rep", per_rep},
                         {"dense_kv_bytes_allocated", dense_alloc}};
@@ -387,10 +349,10 @@ void attention_run(Engine<E>& eng, int batch, int prompt, int decode, int vocab,
     }
     for (auto& n : next) n[0] = (n[0] * 31 + 7) % vocab;
   }
-  out.decode.push_back(median(steps));
-  out.decode_total.push_back(median(totals));
+  out.decode.push_back(median_of(steps));
+  out.decode_total.push_back(median_of(totals));
   std::array<double, kAttentionOps.size()> m{};
-  for (std::size_t i = 0; i < m.size(); ++i) m[i] = median(ops[i]);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = median_of(ops[i]);
   out.decode_ops.push_back(m);
   eng.set_profile(false);
 }
@@ -562,12 +524,12 @@ int cmd_bench(int argc, char** argv) {
           "  prefill  {}\n"
           "  decode   {:>10.6f} s vs {:>10.6f} s per step = {:.3f} x  (whole step {:.3f} x)\n",
           ma_.path, mb_.path, batch, prompt, decode, reps, backend, rt.threads(),
-          decode_only
-              ? std::string("not run (--decode-only)")
-              : fmt::format("{:>10.4f} s vs {:>10.4f} s  = {:.3f} x  (whole forward "
-                            "{:.3f} x)",
-                            median(ta.prefill), median(tb.prefill), median(rp), median(rpt)),
-          median(ta.decode), median(tb.decode), median(rd), median(rdt));
+          decode_only ? std::string("not run (--decode-only)")
+                      : fmt::format("{:>10.4f} s vs {:>10.4f} s  = {:.3f} x  (whole forward "
+                                    "{:.3f} x)",
+                                    median_of(ta.prefill), median_of(tb.prefill), median_of(rp),
+                                    median_of(rpt)),
+          median_of(ta.decode), median_of(tb.decode), median_of(rd), median_of(rdt));
       // the two load orders apart, so that a difference between them shows
       std::vector<double> rd_order[2], rdt_order[2];
       for (int r = 0; r < reps; ++r) {
@@ -575,7 +537,7 @@ int cmd_bench(int argc, char** argv) {
         rdt_order[loaded_first[r]].push_back(rdt[r]);
       }
       const auto med_or_nan = [](const std::vector<double>& v) {
-        return v.empty() ? std::numeric_limits<double>::quiet_NaN() : median(v);
+        return v.empty() ? std::numeric_limits<double>::quiet_NaN() : median_of(v);
       };
       std::cout << fmt::format(
           "  load order swapped halfway: decode {:.3f} x (whole step {:.3f} x) with the model "
@@ -608,10 +570,10 @@ int cmd_bench(int argc, char** argv) {
             {"forward_decode_ratio_by_load_order",
              {{"model_first", med_or_nan(rdt_order[0])},
               {"baseline_first", med_or_nan(rdt_order[1])}}},
-            {"attention_prefill_ratio", median(rp)},
-            {"attention_decode_ratio", median(rd)},
-            {"forward_prefill_ratio", median(rpt)},
-            {"forward_decode_ratio", median(rdt)}};
+            {"attention_prefill_ratio", median_of(rp)},
+            {"attention_decode_ratio", median_of(rd)},
+            {"forward_prefill_ratio", median_of(rpt)},
+            {"forward_decode_ratio", median_of(rdt)}};
         // Where the decode ratio comes from: each op's median seconds per step, per repetition.
         for (auto [key, tt] :
              {std::pair<const char*, const AttentionTimes*>{"model", &ta}, {"baseline", &tb}})
@@ -718,8 +680,8 @@ int cmd_bench(int argc, char** argv) {
     for (const auto& l : w->layers)
       for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
         wbytes += static_cast<double>(m->bytes());
-    const double pre_tps = static_cast<double>(prompt) * batch / median(t_pre);
-    const double dec_tps = static_cast<double>(batch) / median(t_dec);
+    const double pre_tps = static_cast<double>(prompt) * batch / median_of(t_pre);
+    const double dec_tps = static_cast<double>(batch) / median_of(t_dec);
     // every step reads the weights once, whatever the batch
     const double ideal_tps = bw / wbytes * batch;
     std::cout << fmt::format(
@@ -742,9 +704,9 @@ int cmd_bench(int argc, char** argv) {
       std::cout << fmt::format(
           "probe-pruning (ratio {}, probe {}): prefill {:.1f} tokens/s, decode {:.1f} tokens/s; "
           "mask selection {:.4f} s a prefill = {:.3f} of the pruned prefill (medians of {})\n",
-          ma.pp.ratio, ma.pp.probe, static_cast<double>(prompt) * batch / median(tp_pre),
-          static_cast<double>(batch) / median(tp_dec), median(tp_probe),
-          median(tp_probe) / median(tp_pre), reps);
+          ma.pp.ratio, ma.pp.probe, static_cast<double>(prompt) * batch / median_of(tp_pre),
+          static_cast<double>(batch) / median_of(tp_dec), median_of(tp_probe),
+          median_of(tp_probe) / median_of(tp_pre), reps);
 
     nlohmann::json prof, mj;
     auto op_json = [](const std::array<double, flops::kNumOps>& sec) {
@@ -826,8 +788,8 @@ int cmd_bench(int argc, char** argv) {
       // what one decode step reads and computes, dense against the method (rotation included)
       const flops::Ledger::Totals step = ledger.total(flops::Phase::Decode);
       const flops::Ledger::Totals rot_t = ledger.by_op(flops::Op::Rotation, flops::Phase::Decode);
-      const double s_pre_tps = prompt / median(ts_pre);
-      const double s_dec_tps = 1.0 / median(ts_dec);
+      const double s_pre_tps = prompt / median_of(ts_pre);
+      const double s_dec_tps = 1.0 / median_of(ts_dec);
       std::vector<double> step_ratio;
       for (int r = 0; r < reps; ++r) step_ratio.push_back(t_dec[r] / ts_dec[r]);
       std::cout << fmt::format(
@@ -842,7 +804,7 @@ int cmd_bench(int argc, char** argv) {
           "  (dense profile: projections {:.1f}% of the decode time; rest unchanged{})\n"
           "decode time share (profiled {} run): mask selection {:.1f}%, rotation {:.1f}%\n",
           mname, plan.opt.sparsity, plan.rotated ? "rotated" : "plain", skipping, s_pre_tps,
-          s_dec_tps, s_dec_tps / dec_tps, median(step_ratio), s_real, ideal_proj, ideal_step,
+          s_dec_tps, s_dec_tps / dec_tps, median_of(step_ratio), s_real, ideal_proj, ideal_step,
           100 * t_dense_proj / t_dense,
           plan.rotated ? fmt::format(", rotation +{:.1f}%", 100 * t_rot_ideal / t_dense) : "",
           mname, 100 * share_mask, 100 * share_rot);
@@ -866,7 +828,7 @@ int cmd_bench(int argc, char** argv) {
             {"prefill_tokens_per_s", s_pre_tps},
             {"decode_tokens_per_s", s_dec_tps},
             {"decode_speedup", s_dec_tps / dec_tps},
-            {"decode_speedup_median_of_reps", median(step_ratio)},
+            {"decode_speedup_median_of_reps", median_of(step_ratio)},
             {"decode_step_seconds_reps", ts_dec},
             {"realised_projection_sparsity", s_real},
             {"ideal_speedup_projections", ideal_proj},
@@ -930,7 +892,7 @@ int cmd_bench(int argc, char** argv) {
                              {"1", "profiled forward calls per phase (the ledger's calls)"});
       pg.write<std::int64_t>("tokens", {prompt, pr.decode_steps},
                              {"token", "token rows of the profiled calls per phase"});
-      pg.write<double>("call_seconds_median", {median(tp), median(tdec)},
+      pg.write<double>("call_seconds_median", {median_of(tp), median_of(tdec)},
                        {"s",
                         "median over the repetitions of the unprofiled calls: the prompt's "
                         "prefill, one decode step (itself the median of its run's steps)"});
@@ -984,10 +946,10 @@ int cmd_bench(int argc, char** argv) {
       if (pe) {
         nlohmann::json pj = probe_pruning_json(*ppr);
         pj.erase("batches");
-        pj["prefill_tokens_per_s"] = static_cast<double>(prompt) * batch / median(tp_pre);
-        pj["decode_tokens_per_s"] = static_cast<double>(batch) / median(tp_dec);
-        pj["probe_seconds_per_prefill"] = median(tp_probe);
-        pj["probe_share_of_prefill"] = median(tp_probe) / median(tp_pre);
+        pj["prefill_tokens_per_s"] = static_cast<double>(prompt) * batch / median_of(tp_pre);
+        pj["decode_tokens_per_s"] = static_cast<double>(batch) / median_of(tp_dec);
+        pj["probe_seconds_per_prefill"] = median_of(tp_probe);
+        pj["probe_share_of_prefill"] = median_of(tp_probe) / median_of(tp_pre);
         j["probe_pruning"] = pj;
       }
       interruption_point("write");

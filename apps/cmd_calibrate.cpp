@@ -35,8 +35,8 @@ int cmd_calibrate(int argc, char** argv) {
       "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
       "out,o", po::value(&out), "calibration file to write (HDF5; required)")(
       "variants", po::value(&variants)->default_value("plain,rotated"),
-      "activation-sparsity variants: plain (TEAL), rotated (WINA, TopK-Guided), both, or none "
-      "(the default with --fisher)")(
+      "activation-sparsity variants: plain (TEAL), rotated (WINA, TopK-Guided), both (the two), or "
+      "none (the default with --fisher)")(
       "fisher", po::bool_switch(&fisher),
       "Fisher scores of the K and V channels and RoPE pairs (RAP, KVPruner) from backward "
       "passes over --fisher-seqs sequences of --fisher-tokens tokens")(
@@ -63,12 +63,10 @@ int cmd_calibrate(int argc, char** argv) {
   bool do_plain = false, do_rot = false;
   if (fisher && vm["variants"].defaulted()) variants = "none";
   for (const auto& v : split_list(variants)) {
-    if (v == "plain")
-      do_plain = true;
-    else if (v == "rotated")
-      do_rot = true;
-    else if (v != "none")
-      fail("--variants: '{}' is not plain, rotated or none", v);
+    require(v == "plain" || v == "rotated" || v == "both" || v == "none",
+            "--variants: '{}' is not plain, rotated, both or none", v);
+    do_plain = do_plain || v == "plain" || v == "both";
+    do_rot = do_rot || v == "rotated" || v == "both";
   }
   require(do_plain || do_rot || fisher,
           "calibrate: nothing to do (--variants none without --fisher)");

@@ -14,7 +14,7 @@
 #include "eval_checkpoint.hpp"
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
-#include "method_setup.hpp"
+#include "method_stack.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 #include "pruning/flap.hpp"
@@ -332,13 +332,8 @@ int cmd_eval(int argc, char** argv) {
     flops::Ledger ledger(c.n_layer);
     Engine<E> eng(w, (no_ppl && !retrieval && !ruler) ? 1 : po_.batch, std::max(ctx_needed, 2),
                   &ledger, exec);
-    std::unique_ptr<gating::TokenFilter<E>> tfg = make_token_filter(ma, eng, shortest);
-    std::unique_ptr<pruning::KvChannelPruner<E>> kvp = make_kv_pruner(ma, eng, shortest_prefill);
-    std::unique_ptr<pruning::TokenEvictorPolicy<E>> evp =
-        make_token_evictor(ma, eng, shortest_prefill);
-    std::unique_ptr<pruning::ProbePruner<E>> ppr = make_probe_pruner(ma, eng);
-    sparsity::ActivationMasker<E> masker(c.n_layer);
-    attach_masker(eng, masker, plan);
+    MethodStack<E> stack(ma, eng, plan, {shortest, shortest_prefill});
+    sparsity::ActivationMasker<E>& masker = stack.masker();
     std::unique_ptr<DumpingMasker<E>> dumper;
     if (da.enabled()) {
       dumper = std::make_unique<DumpingMasker<E>>(masker, da, *w);
@@ -518,36 +513,8 @@ int cmd_eval(int argc, char** argv) {
                                  fmt::format("{:.3f} … {:.3f}", sp.ci95[0], sp.ci95[1]));
     }
     if (sparse) std::cout << report.table() << "\n";
-    nlohmann::json evj;
-    if (evp) {
-      evj = evict_json(*evp);
-      std::cout << fmt::format(
-          "  {:<22} {:>14}\n", "token eviction",
-          fmt::format("{} b={}", evj["method"].get<std::string>(), ma.ev.budget));
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "prompt tokens kept",
-                               evj["kept_fraction"].get<double>());
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "prompt KV bytes / dense",
-                               evj["kv_bytes_fraction"].get<double>());
-    }
-    nlohmann::json kvj;
-    if (kvp) {
-      kvj = kv_prune_json(*kvp, eng);
-      std::cout << fmt::format(
-          "  {:<22} {:>14}\n", "K-channel pruning",
-          fmt::format("{} λ={}", kvj["method"].get<std::string>(), ma.kv.lambda));
-      std::cout << fmt::format("  {:<22} {:>14}\n", "key channels kept",
-                               fmt::format("{} of {}", kvp->kept_per_head(), kvp->head_dim()));
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "K bytes / dense",
-                               kvj["k_bytes"].get<double>() / kvj["k_bytes_dense"].get<double>());
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "recon error (ThinK)",
-                               kvj["recon_error_think_mean"].get<double>());
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "recon error (GRACE)",
-                               kvj["recon_error_grace_mean"].get<double>());
-    }
-    if (tfg) {
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter target", ma.tf.ratio);
-      std::cout << fmt::format("  {:<22} {:>14.4f}\n", "token filter realised", tfg->realised());
-    }
+    const nlohmann::json mrec = stack.records();
+    std::cout << stack.table(mrec);
     if (retrieval)
       std::cout << fmt::format("  {:<22} {:>14.4f}\n", fmt::format("{} accuracy", task),
                                rr.accuracy);
@@ -623,27 +590,7 @@ int cmd_eval(int argc, char** argv) {
       j["windows"] = 0;
       j["corpus"] = {{"fingerprint", nullptr}};
     }
-    if (evp) {
-      j["evict"] = evj;
-      add_evict_columns(evj, cols);
-    }
-    if (tfg) {
-      j["token_filter"] = token_filter_json(*tfg);
-      add_token_filter_columns(j["token_filter"], cols);
-    }
-    if (ppr) {
-      j["probe_pruning"] = probe_pruning_json(*ppr);
-      cols.add("pp_ratio", ma.pp.ratio, "1",
-               "Probe Pruning target: pruned fraction of attention units and FFN channels");
-      cols.add("pp_head_ratio", ppr->head_ratio(), "1",
-               "Probe Pruning realised pruned fraction of attention units, all layers and batches");
-      cols.add("pp_channel_ratio", ppr->channel_ratio(), "1",
-               "Probe Pruning realised pruned fraction of FFN channels, all layers and batches");
-    }
-    if (kvp) {
-      j["kv_prune"] = kvj;
-      add_kv_prune_columns(kvj, cols);
-    }
+    stack.add_to_summary(mrec, j, cols);
     if (retrieval) {
       nlohmann::json cells = nlohmann::json::array();
       for (std::size_t li = 0; li < ro.lengths.size(); ++li)
@@ -760,42 +707,19 @@ int cmd_eval(int argc, char** argv) {
         io::Group rg = res.create_group("ruler");
         write_ruler(rg, ruo, ruitems, rur);
       }
-      if (tfg) {
-        io::Group tg = root.create_group("token_filter");
-        tfg->write(tg);
-        if (tf_mass) {
-          io::Group mg = tg.create_group("attention_mass");
-          mg.set_attr("meaning",
-                      "dense model, first window: similarity S of every position in every layer "
-                      "and the mean attention (over later queries and heads) it receives");
-          const std::vector<hsize_t> dims = {static_cast<hsize_t>(c.n_layer),
-                                             static_cast<hsize_t>(po_.context)};
-          mg.write<float>("similarity", fig_s.data(), dims,
-                          {"1", "similarity S [layer][position] (NaN: no anchor)"});
-          mg.write<float>("attention_received", fig_mass.data(), dims,
-                          {"1", "mean softmax weight from later queries [layer][position]"});
-        }
-      }
-      if (ppr) {
-        io::Group pg = root.create_group("probe_pruning");
-        ppr->write(pg);
-      }
-      if (evp) {
-        io::Group eg = root.create_group("evict");
-        evp->write(eg);
-      }
-      if (kvp) {
-        io::Group kg = root.create_group("kv_prune");
-        kvp->write(kg);
-        std::vector<double> kd, kb;
-        for (const auto& pl : kvj["per_layer"]) {
-          kd.push_back(pl["k_bytes_dense"].get<double>());
-          kb.push_back(pl["k_bytes"].get<double>());
-        }
-        kg.write<double>("k_bytes_dense", kd,
-                         {"byte", "K-cache bytes of the dense layout per layer"});
-        kg.write<double>("k_bytes", kb,
-                         {"byte", "K-cache bytes allocated per layer at the end of the run"});
+      stack.write(mrec, root);
+      if (tf_mass) {
+        io::Group tg = root.open_group("token_filter");
+        io::Group mg = tg.create_group("attention_mass");
+        mg.set_attr("meaning",
+                    "dense model, first window: similarity S of every position in every layer "
+                    "and the mean attention (over later queries and heads) it receives");
+        const std::vector<hsize_t> dims = {static_cast<hsize_t>(c.n_layer),
+                                           static_cast<hsize_t>(po_.context)};
+        mg.write<float>("similarity", fig_s.data(), dims,
+                        {"1", "similarity S [layer][position] (NaN: no anchor)"});
+        mg.write<float>("attention_received", fig_mass.data(), dims,
+                        {"1", "mean softmax weight from later queries [layer][position]"});
       }
       io::Group tm = root.create_group("timings");
       tm.write_scalar("load_seconds", t_load, {"s", "model load and dequantization"});

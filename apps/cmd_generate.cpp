@@ -3,7 +3,7 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
-#include "method_setup.hpp"
+#include "method_stack.hpp"
 #include "model/loader.hpp"
 #include "model/synth.hpp"
 #include "model_io.hpp"
@@ -109,12 +109,7 @@ int cmd_generate(int argc, char** argv) {
             "prompt ({} tokens) + --max-tokens {} exceed the model's context of {}", T, max_tokens,
             c.context_length);
     Engine<E> eng(w, 1, T + max_tokens, nullptr, exec);
-    sparsity::ActivationMasker<E> masker(c.n_layer);
-    attach_masker(eng, masker, plan);
-    auto tfg = make_token_filter(ma, eng, T + max_tokens);
-    auto kvp = make_kv_pruner(ma, eng, T);
-    auto evp = make_token_evictor(ma, eng, T);
-    auto ppr = make_probe_pruner(ma, eng);
+    MethodStack<E> stack(ma, eng, plan, {T + max_tokens, T});
     SynthRng rng(seed);
     Stopwatch sw;
     auto to_vec = [](const Mat<E>& m) {
@@ -138,43 +133,7 @@ int cmd_generate(int argc, char** argv) {
     log().info(
         "{} prompt tokens in {:.2f} s ({:.1f} tok/s); {} generated in {:.2f} s ({:.1f} tok/s)", T,
         t_prefill, T / t_prefill, out.size(), t_gen, out.empty() ? 0.0 : out.size() / t_gen);
-    if (kvp) {
-      const nlohmann::json kj = kv_prune_json(*kvp, eng);
-      log().info(
-          "K-channel pruning ({}, λ = {}): {} of {} key channels kept per head; K cache {:.0f} of "
-          "{:.0f} bytes dense ({:.3f}); reconstruction error ThinK {:.4f}, GRACE {:.4f}; "
-          "selection {:.2f} ms (Grams {:.2f} ms)",
-          kj["method"].get<std::string>(), ma.kv.lambda, kvp->kept_per_head(), kvp->head_dim(),
-          kj["k_bytes"].get<double>(), kj["k_bytes_dense"].get<double>(),
-          kj["k_bytes"].get<double>() / kj["k_bytes_dense"].get<double>(),
-          kj["recon_error_think_mean"].get<double>(), kj["recon_error_grace_mean"].get<double>(),
-          1e3 * kvp->select_seconds(), 1e3 * kvp->gram_seconds());
-    }
-    if (evp) {
-      const nlohmann::json ej = evict_json(*evp);
-      log().info(
-          "token eviction ({}, budget {}): {:.4f} of the prompt's tokens kept; prompt KV {:.0f} of "
-          "{:.0f} bytes dense ({:.3f}); selection {:.2f} ms",
-          ej["method"].get<std::string>(), ma.ev.budget, ej["kept_fraction"].get<double>(),
-          ej["kv_bytes_kept"].get<double>(), ej["kv_bytes_dense"].get<double>(),
-          ej["kv_bytes_fraction"].get<double>(), 1e3 * evp->select_seconds());
-    }
-    if (ppr)
-      log().info(
-          "probe-pruning: ratio {}, heads pruned {:.3f}, FFN channels pruned {:.3f} (masks "
-          "chosen at the prefill, reused by {} decode steps)",
-          ma.pp.ratio, ppr->head_ratio(), ppr->channel_ratio(), ppr->reused_calls());
-    if (tfg)
-      log().info("token filter: target {:.3f}, realised {:.4f} over {} decided tokens", ma.tf.ratio,
-                 tfg->realised(), tfg->decided_tokens());
-    if (tfg && !tfg->kv_cache().empty()) {
-      const gating::KVCacheRecord& kv = tfg->kv_cache();
-      log().info(
-          "token filter KV cache: {:.0f} of {:.0f} bytes held at the end ({:.1f}%), {:.0f} "
-          "allocated at the peak against {:.0f} dense",
-          kv.held_final, kv.dense_final, 100 * kv.held_final / kv.dense_final, kv.allocated_peak,
-          kv.allocated_dense);
-    }
+    stack.log_records(stack.records());
     return 0;
   });
 }

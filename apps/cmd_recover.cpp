@@ -66,13 +66,6 @@ std::uint64_t peak_rss_bytes() {
   return 0;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /// Parses and checks everything that does not need the models; false after --help.
 bool parse_recover(int argc, char** argv, RecoverArgs& a, po::variables_map& vm) {
   RecoverOptions& o = a.ro;
@@ -391,7 +384,7 @@ int cmd_recover(int argc, char** argv) {
         Kokkos::fence();
         ts.push_back(sw.seconds());
       }
-      fwd_s = median(ts);
+      fwd_s = median_of(ts);
     } catch (const Error& e) {
       std::error_code ec;
       std::filesystem::remove(a.out, ec);
@@ -401,7 +394,7 @@ int cmd_recover(int argc, char** argv) {
     std::vector<double> step_times;
     for (const StepRecord& r : st.curve)
       if (r.step > resumed_at) step_times.push_back(r.seconds);
-    const double med_step = median(step_times);
+    const double med_step = median_of(step_times);
     const std::uint64_t peak = peak_rss_bytes();
     auto mean_of = [&](double StepRecord::*m) {
       double s = 0;

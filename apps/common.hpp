@@ -6,12 +6,21 @@
 #include <Kokkos_Core.hpp>
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
 namespace sparsim::app {
 
 namespace po = boost::program_options;
+
+/// Median of `v` (the mean of the middle two for an even count); 0 for none.
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 /// Options every compute subcommand takes.
 struct CommonOptions {
