@@ -9,6 +9,7 @@
 #include "kernels/fast_math.hpp"
 #include "kernels/host_attention.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/team_softmax.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -362,23 +363,7 @@ void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<
           for (int i = 0; i < qk_dim; ++i) acc += q(r, h * qk_dim + i) * kc(s, p, kvh * qk_dim + i);
           sc(p) = acc * scale;
         });
-        team.team_barrier();
-        float mx = -3.0e38f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, npos),
-            [&](const int p, float& m) { m = sc(p) > m ? sc(p) : m; }, Kokkos::Max<float>(mx));
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos),
-                             [&](const int p) { sc(p) = kx::exp(sc(p) - mx); });
-        team.team_barrier();
-        float sum = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, npos), [&](const int p, float& a) { a += sc(p); }, sum);
-        const float inv = 1.0f / sum;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, v_dim), [&](const int i) {
-          float acc = 0.0f;
-          for (int p = 0; p < npos; ++p) acc += sc(p) * vc(s, p, kvh * v_dim + i);
-          out(r, h * v_dim + i) = acc * inv;
-        });
+        detail::team_softmax_mix(team, sc, npos, vc, out, r, s, h, kvh, v_dim);
       });
 }
 

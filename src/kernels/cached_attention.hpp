@@ -13,6 +13,7 @@
 #include "core/compat.hpp"
 #include "kernels/kv_layout.hpp"
 #include "kernels/linear.hpp"
+#include "kernels/team_softmax.hpp"
 #include "kernels/views.hpp"
 
 #include <Kokkos_Core.hpp>
@@ -147,23 +148,7 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
           sc(p) = (drops && dropped(s, p)) || (evicts && evicted(s, kvh, p)) ? detail::kDroppedScore
                                                                              : acc * scale;
         });
-        team.team_barrier();
-        float mx = -3.0e38f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, npos),
-            [&](const int p, float& m) { m = sc(p) > m ? sc(p) : m; }, Kokkos::Max<float>(mx));
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, npos),
-                             [&](const int p) { sc(p) = kx::exp(sc(p) - mx); });
-        team.team_barrier();
-        float sum = 0.0f;
-        Kokkos::parallel_reduce(
-            Kokkos::TeamThreadRange(team, npos), [&](const int p, float& a) { a += sc(p); }, sum);
-        const float inv = 1.0f / sum;
-        Kokkos::parallel_for(Kokkos::TeamThreadRange(team, vd), [&](const int i) {
-          float acc = 0.0f;
-          for (int p = 0; p < npos; ++p) acc += sc(p) * V(s, p, kvh * vd + i);
-          out(r, h * vd + i) = acc * inv;
-        });
+        detail::team_softmax_mix(team, sc, npos, V, out, r, s, h, kvh, vd);
       });
 }
 
