@@ -9,11 +9,11 @@
 #include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
-#include "pruning/fisher.hpp"
-#include "pruning/kv_prune.hpp"
 #include "records.hpp"
 #include "sparsity/calibrate.hpp"
 #include "sparsity/rotation.hpp"
+#include "transforms/fisher.hpp"
+#include "transforms/kv_weight_pruning.hpp"
 
 #include <fmt/format.h>
 

@@ -17,13 +17,13 @@
 #include "method_stack.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
-#include "pruning/flap.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/low_rank.hpp"
 #include "records.hpp"
 #include "run_summary.hpp"
 #include "sparsity/plan.hpp"
 #include "sparsity_report.hpp"
+#include "transforms/flap.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <nlohmann/json.hpp>
 

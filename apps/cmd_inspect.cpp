@@ -4,9 +4,9 @@
 #include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model/safetensors.hpp"
-#include "pruning/flap.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/low_rank.hpp"
+#include "transforms/flap.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <filesystem>
 

@@ -10,12 +10,12 @@
 #include "model/loader.hpp"
 #include "prune_io.hpp"
 #include "prune_low_rank.hpp"
-#include "pruning/flap.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/pruned_gguf.hpp"
-#include "pruning/slimgpt.hpp"
 #include "records.hpp"
 #include "sparsity/calibration.hpp"
+#include "transforms/flap.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/pruned_gguf.hpp"
+#include "transforms/slimgpt.hpp"
 
 #include <nlohmann/json.hpp>
 

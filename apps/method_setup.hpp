@@ -9,12 +9,12 @@
 #include "core/log.hpp"
 #include "core/timer.hpp"
 #include "engine/engine.hpp"
-#include "gating/token_filter.hpp"
 #include "io/summary_columns.hpp"
 #include "model/loader.hpp"
-#include "pruning/kv_channel_pruner.hpp"
-#include "pruning/probe_pruning.hpp"
-#include "pruning/token_eviction.hpp"
+#include "policies/k_channel_selector.hpp"
+#include "policies/probe_pruning.hpp"
+#include "policies/token_eviction.hpp"
+#include "policies/token_filter.hpp"
 #include "sparsity/calibration.hpp"
 #include "sparsity/masker.hpp"
 #include "sparsity/plan.hpp"
@@ -41,7 +41,7 @@ struct MethodArgs {
   gating::TokenFilterOptions tf;
   std::string tf_criterion, tf_anchor, tf_keys, tf_layers;
   std::string tf_drop_mode = "auto";  ///< --tf-drop-mode: auto, compact or mask
-  bool kv_prune = false;  ///< --method includes think or grace
+  bool kv_prune = false;              ///< --method includes think or grace
   pruning::KvPruneOptions kv;
   std::string kv_protect = "0.05,0.25", kv_guard = "off";
   int kv_trace = 1;

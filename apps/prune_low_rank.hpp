@@ -1,7 +1,7 @@
 #pragma once
 // sparsim prune --method palu|svd-llm: low-rank K/V factorisation, the model written as GGUF.
 #include "common.hpp"
-#include "pruning/low_rank.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <string>
 

@@ -1,8 +1,8 @@
 #include "records.hpp"
 
 #include "io/run_file.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/low_rank.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <Kokkos_Core.hpp>
 

@@ -10,7 +10,10 @@ set(SPARSIM_LAYERS
   "model|flops"                      # model files, config, weights; the FLOP/byte ledger
   "cost|calibration"                 # roofline cost; calibration data
   "engine"                           # the forward pass, KV cache, backward pass
-  "gating|pruning|sparsity|recovery" # methods (token gate, KV/weight pruning, activation sparsity, LoRA)
+  "policies|transforms|sparsity|recovery" # methods: run-time policies (token gate, K-channel
+                                     # selection, eviction, Probe Pruning), offline model
+                                     # transforms (RAP/KVPruner, FLAP, SlimGPT, low rank),
+                                     # activation sparsity, LoRA recovery
   "eval"                             # perplexity, tasks, retrieval
   "sweep")                           # grids of runs
 

@@ -2,6 +2,7 @@
 """A fixed list of commands whose numbers must not move when code is reorganised.
 
   check_behaviour.py run --sparsim BIN --out DIR    runs the list, writes DIR/fingerprint.json
+  check_behaviour.py run --sparsim BIN --out DIR --fingerprint-only   only rewrites the file
   check_behaviour.py compare A.json B.json          exits 1 and lists every value that differs
 
 The list (SmolLM2-135M on the default corpus, 3 windows of 512 tokens (256 scored), 1 thread):
@@ -99,9 +100,11 @@ def run_list(args):
     steps.append(("sweep", [b, "sweep", f("demo.toml"), *th], None))
     steps.append(("collect", [b, "collect", f("demo.toml")], f("sweep/results.csv")))
 
+    if not args.fingerprint_only:
+        for name, cmd, _ in steps:
+            run(cmd, f(name + ".log"))
     fp = {}
     for name, cmd, summary in steps:
-        run(cmd, f(name + ".log"))
         if summary is None:
             continue
         flat = {}
@@ -146,6 +149,8 @@ def main():
     r = sub.add_parser("run")
     r.add_argument("--sparsim", required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--fingerprint-only", action="store_true",
+                   help="rewrite DIR/fingerprint.json from the outputs a run left there")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")

@@ -8,8 +8,8 @@
 #include "helpers.hpp"
 #include "model/loader.hpp"
 #include "model/synth_hf.hpp"
-#include "pruning/kv_prune.hpp"
 #include "reference_llama.hpp"
+#include "transforms/kv_weight_pruning.hpp"
 
 #include <cmath>
 

@@ -11,8 +11,8 @@
 #include "io/hdf5.hpp"
 #include "kernels/cached_attention.hpp"
 #include "model/loader.hpp"
-#include "pruning/kv_channel_pruner.hpp"
-#include "pruning/token_eviction.hpp"
+#include "policies/k_channel_selector.hpp"
+#include "policies/token_eviction.hpp"
 #include "reference_llama.hpp"
 
 #include <nlohmann/json.hpp>
@@ -583,10 +583,9 @@ TYPED_TEST(EvictEngine, KeptSetsFromPrefillMatchReferenceQueriesAndKeys) {
     EvictMethod m;
     EvictPool pool;
   };
-  for (const Case cs : {Case{EvictMethod::H2O, EvictPool::Avg},
-                        Case{EvictMethod::SnapKV, EvictPool::Avg},
-                        Case{EvictMethod::SnapKV, EvictPool::Max},
-                        Case{EvictMethod::PyramidKV, EvictPool::Avg}})
+  for (const Case cs :
+       {Case{EvictMethod::H2O, EvictPool::Avg}, Case{EvictMethod::SnapKV, EvictPool::Avg},
+        Case{EvictMethod::SnapKV, EvictPool::Max}, Case{EvictMethod::PyramidKV, EvictPool::Avg}})
     for (bool device : {false, true}) {
       SCOPED_TRACE(std::string(pruning::to_string(cs.m)) + " " + pruning::to_string(cs.pool) +
                    (device ? " device path" : " host path"));

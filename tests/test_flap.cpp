@@ -8,8 +8,8 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "model/loader.hpp"
-#include "pruning/flap.hpp"
-#include "pruning/pruned_gguf.hpp"
+#include "transforms/flap.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -8,8 +8,8 @@
 #include "eval/perplexity.hpp"
 #include "helpers.hpp"
 #include "model/loader.hpp"
-#include "pruning/channel_scoring.hpp"
-#include "pruning/kv_channel_pruner.hpp"
+#include "policies/channel_scoring.hpp"
+#include "policies/k_channel_selector.hpp"
 #include "reference_llama.hpp"
 
 #include <algorithm>

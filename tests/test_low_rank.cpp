@@ -7,7 +7,7 @@
 #include "engine/engine.hpp"
 #include "helpers.hpp"
 #include "model/loader.hpp"
-#include "pruning/low_rank.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <lapacke.h>
 

@@ -6,7 +6,7 @@
 #include "engine/engine.hpp"
 #include "helpers.hpp"
 #include "model/loader.hpp"
-#include "pruning/probe_pruning.hpp"
+#include "policies/probe_pruning.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -10,9 +10,9 @@
 #include "model/loader.hpp"
 #include "model/pruned_layout.hpp"
 #include "model/synth_hf.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/pruned_gguf.hpp"
 #include "reference_llama.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include <algorithm>
 #include <cmath>

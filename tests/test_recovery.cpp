@@ -10,9 +10,9 @@
 #include "io/hdf5.hpp"
 #include "model/loader.hpp"
 #include "model/synth_hf.hpp"
-#include "pruning/kv_prune.hpp"
 #include "recovery/checkpoint.hpp"
 #include "recovery/recover.hpp"
+#include "transforms/kv_weight_pruning.hpp"
 
 #include <cmath>
 #include <filesystem>

@@ -8,7 +8,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "model/loader.hpp"
-#include "pruning/slimgpt.hpp"
+#include "transforms/slimgpt.hpp"
 
 #include <lapacke.h>
 #include <nlohmann/json.hpp>

@@ -4,9 +4,9 @@
 #include "backends.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
-#include "gating/token_filter.hpp"
 #include "helpers.hpp"
 #include "model/loader.hpp"
+#include "policies/token_filter.hpp"
 
 #include <algorithm>
 #include <cmath>

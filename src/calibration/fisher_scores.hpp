@@ -1,6 +1,6 @@
 #pragma once
 /// Fisher scores of the K and V projection output channels (METHODS.md §4, paper 003): the data
-/// `calibrate --fisher` writes (pruning/fisher.hpp computes them) and `prune` reads. Plain host
+/// `calibrate --fisher` writes (transforms/fisher.hpp computes them) and `prune` reads. Plain host
 /// code.
 ///
 /// A gate m_c multiplying channel c of the pre-RoPE key k (or the value v) has, at m = 1, the

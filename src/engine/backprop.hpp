@@ -16,7 +16,7 @@
 /// Along the way it forms the gate gradients of the K and V projection outputs (pre-RoPE):
 ///   G^K_ℓ[c] = Σ_t ∂L/∂k_{t,c}·k_{t,c},  G^V_ℓ[c] = Σ_t ∂L/∂v_{t,c}·v_{t,c},
 /// the derivative of L with respect to a gate m_c multiplying channel c (at m = 1), from which
-/// Fisher scores are summed over sequences (pruning/fisher.hpp).
+/// Fisher scores are summed over sequences (transforms/fisher.hpp).
 ///
 /// T is the scalar type of every activation and gradient: float in production (matrix products
 /// by BLAS, the weights read as stored when they are fp32), double for finite-difference checks

@@ -1,4 +1,4 @@
-#include "pruning/low_rank.hpp"
+#include "transforms/low_rank.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
@@ -8,8 +8,8 @@
 #include "model/gguf_config.hpp"
 #include "model/gguf_writer.hpp"
 #include "model/pruned_layout.hpp"
-#include "pruning/detail/select.hpp"
-#include "pruning/kv_prune.hpp"
+#include "transforms/detail/select.hpp"
+#include "transforms/kv_weight_pruning.hpp"
 
 #include <cblas.h>
 #include <fmt/format.h>

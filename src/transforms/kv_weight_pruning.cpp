@@ -1,9 +1,9 @@
-#include "pruning/kv_prune.hpp"
+#include "transforms/kv_weight_pruning.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "io/summary_columns.hpp"
-#include "pruning/detail/select.hpp"
+#include "transforms/detail/select.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "pruning/token_eviction.hpp"
+#include "policies/token_eviction.hpp"
 
 #include "core/backends.hpp"
 #include "core/compat.hpp"

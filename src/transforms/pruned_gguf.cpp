@@ -1,4 +1,4 @@
-#include "pruning/pruned_gguf.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include "core/error.hpp"
 #include "model/gguf.hpp"

@@ -1,10 +1,10 @@
-#include "pruning/slimgpt.hpp"
+#include "transforms/slimgpt.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/host_tasks.hpp"
-#include "pruning/detail/select.hpp"
-#include "pruning/flap.hpp"
+#include "transforms/detail/select.hpp"
+#include "transforms/flap.hpp"
 
 #include <cblas.h>
 #include <fmt/format.h>

@@ -1,4 +1,4 @@
-#include "gating/token_filter.hpp"
+#include "policies/token_filter.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"

@@ -77,7 +77,7 @@ struct LowRankReport {
   bool whiten = true;
   double kv_bytes_fraction = 0, kv_params_fraction = 0, params_fraction = 0;
   /// attention parameters, FLOPs of a prefill of flops_context tokens and of one decode step at
-  /// that context, the rebuilding of K and V included (pruning/kv_prune.hpp's formulas)
+  /// that context, the rebuilding of K and V included (transforms/kv_weight_pruning.hpp's formulas)
   double attn_params_fraction = 0, attn_flops_fraction = 0, attn_decode_flops_fraction = 0;
   int flops_context = 0;
   struct Layer {

@@ -22,7 +22,7 @@
 #include "engine/engine.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
-#include "pruning/pruned_gguf.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include <nlohmann/json.hpp>
 

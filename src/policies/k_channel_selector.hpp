@@ -6,7 +6,7 @@
 /// token evictor evicted from the head, excluded) and
 /// G_Q = Q_obsᵀQ_obs over the last w queries of the head's query group (GQA: the group's heads
 /// stacked as rows) are computed on the device in double precision, each element by one thread
-/// in a fixed order. The d×d Grams go to the host, where pruning/channel_scoring.hpp chooses
+/// in a fixed order. The d×d Grams go to the host, where policies/channel_scoring.hpp chooses
 /// the kept channels of every head (ThinK and GRACE both, for the records; the method's choice
 /// is returned). The engine then compacts the layer's prompt keys to those channels, except
 /// the last `recent` ones (ThinK's recent window), which stay at full width.
@@ -14,7 +14,7 @@
 /// λ = 0 keeps every channel: nothing is returned and the cache stays dense (the run is the
 /// dense run, bit for bit).
 #include "engine/hooks.hpp"
-#include "pruning/channel_scoring.hpp"
+#include "policies/channel_scoring.hpp"
 
 #include <Kokkos_Core.hpp>
 

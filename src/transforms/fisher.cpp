@@ -1,4 +1,4 @@
-#include "pruning/fisher.hpp"
+#include "transforms/fisher.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"

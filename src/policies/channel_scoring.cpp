@@ -1,4 +1,4 @@
-#include "pruning/channel_scoring.hpp"
+#include "policies/channel_scoring.hpp"
 
 #include "core/error.hpp"
 

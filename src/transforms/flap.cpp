@@ -1,8 +1,8 @@
-#include "pruning/flap.hpp"
+#include "transforms/flap.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
-#include "pruning/detail/select.hpp"
+#include "transforms/detail/select.hpp"
 
 #include <cblas.h>
 #include <fmt/format.h>

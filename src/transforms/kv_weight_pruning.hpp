@@ -35,7 +35,7 @@ using calibration::rope_layout_name;
 /// KvPruner keeps each kept channel's own RoPE frequency (index-aware, the paper's Appendix F
 /// variant); KvPrunerNaive (the paper's main-table KVPruner) re-packs the same channels as a
 /// smaller head and rotates them as its pairs (Config::naive_rope).
-/// Flap removes whole attention heads and FFN channels instead (pruning/flap.hpp).
+/// Flap removes whole attention heads and FFN channels instead (transforms/flap.hpp).
 enum class PruneMethod { Rap, KvPruner, KvPrunerNaive, Flap };
 const char* method_name(PruneMethod m);
 /// "rap" / "kvpruner" / "kvpruner-naive" / "flap"; throws sparsim::Error naming the choices

@@ -1,4 +1,4 @@
-#include "pruning/kv_channel_pruner.hpp"
+#include "policies/k_channel_selector.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"

@@ -19,8 +19,8 @@
 #include "engine/engine.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
-#include "pruning/kv_prune.hpp"
-#include "pruning/pruned_gguf.hpp"
+#include "transforms/kv_weight_pruning.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include <nlohmann/json.hpp>
 

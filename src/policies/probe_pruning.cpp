@@ -1,4 +1,4 @@
-#include "pruning/probe_pruning.hpp"
+#include "policies/probe_pruning.hpp"
 
 #include "core/backends.hpp"
 #include "core/error.hpp"
