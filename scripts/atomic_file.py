@@ -31,3 +31,29 @@ def atomic_write(path, data, mode="w"):
 def write_json(path, obj, indent=1):
     """json.dump of `obj` (and a newline) to `path`, atomically (atomic_write)."""
     atomic_write(path, json.dumps(obj, indent=indent) + "\n")
+
+
+def write_page_keeping_hand_text(path, generated, mark):
+    """Writes the generated part of a page and keeps what the old page had below `mark` (the
+    hand-written reading of a study page), atomically."""
+    text = generated
+    if os.path.exists(path):
+        with open(path) as fh:
+            old = fh.read()
+        if mark in old:
+            text += "\n" + mark + old.split(mark, 1)[1]
+    atomic_write(path, text)
+
+
+def replace_generated_block(path, begin, end, block, place):
+    """Replaces the text between the markers `begin` and `end` of the page at `path` by `block`
+    (markers included); a page without them gets it from place(page) -> the text to append to,
+    to which the block and a newline are added. Written atomically."""
+    with open(path) as fh:
+        page = fh.read()
+    block = begin + "\n" + block + "\n" + end
+    if begin in page and end in page:
+        page = page[:page.index(begin)] + block + page[page.index(end) + len(end):]
+    else:
+        page = place(page) + block + "\n"
+    atomic_write(path, page)

@@ -21,14 +21,16 @@ Needs h5py (the scripts venv made by scripts/setup.sh has it).
 """
 import argparse
 import json
-import math
 import os
-import subprocess
 import sys
 import time
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json  # noqa: E402
+from study_steps import run_locked, window_ppl  # noqa: E402
 
 LAMBDAS_DEFAULT = "0.5,0.3,0.6,0.4"
 METHODS = ("think", "grace")
@@ -93,48 +95,19 @@ def queue(args):
 
 
 def run(args, name, kind, cmd):
-    """Runs one command unless its JSON exists or another process holds its lock."""
+    """Runs one command unless its JSON exists or another process holds its lock; a failure is
+    reported and left out, and the rest of the study goes on."""
     js = os.path.join(args.outdir, name + ".json")
-    lock = os.path.join(args.outdir, name + ".lock")
-    if os.path.exists(js):
-        return
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        print(f"  {name}: running elsewhere (lock {lock})", flush=True)
-        return
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        full = [args.sparsim, kind, "--model", args.model, "--threads", str(args.threads),
-                "--json", js]
-        if kind == "eval":
-            full += ["--progress", "never", "--out", os.path.join(args.outdir, name + ".h5")]
-        full += cmd
-        print("+", " ".join(full), flush=True)
-        t0 = time.time()
-        log = os.path.join(args.outdir, name + ".log")
-        with open(log + ".tmp", "w") as fh:
-            rc = subprocess.run(full, stdout=fh, stderr=subprocess.STDOUT).returncode
-        os.replace(log + ".tmp", log)
-        if rc != 0:  # reported and left out; the rest of the study goes on
-            print(f"  {name}: FAILED (exit {rc}, see {log})", flush=True)
-        else:
-            print(f"  {name}: {time.time() - t0:.0f} s", flush=True)
-    finally:
-        os.close(fd)
-        os.unlink(lock)
+    full = [args.sparsim, kind, "--model", args.model, "--threads", str(args.threads),
+            "--json", js]
+    if kind == "eval":
+        full += ["--progress", "never", "--out", os.path.join(args.outdir, name + ".h5")]
+    run_locked(args.outdir, name, full + cmd, os.path.join(args.outdir, name + ".log"))
 
 
 def read_json(path):
     with open(path) as fh:
         return json.load(fh)
-
-
-def window_ppl(h5):
-    with h5py.File(h5, "r") as f:
-        p = f["results/perplexity"]
-        return [float(math.exp(a / b)) for a, b in zip(p["window_nll"][...],
-                                                       p["window_tokens"][...])]
 
 
 def head_tables(h5):
@@ -394,11 +367,7 @@ def main():
             run(args, name, kind, cmd)
     res = collect(args)
     res["discussion"] = discussion(res)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    tmp = args.json + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(res, fh, indent=1)
-    os.replace(tmp, args.json)
+    write_json(args.json, res)
     page(args, res)
     print(f"wrote {args.json} and {args.page}; not run: {len(res['missing'])}")
 

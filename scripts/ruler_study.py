@@ -26,6 +26,9 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import write_json, write_page_keeping_hand_text  # noqa: E402
+
 
 def methods(args):
     """Every configuration of the study: name, extra `sparsim eval` arguments, model (None: the
@@ -272,16 +275,8 @@ def page(args, res):
             L.append(f"| {p['a']} vs {p['b']} | {p['items']} | {p['a_only']} | {p['b_only']} | "
                      f"{p['p_mcnemar_exact']:.3f} |")
     L += ["", "## What the numbers show", ""] + res["discussion"] + [""]
-    mark = "<!-- ruler_study: generated above, written by hand below -->"
-    text = "\n".join(L)
-    if os.path.exists(args.page):
-        old = open(args.page).read()
-        if mark in old:
-            text += "\n" + mark + old.split(mark, 1)[1]
-    tmp = args.page + ".tmp"
-    with open(tmp, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, args.page)
+    write_page_keeping_hand_text(args.page, "\n".join(L),
+                                 "<!-- ruler_study: generated above, written by hand below -->")
 
 
 def discussion(res):
@@ -387,11 +382,7 @@ def main():
             sys.exit("\n".join(failed))
     res = collect(args)
     res["discussion"] = discussion(res)
-    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-    tmp = args.json + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(res, fh, indent=1)
-    os.replace(tmp, args.json)
+    write_json(args.json, res)
     page(args, res)
     print(f"wrote {args.json} and {args.page}; missing: {len(res['missing'])}")
 

@@ -40,7 +40,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import comparison  # noqa: E402
-from atomic_file import atomic_write, write_json  # noqa: E402
+from atomic_file import atomic_write, write_json, write_page_keeping_hand_text  # noqa: E402
 from study_steps import sh  # noqa: E402
 
 LABEL = {"dense": "dense", "token-filter": "Token Filtering (tail)", "flap": "FLAP",
@@ -465,13 +465,9 @@ def write_page(a, s):
                      "takes " + ", ".join(f"{x['probe_share_of_prefill']:.1%} at batch {x['batch']}"
                                           for x in pp) + " of that step (median of the runs).")
         L.append("")
-    text = "\n".join(L) + "\n"
-    if os.path.exists(a.page):  # keep the hand-written reading below the generated part
-        old = open(a.page).read()
-        mark = "<!-- tf_baselines_study: generated above, written by hand below -->"
-        if mark in old:
-            text += "\n" + mark + old.split(mark, 1)[1]
-    atomic_write(a.page, text)
+    # (the hand-written reading below the generated part is kept)
+    write_page_keeping_hand_text(a.page, "\n".join(L) + "\n",
+                                 "<!-- tf_baselines_study: generated above, written by hand below -->")
 
 
 def main():

@@ -22,15 +22,15 @@ Needs h5py and matplotlib (the scripts venv made by scripts/setup.sh has them).
 import argparse
 import glob
 import json
-import math
 import os
 import random
-import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from study_steps import run_locked, window_ppl  # noqa: E402
 
 FOCUS = [(s, r) for r in (0.2, 0.5) for s in ("tail", "head", "uniform")]
 CRITERIA = [(c, 0.33) for c in ("key", "value", "kv")]
@@ -104,29 +104,16 @@ def make_next_line_task(corpus_dir, path, items, seed):
 
 
 def run(args, name, cmd):
-    """Runs one eval unless its JSON exists or another process holds its lock."""
+    """Runs one eval unless its JSON exists or another process holds its lock (then False);
+    a failing eval stops the study."""
     js = os.path.join(args.outdir, name + ".json")
     h5 = os.path.join(args.outdir, name + ".h5")
-    lock = os.path.join(args.outdir, name + ".lock")
-    if os.path.exists(js):
-        return True
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        print(f"  {name}: running elsewhere (lock {lock})", flush=True)
-        return False
-    try:
-        os.write(fd, str(os.getpid()).encode())
-        full = [args.sparsim, "eval", "--model", args.model, "--progress", "never",
-                "--threads", str(args.threads), "--json", js, "--out", h5] + cmd
-        print("+", " ".join(full), flush=True)
-        t0 = time.time()
-        subprocess.run(full, check=True, stdout=subprocess.DEVNULL)
-        print(f"  {name}: {time.time() - t0:.0f} s", flush=True)
-    finally:
-        os.close(fd)
-        os.unlink(lock)
-    return True
+    full = [args.sparsim, "eval", "--model", args.model, "--progress", "never",
+            "--threads", str(args.threads), "--json", js, "--out", h5] + cmd
+    rc = run_locked(args.outdir, name, full)
+    if rc:
+        sys.exit(f"{name} failed (exit {rc}): {' '.join(full)}")
+    return rc is not None
 
 
 def ppl_args(args):
@@ -138,14 +125,6 @@ def ppl_args(args):
 def read_summary(path):
     with open(path) as fh:
         return json.load(fh)
-
-
-def window_ppl(h5):
-    with h5py.File(h5, "r") as f:
-        p = f["results/perplexity"]
-        nll = p["window_nll"][...]
-        tok = p["window_tokens"][...]
-    return [float(math.exp(a / b)) for a, b in zip(nll, tok)]
 
 
 def token_filter_records(h5):
