@@ -52,7 +52,7 @@ int cmd_flops(int argc, char** argv) {
   std::string text;
   if (json) {
     if (runs.size() == 1) {
-      text = flops::report_json(runs[0]).dump(2) + "\n";
+      text = io::json_file_text(flops::report_json(runs[0]));
     } else {
       nlohmann::ordered_json j = {{"runs", nlohmann::ordered_json::array()}};
       for (const auto& r : runs) j["runs"].push_back(flops::report_json(r));

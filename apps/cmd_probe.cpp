@@ -30,12 +30,6 @@ namespace sparsim::app {
 
 namespace {
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;

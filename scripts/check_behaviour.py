@@ -21,9 +21,11 @@ import csv
 import json
 import os
 import re
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from atomic_file import atomic_write  # noqa: E402
+from study_steps import sh  # noqa: E402
 
 # Keys whose values describe the machine or the moment, not the computation.
 VOLATILE = re.compile(r"(second|time|wall|_per_s|per_second|throughput|speedup|elapsed|load|"
@@ -45,15 +47,6 @@ def flatten(obj, prefix, out):
         out[prefix] = repr(obj)
     else:
         out[prefix] = obj
-
-
-def run(cmd, log):
-    t = time.time()
-    with open(log, "w") as fh:
-        rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT).returncode
-    if rc != 0:
-        sys.exit(f"failed ({rc}): {' '.join(cmd)}\n--- {log}:\n" + open(log).read()[-3000:])
-    print(f"  {os.path.basename(log)[:-4]:<32} {time.time() - t:6.1f} s", flush=True)
 
 
 def run_list(args):
@@ -102,7 +95,7 @@ def run_list(args):
 
     if not args.fingerprint_only:
         for name, cmd, _ in steps:
-            run(cmd, f(name + ".log"))
+            sh(cmd, f(name + ".log"))
     fp = {}
     for name, cmd, summary in steps:
         if summary is None:
@@ -118,10 +111,7 @@ def run_list(args):
                 flatten(json.load(fh), "", flat)
         fp[name] = {k: (v.replace(out, "<out>") if isinstance(v, str) else v)
                     for k, v in flat.items()}
-    tmp = f("fingerprint.json.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(fp, fh, indent=1, sort_keys=True)
-    os.replace(tmp, f("fingerprint.json"))
+    atomic_write(f("fingerprint.json"), json.dumps(fp, indent=1, sort_keys=True) + "\n")
     print(f"wrote {f('fingerprint.json')}: {sum(len(v) for v in fp.values())} values")
 
 

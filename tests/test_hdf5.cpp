@@ -619,6 +619,13 @@ TEST(RunFile, JsonTextOfAnIllFormedString) {
   EXPECT_EQ(nlohmann::json::parse(json_file_text(j))["output"], "42\xEF\xBF\xBD");
 }
 
+TEST(RunFile, JsonTextKeepsTheKeyOrderOfAnOrderedObject) {
+  nlohmann::ordered_json j;
+  j["zeta"] = 1;
+  j["alpha"] = 2;
+  EXPECT_EQ(json_file_text(j, -1), "{\"zeta\":1,\"alpha\":2}\n");
+}
+
 TEST(RunFile, AtomicTextFiles) {
   ScratchDir dir;
   const std::string path = dir.file("summary.json");

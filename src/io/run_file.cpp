@@ -139,10 +139,6 @@ void AtomicTextFile::commit() {
   tmp_.commit(overwrite_);
 }
 
-std::string json_file_text(const nlohmann::json& j, int indent) {
-  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-}
-
 void write_file_atomically(const std::string& path, const std::string& contents, bool overwrite) {
   AtomicTextFile f(path, overwrite);
   f.stream().write(contents.data(), static_cast<std::streamsize>(contents.size()));

@@ -60,8 +60,12 @@ class RunFile {
 
 /// The text of a JSON output: `j` with `indent` (-1: one line), newline-terminated. A byte of a
 /// string that is not part of well-formed UTF-8 (text a model generated) is written as U+FFFD,
-/// so a report never fails, after the run, on what the model produced.
-std::string json_file_text(const nlohmann::json& j, int indent = 2);
+/// so a report never fails, after the run, on what the model produced. Any nlohmann type
+/// (an ordered_json keeps its key order).
+template <class Json>
+std::string json_file_text(const Json& j, int indent = 2) {
+  return j.dump(indent, ' ', false, Json::error_handler_t::replace) + "\n";
+}
 
 /// Writes `contents` to `path` through a temporary file and a rename (fsynced first).
 /// With overwrite == false, fails if `path` exists.
