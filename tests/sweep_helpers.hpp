@@ -116,6 +116,27 @@ class Background {
   int code_ = -1;
 };
 
+/// The tables a test spec starts with: [sweep] (its name and output folder), [models] (model
+/// "x" is the study folder's x.gguf) and [corpora] (`corpora`: its lines, by default the
+/// study's generated corpus as "text").
+inline std::string spec_head(const std::string& name, const std::vector<std::string>& models,
+                             const std::string& output = "out",
+                             const std::string& corpora = "text = \"corpus.txt\"\n") {
+  std::string s =
+      fmt::format("\n[sweep]\nname = \"{}\"\noutput = \"{}\"\n\n[models]\n", name, output);
+  for (const auto& m : models) s += fmt::format("{} = \"{}.gguf\"\n", m, m);
+  return s + "\n[corpora]\n" + corpora;
+}
+
+/// A [calibration.<model>] table that calibrates in a moment: 2 windows of 64 tokens of the
+/// corpus "text", one greedy sequence of 16 tokens, α 0.2, one probe at s = 0.5.
+inline std::string quick_calibration(const std::string& model) {
+  return fmt::format(
+      "\n[calibration.{}]\ncorpus = \"text\"\ncontext = 64\nmax-windows = 2\ngreedy-seqs = 1\n"
+      "greedy-tokens = 16\nalpha = 0.2\nprobes = \"0.5\"\n",
+      model);
+}
+
 /// Polls `cond` every few milliseconds for at most `seconds`.
 inline bool wait_for(const std::function<bool()>& cond, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);

@@ -19,18 +19,7 @@ using sweep::State;
 std::string dense_spec(const std::string& name, const std::string& output, int n_points) {
   std::string strides;
   for (int i = 0; i < n_points / 2; ++i) strides += (i ? ", " : "") + std::to_string(8 + 4 * i);
-  return fmt::format(R"(
-[sweep]
-name = "{}"
-output = "{}"
-
-[models]
-a = "a.gguf"
-b = "b.gguf"
-
-[corpora]
-text = "corpus.txt"
-
+  return spec_head(name, {"a", "b"}, output) + fmt::format(R"(
 [options]
 context = 128
 stride = 64
@@ -42,39 +31,11 @@ corpus = ["text"]
 method = ["dense"]
 score = [{}]
 )",
-                     name, output, strides);
+                                                           strides);
 }
 
-const char* kCalibratedSpec = R"(
-[sweep]
-name = "calibrated"
-output = "out"
-
-[models]
-a = "a.gguf"
-b = "b.gguf"
-
-[corpora]
-text = "corpus.txt"
-
-[calibration.a]
-corpus = "text"
-context = 64
-max-windows = 2
-greedy-seqs = 1
-greedy-tokens = 16
-alpha = 0.2
-probes = "0.5"
-
-[calibration.b]
-corpus = "text"
-context = 64
-max-windows = 2
-greedy-seqs = 1
-greedy-tokens = 16
-alpha = 0.2
-probes = "0.5"
-
+const std::string kCalibratedSpec =
+    spec_head("calibrated", {"a", "b"}) + quick_calibration("a") + quick_calibration("b") + R"(
 [options]
 context = 64
 stride = 32
@@ -125,17 +86,7 @@ void expect_pandas_reads(const std::string& out, std::size_t rows) {
 TEST(SweepCli, PlanPredictsAttentionSideMethodsByTheirOwnSavings) {
   Study s;
   s.add_model("a", 11, false);
-  s.write_spec(R"(
-[sweep]
-name = "attention"
-output = "out"
-
-[models]
-a = "a.gguf"
-
-[corpora]
-text = "corpus.txt"
-
+  s.write_spec(spec_head("attention", {"a"}) + R"(
 [options]
 context = 64
 stride = 32
@@ -195,18 +146,7 @@ TEST(SweepCli, CollectCarriesEachMethodFamilysColumnsFromItsRecord) {
               fisher + " --out " + s.file("p.gguf") + " --flops-context 64");
   ASSERT_EQ(pr.exit_code, 0) << pr.output;
   // kv-recent is also a method column of GRACE's: the method column becomes m_kv_recent
-  s.write_spec(R"(
-[sweep]
-name = "columns"
-output = "out"
-
-[models]
-a = "a.gguf"
-p = "p.gguf"
-
-[corpora]
-text = "corpus.txt"
-
+  s.write_spec(spec_head("columns", {"a", "p"}) + R"(
 [options]
 context = 64
 stride = 32
@@ -600,18 +540,8 @@ TEST(SweepCli, StatusNamesRunningAndFailedPointsAndARerunCompletesOnlyThose) {
   s.add_model("a", 45);
   // short.txt: too little text for one window, which only the point's own run finds out
   write_text(s.file("short.txt"), "A few words only.\n");
-  s.write_spec(R"(
-[sweep]
-name = "status"
-output = "out"
-
-[models]
-a = "a.gguf"
-
-[corpora]
-text = "corpus.txt"
-short = "short.txt"
-
+  s.write_spec(spec_head("status", {"a"}, "out", "text = \"corpus.txt\"\nshort = \"short.txt\"\n") +
+               R"(
 [options]
 context = 128
 stride = 64
@@ -828,14 +758,7 @@ class SweepBadInput : public ::testing::Test {
   Study s_;
 };
 
-const char* kHead = R"(
-[sweep]
-name = "bad"
-output = "out"
-[models]
-a = "a.gguf"
-[corpora]
-text = "corpus.txt"
+const std::string kHead = spec_head("bad", {"a"}) + R"(
 [calibration.a]
 corpus = "text"
 context = 64
@@ -899,14 +822,7 @@ corpus = ["text"]
 method = ["dense"]
 )",
                  {"[models] gone", "does not exist"});
-  expect_refused(R"(
-[sweep]
-name = "bad"
-output = "out"
-[models]
-a = "a.gguf"
-[corpora]
-text = "corpus.txt"
+  expect_refused(spec_head("bad", {"a"}) + R"(
 [calibration.a]
 file = "cal/a.h5"
 [grid]

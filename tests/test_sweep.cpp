@@ -22,18 +22,7 @@ namespace {
 
 using namespace sparsim::sweep;
 
-const char* kBase = R"(
-[sweep]
-name = "unit"
-output = "out"
-
-[models]
-a = "a.gguf"
-b = "b.gguf"
-
-[corpora]
-text = "corpus.txt"
-
+const std::string kBase = spec_head("unit", {"a", "b"}) + R"(
 [calibration.a]
 corpus = "text"
 context = 64
@@ -256,14 +245,7 @@ corpus = ["text"]
 method = ["dense"]
 )",
                {"[models] a = \"missing.gguf\"", "does not exist"});
-  expect_error(std::string(R"(
-[sweep]
-name = "x"
-output = "out"
-[models]
-a = "a.gguf"
-[corpora]
-text = "corpus.txt"
+  expect_error(spec_head("x", {"a"}) + R"(
 [calibration.a]
 file = "no-such-calibration.h5"
 [grid]
@@ -273,7 +255,7 @@ method = ["teal"]
 [methods.teal]
 calibration = true
 sparsity = [0.5]
-)"),
+)",
                {"[calibration.a] file", "does not exist"});
 }
 

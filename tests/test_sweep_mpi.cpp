@@ -43,27 +43,7 @@ class SweepMpi : public ::testing::Test {
   }
 };
 
-const char* kSpec = R"(
-[sweep]
-name = "mpi"
-output = "out"
-
-[models]
-a = "a.gguf"
-b = "b.gguf"
-
-[corpora]
-text = "corpus.txt"
-
-[calibration.a]
-corpus = "text"
-context = 64
-max-windows = 2
-greedy-seqs = 1
-greedy-tokens = 16
-alpha = 0.2
-probes = "0.5"
-
+const std::string kSpec = spec_head("mpi", {"a", "b"}) + quick_calibration("a") + R"(
 [options]
 context = 128
 stride = 64

@@ -52,18 +52,7 @@ class SlurmCluster {
   int status_ = -1;
 };
 
-const char* kSpec = R"(
-[sweep]
-name = "slurm"
-output = "out"
-
-[models]
-a = "a.gguf"
-b = "b.gguf"
-
-[corpora]
-text = "corpus.txt"
-
+const std::string kSpec = spec_head("slurm", {"a", "b"}) + R"(
 [options]
 context = 128
 stride = 64
