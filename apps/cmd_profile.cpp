@@ -174,51 +174,147 @@ void publish(const Profile& p, const BudgetRequest& br, const std::string& out,
   std::cout << "\n\n  wrote " << out << (plot.empty() ? "" : " and " + plot) << "\n";
 }
 
-}  // namespace
-
-int cmd_profile(int argc, char** argv) {
+/// profile's options and their checks (all made before anything is loaded or written).
+struct ProfileArgs {
   CommonOptions co;
   std::string calib_path, model_arg, corpus_arg, text_field, out, plot, storage, sparsity_arg,
       variant, progress_arg, masking_arg;
   int positions_from = 0;
   CalibrateCli cc;
-  sparsity::CalibrateOptions& opt = cc.opt;
   BudgetRequest br;
   bool strict = false;
+  // Set by check():
+  ProgressBar::Mode pmode = ProgressBar::Mode::Lines;
+  sparsity::ProbeRule rule = sparsity::ProbeRule::Guided;
+  bool from_file = false;  ///< the sensitivities come from --calibration
+  bool load = false;       ///< the model is loaded (computed afresh, or checked against the file)
+
+  void add_options(po::options_description& d) {
+    d.add_options()("calibration", po::value(&calib_path),
+                    "calibration file (from sparsim calibrate) to take e_i from; with --model its "
+                    "fingerprint is checked")(
+        "model,m", po::value(&model_arg),
+        "model: a GGUF file, a Hugging Face directory, or the alias smollm2 (default smollm2 "
+        "when there is no --calibration)")(
+        "variant", po::value(&variant)->default_value("rotated"),
+        "plain (unrotated; TEAL) or rotated (WINA-rotated; WINA, TopK-Guided)")(
+        "sparsity,s", po::value(&sparsity_arg)->default_value("0.3,0.5,0.7"),
+        "target mean sparsities s of the budgets (comma-separated, each in [0, 1))")(
+        "lambda", po::value(&br.lambda)->default_value(0.4), "redistribution strength λ ≥ 0")(
+        "probe", po::value(&br.probe)->default_value(0.4),
+        "probe level s̄ whose sensitivities set the budgets (one of the measured levels)")(
+        "out,o", po::value(&out), "HDF5 file to write (required)")(
+        "plot", po::value(&plot),
+        "PNG: e_i over the layers, one line per probe level, and the budgets (drawn by "
+        "scripts/report.py from the run file; needs the Python environment of scripts/setup.sh)")(
+        "corpus,c", po::value(&corpus_arg)->default_value("default"),
+        "calibration text when computing afresh: a file, a directory, JSONL, or 'default'")(
+        "text-field", po::value(&text_field)->default_value("text"),
+        "JSONL field holding the text")("storage", po::value(&storage)->default_value("f32"),
+                                        "weight storage: f32, bf16 or f16")(
+        "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
+        "masking", po::value(&masking_arg)->default_value("auto"),
+        "which sensitivities: those probed with threshold, topk or guided masking (auto: "
+        "threshold for the plain model, guided for the rotated one)")(
+        "positions-from", po::value(&positions_from)->default_value(0),
+        "which sensitivities: those over the positions ≥ this of each sequence (0: all; see "
+        "calibrate --sensitivity-from)")(
+        "progress", po::value(&progress_arg)->default_value("auto"),
+        "progress on stderr, per stage with its ETA: auto (a bar on a terminal, else a line per "
+        "tenth of each stage), always (bar), lines, never");
+    cc.add(d);
+    add_common_options(d, co);
+  }
+
+  void check(const po::variables_map& vm) {
+    require(!out.empty(), "profile: --out FILE.h5 is required");
+    require(variant == "plain" || variant == "rotated",
+            "--variant must be plain or rotated, got '{}'", variant);
+    br.sparsity = parse_double_list(sparsity_arg, "--sparsity");
+    for (double v : br.sparsity)
+      require(std::isfinite(v) && v >= 0 && v < 1, "--sparsity: {} is outside [0, 1)", v);
+    require(std::isfinite(br.lambda) && br.lambda >= 0, "--lambda {} must be ≥ 0", br.lambda);
+    require(std::isfinite(br.probe), "--probe {} is not a number", br.probe);
+    pmode = progress_mode(progress_arg, ProgressBar::Mode::Lines);
+    rule = masking_arg == "auto"
+               ? (variant == "plain" ? sparsity::ProbeRule::Threshold : sparsity::ProbeRule::Guided)
+               : sparsity::parse_probe_rule(masking_arg);
+    require(positions_from >= 0, "--positions-from {} is negative", positions_from);
+    from_file = !calib_path.empty();
+    if (from_file) {
+      std::vector<std::string> afresh = {"corpus", "text-field"};
+      afresh.insert(afresh.end(), CalibrateCli::names().begin(), CalibrateCli::names().end());
+      for (const std::string& o : afresh)
+        require(vm[o].defaulted(),
+                "--{} is only used when computing the profile afresh, not with --calibration", o);
+    }
+    load = !from_file || !model_arg.empty();
+    if (model_arg.empty()) model_arg = "smollm2";
+  }
+};
+
+/// The profile's sensitivities from the calibration file (the model, if loaded, is checked
+/// against it later).
+Profile profile_from_file(const ProfileArgs& a, const sparsity::Calibration& cal) {
+  Profile p;
+  p.variant = a.variant;
+  const auto& var = a.variant == "plain" ? cal.plain : cal.rotated;
+  require(var.has_value(), "calibration file {} has no {} calibration", a.calib_path, a.variant);
+  require(!var->sensitivity.empty(), "calibration file {} has no sensitivities for the {} model",
+          a.calib_path, a.variant);
+  const sparsity::Sensitivity& set =
+      pick_set(*var, a.rule, a.positions_from, "calibration file " + a.calib_path);
+  p.source = "calibration file";
+  p.calibration_file = a.calib_path;
+  p.model_fingerprint = cal.model_fingerprint;
+  p.model_path = cal.model_path;
+  p.corpus_fingerprint = cal.corpus_fingerprint;
+  p.corpus_path = cal.corpus_path;
+  p.n_layer = cal.n_layer;
+  p.probe_levels = cal.probe_levels;
+  p.sensitivity = set.e;
+  p.set = set.describe();
+  return p;
+}
+
+/// The sensitivities computed afresh: the greedy and the probes of calibrate, for the one set
+/// shown.
+template <class E>
+void compute_profile(const ProfileArgs& a, std::shared_ptr<const Weights<E>> w,
+                     const ResolvedModel& rm, const Corpus& corpus, DType storage, Profile& p) {
+  const sparsity::CalibrateOptions& opt = a.cc.opt;
+  const Config& c = w->cfg;
+  require(opt.context <= c.context_length && opt.greedy_tokens <= c.context_length,
+          "--context / --greedy-tokens exceed the model's context of {}", c.context_length);
+  const Tokenizer tok = tokenizer_for(rm.path);
+  const std::vector<int> stream = corpus_stream(corpus, tok);
+  log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
+  p.corpus_fingerprint = corpus.fingerprint;
+  p.corpus_path = corpus.source;
+  CalibrationProgress prog(a.pmode);
+  sparsity::CalibrationVariant v;
+  if (a.variant == "rotated") {
+    log().info("computing the WINA rotation");
+    const sparsity::Rotation rot = sparsity::compute_rotation(*w);
+    std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, storage);
+    sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, v,
+                                   prog.callback(a.variant));
+  } else {
+    sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, v,
+                                   prog.callback(a.variant));
+  }
+  prog.finish();
+  const sparsity::Sensitivity& set = pick_set(v, a.rule, a.positions_from, "the computed profile");
+  p.sensitivity = set.e;
+  p.set = set.describe();
+}
+
+}  // namespace
+
+int cmd_profile(int argc, char** argv) {
+  ProfileArgs a;
   po::options_description d("sparsim profile options");
-  d.add_options()("calibration", po::value(&calib_path),
-                  "calibration file (from sparsim calibrate) to take e_i from; with --model its "
-                  "fingerprint is checked")(
-      "model,m", po::value(&model_arg),
-      "model: a GGUF file, a Hugging Face directory, or the alias smollm2 (default smollm2 "
-      "when there is no --calibration)")(
-      "variant", po::value(&variant)->default_value("rotated"),
-      "plain (unrotated; TEAL) or rotated (WINA-rotated; WINA, TopK-Guided)")(
-      "sparsity,s", po::value(&sparsity_arg)->default_value("0.3,0.5,0.7"),
-      "target mean sparsities s of the budgets (comma-separated, each in [0, 1))")(
-      "lambda", po::value(&br.lambda)->default_value(0.4), "redistribution strength λ ≥ 0")(
-      "probe", po::value(&br.probe)->default_value(0.4),
-      "probe level s̄ whose sensitivities set the budgets (one of the measured levels)")(
-      "out,o", po::value(&out), "HDF5 file to write (required)")(
-      "plot", po::value(&plot),
-      "PNG: e_i over the layers, one line per probe level, and the budgets (drawn by "
-      "scripts/report.py from the run file; needs the Python environment of scripts/setup.sh)")(
-      "corpus,c", po::value(&corpus_arg)->default_value("default"),
-      "calibration text when computing afresh: a file, a directory, JSONL, or 'default'")(
-      "text-field", po::value(&text_field)->default_value("text"), "JSONL field holding the text")(
-      "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
-      "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
-      "masking", po::value(&masking_arg)->default_value("auto"),
-      "which sensitivities: those probed with threshold, topk or guided masking (auto: "
-      "threshold for the plain model, guided for the rotated one)")(
-      "positions-from", po::value(&positions_from)->default_value(0),
-      "which sensitivities: those over the positions ≥ this of each sequence (0: all; see "
-      "calibrate --sensitivity-from)")(
-      "progress", po::value(&progress_arg)->default_value("auto"),
-      "progress on stderr, per stage with its ETA: auto (a bar on a terminal, else a line per "
-      "tenth of each stage), always (bar), lines, never");
-  cc.add(d);
-  add_common_options(d, co);
+  a.add_options(d);
   po::variables_map vm;
   if (!parse(argc, argv,
              "usage: sparsim profile --out FILE.h5 (--calibration FILE [--model M] | [--model M] "
@@ -227,77 +323,41 @@ int cmd_profile(int argc, char** argv) {
     return 0;
 
   // Every check that can fail runs before anything is loaded or written.
-  require(!out.empty(), "profile: --out FILE.h5 is required");
-  require(variant == "plain" || variant == "rotated",
-          "--variant must be plain or rotated, got '{}'", variant);
-  br.sparsity = parse_double_list(sparsity_arg, "--sparsity");
-  for (double v : br.sparsity)
-    require(std::isfinite(v) && v >= 0 && v < 1, "--sparsity: {} is outside [0, 1)", v);
-  require(std::isfinite(br.lambda) && br.lambda >= 0, "--lambda {} must be ≥ 0", br.lambda);
-  require(std::isfinite(br.probe), "--probe {} is not a number", br.probe);
-  const ProgressBar::Mode pmode = progress_mode(progress_arg, ProgressBar::Mode::Lines);
-  const sparsity::ProbeRule rule =
-      masking_arg == "auto"
-          ? (variant == "plain" ? sparsity::ProbeRule::Threshold : sparsity::ProbeRule::Guided)
-          : sparsity::parse_probe_rule(masking_arg);
-  require(positions_from >= 0, "--positions-from {} is negative", positions_from);
-  const bool from_file = !calib_path.empty();
-  if (from_file) {
-    std::vector<std::string> afresh = {"corpus", "text-field"};
-    afresh.insert(afresh.end(), CalibrateCli::names().begin(), CalibrateCli::names().end());
-    for (const std::string& o : afresh)
-      require(vm[o].defaulted(),
-              "--{} is only used when computing the profile afresh, not with --calibration", o);
-  }
-  const bool load = !from_file || !model_arg.empty();
-  if (model_arg.empty()) model_arg = "smollm2";
+  a.check(vm);
+  sparsity::CalibrateOptions& opt = a.cc.opt;
+  const BudgetRequest& br = a.br;
   std::optional<ResolvedModel> rm_;
-  if (load) rm_ = resolve_model(model_arg);
-  io::guard_run({{"--calibration", calib_path},
-                 {"--model", load ? rm_->path : ""},
-                 {"--corpus", from_file ? "" : corpus_input_path(corpus_arg)}},
-                {{"--out", out}, {"--plot", plot}});
+  if (a.load) rm_ = resolve_model(a.model_arg);
+  io::guard_run({{"--calibration", a.calib_path},
+                 {"--model", a.load ? rm_->path : ""},
+                 {"--corpus", a.from_file ? "" : corpus_input_path(a.corpus_arg)}},
+                {{"--out", a.out}, {"--plot", a.plot}});
 
   Profile p;
-  p.variant = variant;
   std::optional<sparsity::Calibration> cal;
-  if (from_file) {
-    cal = sparsity::read_calibration(calib_path);
-    const auto& var = variant == "plain" ? cal->plain : cal->rotated;
-    require(var.has_value(), "calibration file {} has no {} calibration", calib_path, variant);
-    require(!var->sensitivity.empty(), "calibration file {} has no sensitivities for the {} model",
-            calib_path, variant);
-    const sparsity::Sensitivity& set =
-        pick_set(*var, rule, positions_from, "calibration file " + calib_path);
-    p.source = "calibration file";
-    p.calibration_file = calib_path;
-    p.model_fingerprint = cal->model_fingerprint;
-    p.model_path = cal->model_path;
-    p.corpus_fingerprint = cal->corpus_fingerprint;
-    p.corpus_path = cal->corpus_path;
-    p.n_layer = cal->n_layer;
-    p.probe_levels = cal->probe_levels;
-    p.sensitivity = set.e;
-    p.set = set.describe();
+  if (a.from_file) {
+    cal = sparsity::read_calibration(a.calib_path);
+    p = profile_from_file(a, *cal);
   } else {
-    cc.finish();
+    a.cc.finish();
+    p.variant = a.variant;
     p.source = "computed";
     p.probe_levels = opt.probes;
     // compute only the set that is shown
-    opt.probe_rules = {rule};
-    opt.sensitivity_from = {positions_from};
-    require(positions_from < opt.greedy_tokens,
-            "--positions-from {} is outside the greedy sequences of {} tokens", positions_from,
+    opt.probe_rules = {a.rule};
+    opt.sensitivity_from = {a.positions_from};
+    require(a.positions_from < opt.greedy_tokens,
+            "--positions-from {} is outside the greedy sequences of {} tokens", a.positions_from,
             opt.greedy_tokens);
   }
   require(probe_index(p.probe_levels, br.probe) >= 0,
           "--probe {} is not among the probe levels ({}){}", br.probe, join_levels(p.probe_levels),
-          from_file ? " of " + calib_path : "");
-  if (!plot.empty()) check_report_tool();
+          a.from_file ? " of " + a.calib_path : "");
+  if (!a.plot.empty()) check_report_tool();
 
-  if (!load) {
+  if (!a.load) {
     // The calibration file alone: no model, no Kokkos. /run and /model come from the file.
-    publish(p, br, out, plot, [&](io::Group root) {
+    publish(p, br, a.out, a.plot, [&](io::Group root) {
       write_run_group(root, argc, argv);
       io::Group m = root.create_group("model");
       m.set_attr("path", cal->model_path);
@@ -311,15 +371,15 @@ int cmd_profile(int argc, char** argv) {
   }
 
   LoadOptions lo;
-  lo.storage = parse_dtype(storage);
-  lo.strict = strict;
+  lo.storage = parse_dtype(a.storage);
+  lo.strict = a.strict;
   const ResolvedModel& rm = *rm_;
   Corpus corpus;
-  if (!from_file) corpus = load_corpus(corpus_arg, CorpusOptions{text_field});
+  if (!a.from_file) corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
 
-  Runtime rt(co);
-  const std::string backend = resolve_backend(co.backend);
-  return with_backend(co.backend, [&](auto exec) {
+  Runtime rt(a.co);
+  const std::string backend = resolve_backend(a.co.backend);
+  return with_backend(a.co.backend, [&](auto exec) {
     using E = decltype(exec);
     Stopwatch wall;
     ModelInfo mi;
@@ -329,34 +389,11 @@ int cmd_profile(int argc, char** argv) {
     p.model_fingerprint = mi.fingerprint;
     p.model_path = mi.path;
     p.n_layer = c.n_layer;
-    if (cal) {
+    if (cal)
       cal->check_model(mi.fingerprint, c, mi.path);
-    } else {
-      require(opt.context <= c.context_length && opt.greedy_tokens <= c.context_length,
-              "--context / --greedy-tokens exceed the model's context of {}", c.context_length);
-      const Tokenizer tok = tokenizer_for(rm.path);
-      const std::vector<int> stream = corpus_stream(corpus, tok);
-      log().info("calibration corpus {}: {} tokens", corpus.source, stream.size());
-      p.corpus_fingerprint = corpus.fingerprint;
-      p.corpus_path = corpus.source;
-      CalibrationProgress prog(pmode);
-      sparsity::CalibrationVariant v;
-      if (variant == "rotated") {
-        log().info("computing the WINA rotation");
-        const sparsity::Rotation rot = sparsity::compute_rotation(*w);
-        std::shared_ptr<const Weights<E>> wr = sparsity::apply_rotation(*w, rot, lo.storage);
-        sparsity::calibrate_variant<E>(wr, stream, opt, sparsity::ProbeMasking::Guided, v,
-                                       prog.callback(variant));
-      } else {
-        sparsity::calibrate_variant<E>(w, stream, opt, sparsity::ProbeMasking::Threshold, v,
-                                       prog.callback(variant));
-      }
-      prog.finish();
-      const sparsity::Sensitivity& set = pick_set(v, rule, positions_from, "the computed profile");
-      p.sensitivity = set.e;
-      p.set = set.describe();
-    }
-    publish(p, br, out, plot, [&](io::Group root) {
+    else
+      compute_profile(a, w, rm, corpus, lo.storage, p);
+    publish(p, br, a.out, a.plot, [&](io::Group root) {
       write_run_header(root, argc, argv, backend, rt.threads(), mi, c, lo.storage);
     });
     log().info("profile: {:.1f} s", wall.seconds());
