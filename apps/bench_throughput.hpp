@@ -279,6 +279,91 @@ inline void write_throughput_run_file(io::RunFile& rf, const BenchArgs& a, const
   std::cout << fmt::format("\nwrote {} (ledger, per-op times, timings)\n", run_out);
 }
 
+/// The timed repetitions of a throughput run and the rates they give.
+struct ThroughputTimes {
+  std::vector<double> pre, dec;                  ///< dense prefill and decode step, per repetition
+  std::vector<double> sparse_pre, sparse_dec;    ///< the method's (--method)
+  std::vector<double> pp_pre, pp_dec, pp_probe;  ///< Probe Pruning's, and its selection
+  double wbytes = 0;  ///< bytes one decode step must read: every projection, the head, the norms
+  double pre_tps = 0, dec_tps = 0, ideal_tps = 0;
+
+  template <class E>
+  void finish(const Weights<E>& w, int prompt, int batch, double bw) {
+    const Config& c = w.cfg;
+    wbytes = static_cast<double>(w.output.bytes()) + 4.0 * c.d_model * (2 * c.n_layer + 1);
+    for (const auto& l : w.layers)
+      for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
+        wbytes += static_cast<double>(m->bytes());
+    pre_tps = static_cast<double>(prompt) * batch / median_of(pre);
+    dec_tps = static_cast<double>(batch) / median_of(dec);
+    // every step reads the weights once, whatever the batch
+    ideal_tps = bw / wbytes * batch;
+  }
+};
+
+/// The lines on stdout before the profiles; `graph`: whether the engine runs graphs.
+inline std::string throughput_text(const BenchArgs& a, const BenchRun& run, const ModelInfo& mi,
+                                   const Config& c, const ThroughputTimes& tt,
+                                   const kernels::StreamBandwidth& sb, bool graph) {
+  const int prompt = a.prompt, decode = a.decode, batch = a.batch;
+  std::string s = fmt::format(
+      "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
+      "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
+      "decode   {:>9.1f} tokens/s  (median step of {} after the prompt{})\n"
+      "bandwidth {:>8.2f} GB/s reference (copy kernel {:.2f}, min {:.2f}, max {:.2f} over {} "
+      "runs of {} MiB; read {:.2f} GB/s; runtime copy {:.2f} GB/s)\n"
+      "decode reads {:.1f} MB a step; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n"
+      "host kernels: decode GEMV {}, OpenBLAS core {}\n",
+      mi.path, c.n_params(), a.storage, run.backend, run.threads, batch, a.decode_path,
+      graph ? ", graphs" : (a.graph ? ", graphs off (capture failed)" : ""), tt.pre_tps,
+      batch > 1 ? fmt::format("{} x {}", batch, prompt) : std::to_string(prompt), a.reps,
+      tt.dec_tps, decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(),
+      sb.reference() / 1e9, sb.copy.median / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps,
+      sb.array_bytes >> 20, sb.read.median / 1e9, sb.runtime_copy.median / 1e9, tt.wbytes / 1e6,
+      tt.ideal_tps, tt.dec_tps / tt.ideal_tps, host::gemv_isa(),
+      *blas_core_name() ? blas_core_name() : "n/a");
+  if (const std::string note = blas_core_note(); !note.empty()) s += note + "\n";
+  if (a.ma.probe_pruning)
+    s += fmt::format(
+        "probe-pruning (ratio {}, probe {}): prefill {:.1f} tokens/s, decode {:.1f} tokens/s; "
+        "mask selection {:.4f} s a prefill = {:.3f} of the pruned prefill (medians of {})\n",
+        a.ma.pp.ratio, a.ma.pp.probe, static_cast<double>(prompt) * batch / median_of(tt.pp_pre),
+        static_cast<double>(batch) / median_of(tt.pp_dec), median_of(tt.pp_probe),
+        median_of(tt.pp_probe) / median_of(tt.pp_pre), a.reps);
+
+  return s;
+}
+
+/// The JSON summary's common part; `graph`: whether the engine runs graphs.
+inline nlohmann::json throughput_json(const BenchArgs& a, const BenchRun& run, const ModelInfo& mi,
+                                      const ThroughputTimes& tt, const kernels::StreamBandwidth& sb,
+                                      const nlohmann::json& bw_json, bool graph) {
+  return {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
+          {"storage", a.storage},
+          {"bf16_compute", a.bf16_compute},
+          {"backend", run.backend},
+          {"threads", run.threads},
+          {"prompt_tokens", a.prompt},
+          {"batch", a.batch},
+          {"decode_path", a.decode_path},
+          {"graph", graph},
+          {"decode_tokens", a.decode},
+          {"reps", a.reps},
+          {"clock", a.clock_name},
+          {"prefill_tokens_per_s", tt.pre_tps},
+          {"decode_tokens_per_s", tt.dec_tps},
+          {"decode_step_seconds_reps", tt.dec},
+          {"copy_bandwidth_bytes_per_s", sb.reference()},
+          {"bandwidth", bw_json},
+          {"decode_weight_bytes_per_token", tt.wbytes},  // per step (all `batch` tokens); kept name
+          {"decode_weight_bytes_per_step", tt.wbytes},
+          {"decode_ideal_tokens_per_s", tt.ideal_tps},
+          {"decode_fraction_of_ideal", tt.dec_tps / tt.ideal_tps},
+          {"load_average_start", run.load_start},
+          {"load_average_end", load_average()},
+          {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}}};
+}
+
 }  // namespace throughput
 
 /// The throughput benchmark of `w` (and of the method's model `ws` under `plan`); `sb`: the
@@ -290,13 +375,13 @@ int bench_throughput(const E& exec, const BenchArgs& a, const BenchRun& run,
                      const kernels::StreamBandwidth& sb, const nlohmann::json& bw_json) {
   using namespace throughput;
   const int prompt = a.prompt, decode = a.decode, reps = a.reps, batch = a.batch;
-  const bool profile = a.profile, graph = a.graph, bf16_compute = a.bf16_compute;
+  const bool profile = a.profile, graph = a.graph;
   const bool sparse = a.ma.sparse();
-  const std::string &storage = a.storage, &skipping = a.skipping, &decode_path = a.decode_path,
-                    &clock_name = a.clock_name, &json_out = a.json_out, &run_out = a.run_out;
+  const std::string &skipping = a.skipping, &decode_path = a.decode_path, &json_out = a.json_out,
+                    &run_out = a.run_out;
   const Clock clock = a.clock;
   const MethodArgs& ma = a.ma;
-  const double load_start = run.load_start, bw = sb.reference();
+  const double bw = sb.reference();
   const Config& c = w->cfg;
   std::unique_ptr<io::RunFile> rf;
   if (!run_out.empty()) rf = std::make_unique<io::RunFile>(run_out);
@@ -320,60 +405,29 @@ int bench_throughput(const E& exec, const BenchArgs& a, const BenchRun& run,
     pe = std::make_unique<Engine<E>>(w, batch, prompt + decode, nullptr, exec);
     ppr = make_probe_pruner(ma, *pe);
   }
-  std::vector<double> tp_pre, tp_dec, tp_probe;
   // Dense and sparse alternate within each repetition, so that load changes on a shared
   // machine hit both alike.
-  std::vector<double> t_pre, t_dec, ts_pre, ts_dec;
+  ThroughputTimes tt;
   for (int r = 0; r < reps; ++r) {
     const auto [pre, dec] = timed_run(eng, toks, decode, c.vocab, clock, batch);
-    t_pre.push_back(pre);
-    t_dec.push_back(dec);
+    tt.pre.push_back(pre);
+    tt.dec.push_back(dec);
     if (pe) {
       const double before = ppr->select_seconds();
       const auto [ppre, pdec] = timed_run(*pe, toks, decode, c.vocab, clock, batch);
-      tp_pre.push_back(ppre);
-      tp_dec.push_back(pdec);
-      tp_probe.push_back(ppr->select_seconds() - before);  // the prefill's selection
+      tt.pp_pre.push_back(ppre);
+      tt.pp_dec.push_back(pdec);
+      tt.pp_probe.push_back(ppr->select_seconds() - before);  // the prefill's selection
     }
     if (se) {
       const auto [spre, sdec] = timed_run(*se, toks, decode, c.vocab, clock);
-      ts_pre.push_back(spre);
-      ts_dec.push_back(sdec);
+      tt.sparse_pre.push_back(spre);
+      tt.sparse_dec.push_back(sdec);
     }
   }
-  // Bytes one decode step must read: every projection, the head and the norms.
-  double wbytes = static_cast<double>(w->output.bytes()) + 4.0 * c.d_model * (2 * c.n_layer + 1);
-  for (const auto& l : w->layers)
-    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down})
-      wbytes += static_cast<double>(m->bytes());
-  const double pre_tps = static_cast<double>(prompt) * batch / median_of(t_pre);
-  const double dec_tps = static_cast<double>(batch) / median_of(t_dec);
-  // every step reads the weights once, whatever the batch
-  const double ideal_tps = bw / wbytes * batch;
-  std::cout << fmt::format(
-      "model {} ({} params, {} storage), backend {}, {} threads, batch {}, decode path {}{}\n"
-      "prefill  {:>9.1f} tokens/s  ({} tokens, median of {})\n"
-      "decode   {:>9.1f} tokens/s  (median step of {} after the prompt{})\n"
-      "bandwidth {:>8.2f} GB/s reference (copy kernel {:.2f}, min {:.2f}, max {:.2f} over {} "
-      "runs of {} MiB; read {:.2f} GB/s; runtime copy {:.2f} GB/s)\n"
-      "decode reads {:.1f} MB a step; ideal {:.1f} tokens/s; decode / ideal = {:.3f}\n"
-      "host kernels: decode GEMV {}, OpenBLAS core {}\n",
-      mi.path, c.n_params(), storage, run.backend, run.threads, batch, decode_path,
-      eng.graph() ? ", graphs" : (graph ? ", graphs off (capture failed)" : ""), pre_tps,
-      batch > 1 ? fmt::format("{} x {}", batch, prompt) : std::to_string(prompt), reps, dec_tps,
-      decode, batch > 1 ? fmt::format(", {} tokens a step", batch) : std::string(), bw / 1e9,
-      sb.copy.median / 1e9, sb.copy.min / 1e9, sb.copy.max / 1e9, sb.reps, sb.array_bytes >> 20,
-      sb.read.median / 1e9, sb.runtime_copy.median / 1e9, wbytes / 1e6, ideal_tps,
-      dec_tps / ideal_tps, host::gemv_isa(), *blas_core_name() ? blas_core_name() : "n/a");
-  if (const std::string note = blas_core_note(); !note.empty()) std::cout << note << "\n";
-  if (pe)
-    std::cout << fmt::format(
-        "probe-pruning (ratio {}, probe {}): prefill {:.1f} tokens/s, decode {:.1f} tokens/s; "
-        "mask selection {:.4f} s a prefill = {:.3f} of the pruned prefill (medians of {})\n",
-        ma.pp.ratio, ma.pp.probe, static_cast<double>(prompt) * batch / median_of(tp_pre),
-        static_cast<double>(batch) / median_of(tp_dec), median_of(tp_probe),
-        median_of(tp_probe) / median_of(tp_pre), reps);
-
+  tt.finish(*w, prompt, batch, bw);
+  const double dec_tps = tt.dec_tps;
+  std::cout << throughput_text(a, run, mi, c, tt, sb, eng.graph());
   nlohmann::json prof, mj;
   auto breakdown = [&](const std::string& what, const std::array<double, flops::kNumOps>& sec) {
     double tot = 0;
@@ -405,37 +459,15 @@ int bench_throughput(const E& exec, const BenchArgs& a, const BenchRun& run,
     ps = profiled_run(*se, toks, decode, c.vocab, &ledger, clock);
     const std::string mname = sparsity::method_name(plan.opt.method);
     if (profile) breakdown("decode (" + mname + ")", ps.decode);
-    mj = sparse_decode_report(a, plan, ledger, pd, ps, t_dec, ts_pre, ts_dec, dec_tps);
+    mj = sparse_decode_report(a, plan, ledger, pd, ps, tt.dec, tt.sparse_pre, tt.sparse_dec,
+                              dec_tps);
   }
   if (rf)
-    write_throughput_run_file(*rf, a, run, mi, c, plan, sparse ? ps : pd, sparse ? ts_pre : t_pre,
-                              sparse ? ts_dec : t_dec, ledger);
+    write_throughput_run_file(*rf, a, run, mi, c, plan, sparse ? ps : pd,
+                              sparse ? tt.sparse_pre : tt.pre, sparse ? tt.sparse_dec : tt.dec,
+                              ledger);
   if (!json_out.empty()) {
-    nlohmann::json j = {
-        {"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
-        {"storage", storage},
-        {"bf16_compute", bf16_compute},
-        {"backend", run.backend},
-        {"threads", run.threads},
-        {"prompt_tokens", prompt},
-        {"batch", batch},
-        {"decode_path", decode_path},
-        {"graph", eng.graph()},
-        {"decode_tokens", decode},
-        {"reps", reps},
-        {"clock", clock_name},
-        {"prefill_tokens_per_s", pre_tps},
-        {"decode_tokens_per_s", dec_tps},
-        {"decode_step_seconds_reps", t_dec},
-        {"copy_bandwidth_bytes_per_s", bw},
-        {"bandwidth", bw_json},
-        {"decode_weight_bytes_per_token", wbytes},  // per step (all `batch` tokens); kept name
-        {"decode_weight_bytes_per_step", wbytes},
-        {"decode_ideal_tokens_per_s", ideal_tps},
-        {"decode_fraction_of_ideal", dec_tps / ideal_tps},
-        {"load_average_start", load_start},
-        {"load_average_end", load_average()},
-        {"host_kernels", {{"gemv_isa", host::gemv_isa()}, {"blas_core", blas_core_name()}}}};
+    nlohmann::json j = throughput_json(a, run, mi, tt, sb, bw_json, eng.graph());
     if (profile) j["profile_seconds"] = prof;
     if (profile && !sparse) {
       // what the profiled calls computed (the dense engine's ledger): all `batch` sequences
@@ -451,10 +483,10 @@ int bench_throughput(const E& exec, const BenchArgs& a, const BenchRun& run,
     if (pe) {
       nlohmann::json pj = probe_pruning_json(*ppr);
       pj.erase("batches");
-      pj["prefill_tokens_per_s"] = static_cast<double>(prompt) * batch / median_of(tp_pre);
-      pj["decode_tokens_per_s"] = static_cast<double>(batch) / median_of(tp_dec);
-      pj["probe_seconds_per_prefill"] = median_of(tp_probe);
-      pj["probe_share_of_prefill"] = median_of(tp_probe) / median_of(tp_pre);
+      pj["prefill_tokens_per_s"] = static_cast<double>(prompt) * batch / median_of(tt.pp_pre);
+      pj["decode_tokens_per_s"] = static_cast<double>(batch) / median_of(tt.pp_dec);
+      pj["probe_seconds_per_prefill"] = median_of(tt.pp_probe);
+      pj["probe_share_of_prefill"] = median_of(tt.pp_probe) / median_of(tt.pp_pre);
       j["probe_pruning"] = pj;
     }
     interruption_point("write");

@@ -361,134 +361,137 @@ int do_slurm(const Spec& spec, const Plan& plan, const Store& store, const Slurm
   return 0;
 }
 
-}  // namespace
-
-int cmd_sweep(int argc, char** argv) {
+/// sweep's options, checked before the spec is read.
+struct SweepArgs {
   std::string spec_path, chunk_file, log_level;
   bool plan_only = false, status = false, collect = false, slurm = false, as_json = false,
        no_submit = false, quiet = false;
   int jobs = 1, threads = 0, chunk = -1;
   SlurmOptions so;
-  po::options_description d("sparsim sweep options");
-  d.add_options()("spec", po::value(&spec_path), "the sweep specification (TOML)")(
-      "plan", po::bool_switch(&plan_only),
-      "print the points with their ids, state and predicted cost; run nothing")(
-      "status", po::bool_switch(&status),
-      "print done / running / failed / pending, with the failure messages")(
-      "collect", po::bool_switch(&collect),
-      "merge the finished points into results.h5 and results.csv in the output folder")(
-      "json", po::bool_switch(&as_json), "--plan and --status print JSON")(
-      "jobs,j", po::value(&jobs)->default_value(1), "points this process runs at once")(
-      "threads", po::value(&threads)->default_value(0),
-      "threads per point (0: [run] threads, else SLURM_CPUS_PER_TASK, else the cores shared "
-      "among the ranks and jobs of this node)")("quiet,q", po::bool_switch(&quiet),
-                                                "no progress lines")(
-      "log-level", po::value(&log_level)->default_value("info"),
-      "sweep's own log level (points use [run] log-level)")(
-      "slurm", po::bool_switch(&slurm),
-      "write an sbatch job-array script for the pending points and submit it if sbatch exists")(
-      "time", po::value(&so.time)->default_value("01:00:00"), "--slurm: time limit per task")(
-      "partition", po::value(&so.partition), "--slurm: partition")(
-      "account", po::value(&so.account), "--slurm: account")("qos", po::value(&so.qos),
-                                                             "--slurm: quality of service")(
-      "mem", po::value(&so.mem), "--slurm: memory per node, e.g. 32G")(
-      "gpus-per-task", po::value(&so.gpus_per_task)->default_value(0), "--slurm: GPUs per task")(
-      "cpus-per-task", po::value(&so.cpus_per_task)->default_value(0),
-      "--slurm: CPUs per task (0: the cluster's default)")(
-      "sbatch-option", po::value(&so.extra)->composing(),
-      "--slurm: one more #SBATCH line, e.g. --sbatch-option=--constraint=a100 (repeatable)")(
-      "chunks", po::value(&so.chunks)->default_value(0),
-      "--slurm: number of array tasks (0: as the time limit needs)")(
-      "max-requeue", po::value(&so.max_requeue)->default_value(3),
-      "--slurm: times a task requeues itself when its time runs out")(
-      "no-submit", po::bool_switch(&no_submit), "--slurm: write the script, do not submit it")(
-      "chunk-file", po::value(&chunk_file), "run only one chunk of this chunk list (array tasks)")(
-      "chunk", po::value(&chunk)->default_value(-1), "the chunk of --chunk-file to run");
-  po::positional_options_description pos;
-  pos.add("spec", 1);
-  po::variables_map vm;
-  if (!parse(argc, argv, kUsage, d, vm, &pos)) return 0;
-  require(!spec_path.empty(), "sweep: give the spec file (sparsim sweep SPEC)");
-  require((plan_only ? 1 : 0) + (status ? 1 : 0) + (collect ? 1 : 0) + (slurm ? 1 : 0) <= 1,
-          "--plan, --status, --collect and --slurm exclude each other");
-  require(!as_json || plan_only || status, "--json goes with --plan or --status");
-  require(jobs >= 1 && jobs <= 1024, "--jobs {} is out of range (1 … 1024)", jobs);
-  require(threads >= 0 && threads <= 4096, "--threads {} is out of range", threads);
-  require(chunk_file.empty() == (chunk < 0), "--chunk-file and --chunk go together");
-  require(so.gpus_per_task >= 0 && so.cpus_per_task >= 0 && so.chunks >= 0 && so.max_requeue >= 0,
-          "--gpus-per-task, --cpus-per-task, --chunks and --max-requeue must not be negative");
-  set_log_level(log_level);
-  if (slurm) parse_time_limit(so.time);
 
-  const bool mpi =
-      launched_by_mpi() && built_with_mpi() && !plan_only && !status && !collect && !slurm;
-  if (!mpi) {
-    const Spec spec = load_spec(spec_path);
-    const Store store(spec);
-    // Planning reads headers and checks options: nothing is written before it succeeds.
-    const Plan plan = make_plan(spec, hooks(!status && !collect));
-    if (plan_only) {
-      if (as_json) {
-        json j = plan_json(spec, plan);
-        if (store.exists()) {
-          store.check_owner();
-          for (std::size_t i = 0; i < plan.points.size(); ++i)
-            j["points"][i]["state"] = to_string(store.status(plan.points[i]).state);
-        }
-        std::cout << io::json_file_text(j);
-      } else {
-        if (store.exists()) store.check_owner();
-        print_plan(spec, plan, store);
-      }
-      return 0;
-    }
-    if (status) {
-      if (store.exists()) store.check_owner();
-      const json s = status_json(plan, store);
-      if (as_json)
-        std::cout << io::json_file_text(s);
-      else
-        print_status(spec, s);
-      return 0;
-    }
-    if (collect) return do_collect(spec, plan, store);
-    if (slurm) {
-      store.check_owner();
-      return do_slurm(spec, plan, store, so, !no_submit);
-    }
-    if (launched_by_mpi())
-      log().warn(
-          "started by an MPI launcher, but this sparsim was built without MPI (SPARSIM_MPI=OFF): "
-          "each rank runs as a sweep of its own (the points' locks still keep any point from "
-          "running twice)");
-    store.create();
-    LoopOptions lo;
-    lo.jobs = jobs;
-    lo.quiet = quiet;
-    lo.worker.exe = self_exe();
-    lo.worker.threads = task_threads(threads, spec, 1, jobs);
-    lo.worker.log_level = spec.run.log_level;
-    if (!chunk_file.empty()) {
-      lo.subset = chunk_subset(plan, chunk_file, chunk);
-      if (lo.subset.empty()) {
-        std::cout << "sweep: chunk " << chunk << " holds no point of this spec\n";
-        return 0;
-      }
-    }
-    install_signal_handlers();
-    Stopwatch wall;
-    const SweepResult r = run_local(plan, store, lo);
-    return summarize(r, wall.seconds(), quiet);
+  void add_options(po::options_description& d) {
+    d.add_options()("spec", po::value(&spec_path), "the sweep specification (TOML)")(
+        "plan", po::bool_switch(&plan_only),
+        "print the points with their ids, state and predicted cost; run nothing")(
+        "status", po::bool_switch(&status),
+        "print done / running / failed / pending, with the failure messages")(
+        "collect", po::bool_switch(&collect),
+        "merge the finished points into results.h5 and results.csv in the output folder")(
+        "json", po::bool_switch(&as_json), "--plan and --status print JSON")(
+        "jobs,j", po::value(&jobs)->default_value(1), "points this process runs at once")(
+        "threads", po::value(&threads)->default_value(0),
+        "threads per point (0: [run] threads, else SLURM_CPUS_PER_TASK, else the cores shared "
+        "among the ranks and jobs of this node)")("quiet,q", po::bool_switch(&quiet),
+                                                  "no progress lines")(
+        "log-level", po::value(&log_level)->default_value("info"),
+        "sweep's own log level (points use [run] log-level)")(
+        "slurm", po::bool_switch(&slurm),
+        "write an sbatch job-array script for the pending points and submit it if sbatch exists")(
+        "time", po::value(&so.time)->default_value("01:00:00"), "--slurm: time limit per task")(
+        "partition", po::value(&so.partition), "--slurm: partition")(
+        "account", po::value(&so.account), "--slurm: account")("qos", po::value(&so.qos),
+                                                               "--slurm: quality of service")(
+        "mem", po::value(&so.mem), "--slurm: memory per node, e.g. 32G")(
+        "gpus-per-task", po::value(&so.gpus_per_task)->default_value(0), "--slurm: GPUs per task")(
+        "cpus-per-task", po::value(&so.cpus_per_task)->default_value(0),
+        "--slurm: CPUs per task (0: the cluster's default)")(
+        "sbatch-option", po::value(&so.extra)->composing(),
+        "--slurm: one more #SBATCH line, e.g. --sbatch-option=--constraint=a100 (repeatable)")(
+        "chunks", po::value(&so.chunks)->default_value(0),
+        "--slurm: number of array tasks (0: as the time limit needs)")(
+        "max-requeue", po::value(&so.max_requeue)->default_value(3),
+        "--slurm: times a task requeues itself when its time runs out")(
+        "no-submit", po::bool_switch(&no_submit), "--slurm: write the script, do not submit it")(
+        "chunk-file", po::value(&chunk_file),
+        "run only one chunk of this chunk list (array tasks)")(
+        "chunk", po::value(&chunk)->default_value(-1), "the chunk of --chunk-file to run");
   }
 
-  // ---- MPI: rank 0 checks everything and prepares the folder; every rank plans the same way.
+  void check() {
+    require(!spec_path.empty(), "sweep: give the spec file (sparsim sweep SPEC)");
+    require((plan_only ? 1 : 0) + (status ? 1 : 0) + (collect ? 1 : 0) + (slurm ? 1 : 0) <= 1,
+            "--plan, --status, --collect and --slurm exclude each other");
+    require(!as_json || plan_only || status, "--json goes with --plan or --status");
+    require(jobs >= 1 && jobs <= 1024, "--jobs {} is out of range (1 … 1024)", jobs);
+    require(threads >= 0 && threads <= 4096, "--threads {} is out of range", threads);
+    require(chunk_file.empty() == (chunk < 0), "--chunk-file and --chunk go together");
+    require(so.gpus_per_task >= 0 && so.cpus_per_task >= 0 && so.chunks >= 0 && so.max_requeue >= 0,
+            "--gpus-per-task, --cpus-per-task, --chunks and --max-requeue must not be negative");
+    set_log_level(log_level);
+    if (slurm) parse_time_limit(so.time);
+  }
+};
+
+/// One process: --plan, --status, --collect, --slurm, or the points run here (--jobs at once).
+int sweep_here(const SweepArgs& a) {
+  const Spec spec = load_spec(a.spec_path);
+  const Store store(spec);
+  // Planning reads headers and checks options: nothing is written before it succeeds.
+  const Plan plan = make_plan(spec, hooks(!a.status && !a.collect));
+  if (a.plan_only) {
+    if (a.as_json) {
+      json j = plan_json(spec, plan);
+      if (store.exists()) {
+        store.check_owner();
+        for (std::size_t i = 0; i < plan.points.size(); ++i)
+          j["points"][i]["state"] = to_string(store.status(plan.points[i]).state);
+      }
+      std::cout << io::json_file_text(j);
+    } else {
+      if (store.exists()) store.check_owner();
+      print_plan(spec, plan, store);
+    }
+    return 0;
+  }
+  if (a.status) {
+    if (store.exists()) store.check_owner();
+    const json s = status_json(plan, store);
+    if (a.as_json)
+      std::cout << io::json_file_text(s);
+    else
+      print_status(spec, s);
+    return 0;
+  }
+  if (a.collect) return do_collect(spec, plan, store);
+  if (a.slurm) {
+    store.check_owner();
+    return do_slurm(spec, plan, store, a.so, !a.no_submit);
+  }
+  if (launched_by_mpi())
+    log().warn(
+        "started by an MPI launcher, but this sparsim was built without MPI (SPARSIM_MPI=OFF): "
+        "each rank runs as a sweep of its own (the points' locks still keep any point from "
+        "running twice)");
+  store.create();
+  LoopOptions lo;
+  lo.jobs = a.jobs;
+  lo.quiet = a.quiet;
+  lo.worker.exe = self_exe();
+  lo.worker.threads = task_threads(a.threads, spec, 1, a.jobs);
+  lo.worker.log_level = spec.run.log_level;
+  if (!a.chunk_file.empty()) {
+    lo.subset = chunk_subset(plan, a.chunk_file, a.chunk);
+    if (lo.subset.empty()) {
+      std::cout << "sweep: chunk " << a.chunk << " holds no point of this spec\n";
+      return 0;
+    }
+  }
+  install_signal_handlers();
+  Stopwatch wall;
+  const SweepResult r = run_local(plan, store, lo);
+  return summarize(r, wall.seconds(), a.quiet);
+}
+
+/// Under an MPI launcher: rank 0 checks everything and prepares the folder; every rank plans
+/// the same way and the points are handed out over the ranks.
+int sweep_mpi(const SweepArgs& a) {
   MpiWorld world(nullptr, nullptr);
   std::unique_ptr<Spec> spec;
   std::unique_ptr<Plan> plan;
   std::unique_ptr<Store> store;
   bool ok = true;
   try {
-    spec = std::make_unique<Spec>(load_spec(spec_path));
+    spec = std::make_unique<Spec>(load_spec(a.spec_path));
     store = std::make_unique<Store>(*spec);
     plan = std::make_unique<Plan>(make_plan(*spec, hooks(world.rank() == 0)));
     if (world.rank() == 0) store->create();
@@ -503,22 +506,38 @@ int cmd_sweep(int argc, char** argv) {
     world.abort(1);
   }
   LoopOptions lo;
-  lo.quiet = quiet || world.rank() != 0;
+  lo.quiet = a.quiet || world.rank() != 0;
   lo.worker.exe = self_exe();
   lo.worker.rank = world.rank();
-  lo.worker.threads = task_threads(threads, *spec, world.local_size(), 1);
+  lo.worker.threads = task_threads(a.threads, *spec, world.local_size(), 1);
   lo.worker.gpu = task_gpu(world.local_rank(), world.local_size());
   lo.worker.log_level = spec->run.log_level;
-  if (!chunk_file.empty()) lo.subset = chunk_subset(*plan, chunk_file, chunk);
+  if (!a.chunk_file.empty()) lo.subset = chunk_subset(*plan, a.chunk_file, a.chunk);
   install_signal_handlers();
   Stopwatch wall;
   const SweepResult r = run_mpi(*plan, *store, lo, world);
   if (interrupted()) {
-    if (world.rank() == 0) summarize(r, wall.seconds(), quiet);
+    if (world.rank() == 0) summarize(r, wall.seconds(), a.quiet);
     world.abort(128 + interrupt_signal());
   }
   // Rank 0 speaks for the job (mpirun exits non-zero when any rank does).
-  return world.rank() == 0 ? summarize(r, wall.seconds(), quiet) : 0;
+  return world.rank() == 0 ? summarize(r, wall.seconds(), a.quiet) : 0;
+}
+
+}  // namespace
+
+int cmd_sweep(int argc, char** argv) {
+  SweepArgs a;
+  po::options_description d("sparsim sweep options");
+  a.add_options(d);
+  po::positional_options_description pos;
+  pos.add("spec", 1);
+  po::variables_map vm;
+  if (!parse(argc, argv, kUsage, d, vm, &pos)) return 0;
+  a.check();
+  const bool mpi =
+      launched_by_mpi() && built_with_mpi() && !a.plan_only && !a.status && !a.collect && !a.slurm;
+  return mpi ? sweep_mpi(a) : sweep_here(a);
 }
 
 int cmd_collect(int argc, char** argv) {
