@@ -25,7 +25,7 @@ sparsim's production path is fp32).
   scripts/backprop_torch_check.py [--sparsim build/bin/sparsim] [--tokens 48]
 
 Needs torch, numpy, gguf and h5py; not installed by scripts/setup.sh (opt-in). The output of a
-run is kept in docs/results/backprop_torch_check.txt.
+run is kept in docs/results/recovery/backprop_torch_check.txt.
 """
 import argparse
 import os

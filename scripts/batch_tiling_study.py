@@ -14,7 +14,7 @@ medians over --reps repetitions (interleaved), ratios after/before, and the mach
 before and after.
 
   scripts/batch_tiling_study.py --before base/build/bin/sparsim --after build/bin/sparsim \
-      --json docs/results/batch_tiling.json
+      --json docs/results/robustness/batch_tiling.json
 
 Needs h5py (the scripts venv made by scripts/setup.sh has it).
 """

@@ -5,7 +5,7 @@ Runs `sparsim bench --method M` for M in teal, wina, topk-guided at one target s
 weight storage type. Every bench invocation times dense and the method in the same process,
 alternating within each repetition, with the same prompt and decode steps; `--runs` invocations
 per (storage, method). Reports medians over the invocations and writes
-docs/results/decode_methods.json and a markdown table to stdout:
+docs/results/performance/decode_methods.json and a markdown table to stdout:
 
     storage, method, dense tok/s, method tok/s, speedup (median of the per-invocation ratios),
     realised projection sparsity, ideal speedup (projections alone: 1/(1-s_realised); whole
@@ -129,7 +129,7 @@ def main():
     ap.add_argument("--column-skipping", default="on", choices=["on", "off"])
     ap.add_argument("--no-rotation", action="store_true",
                     help="wina and topk-guided on the unrotated model (plain calibration)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "decode_methods.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "results", "performance", "decode_methods.json"))
     args = ap.parse_args()
     if args.runs < 1 or args.reps < 1:
         ap.error("--runs and --reps must be >= 1")

@@ -8,7 +8,7 @@ file. Standard library only.
 
     cmake --preset openmp -B build-portable -DSPARSIM_NATIVE=OFF
     cmake --build build-portable -j2 --target sparsim
-    scripts/bench_portable.py --portable build-portable/bin/sparsim --json docs/results/portable_build.json
+    scripts/bench_portable.py --portable build-portable/bin/sparsim --json docs/results/performance/portable_build.json
 """
 import argparse
 import datetime

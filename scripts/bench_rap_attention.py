@@ -3,7 +3,7 @@
 the backward pass against the forward pass (the performance goals of the KV-pruning issue).
 
   scripts/bench_rap_attention.py --pruned out/rap/rap_070.gguf --fisher out/rap/fisher.h5 \\
-      --json docs/results/rap_attention_bench.json
+      --json docs/results/rap/rap_attention_bench.json
 
 Runs `sparsim bench --model PRUNED --baseline DENSE --batch B --prompt C` (the q, k, v, o
 projections, RoPE, cache store and attention, profiled; repetitions interleaved) for each batch

@@ -3,7 +3,7 @@
 
 Runs BM_DenseGemv and BM_SparseGemv of sparsim_bench_kernels (bf16, every projection shape of
 SmolLM2-135M and Llama-2-7B, s in {0, 0.3, 0.5, 0.7, 0.9}) with repetitions, takes the medians,
-and writes a table to docs/results/sparse_gemv.json and a markdown table to stdout:
+and writes a table to docs/results/performance/sparse_gemv.json and a markdown table to stdout:
 
     shape, weights, s, dense time, sparse time, speedup (dense / sparse), speedup against the
     sparse kernel at s = 0, ideal 1/(1-s), speedup / ideal, GB/s of kept weights read;
@@ -188,7 +188,7 @@ def main():
     ap.add_argument("--min-time", default="0.2", help="seconds per repetition")
     ap.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS")
     ap.add_argument("--weights", choices=["cold", "hot", "both"], default="both")
-    ap.add_argument("--out", default=os.path.join(root, "docs", "results", "sparse_gemv.json"))
+    ap.add_argument("--out", default=os.path.join(root, "docs", "results", "performance", "sparse_gemv.json"))
     ap.add_argument("--kept-runs", action="store_true",
                     help="the plain read of kept rows in runs of R consecutive rows (BM_KeptRunRead)")
     args = ap.parse_args()

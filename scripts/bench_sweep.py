@@ -12,7 +12,7 @@ repetition the four measurements run back to back, in this order:
   xargs    the K eval commands, N at a time (xargs -P N)    (the hardware's own parallel cost)
   mpi      mpirun -n N sparsim sweep SPEC
 
-  scripts/bench_sweep.py --json docs/results/sweep_overhead.json --page docs/sweep.md
+  scripts/bench_sweep.py --json docs/results/sweep/sweep_overhead.json --page docs/sweep.md
 
 Writes the JSON (every time, the medians, the machine's load before and after each
 measurement) and, with --page, the table between the bench_sweep markers of the page.

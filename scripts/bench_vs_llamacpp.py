@@ -4,7 +4,7 @@ BF16 weights, prefill of a 512-token prompt and decode of 128 tokens after a 512
 both programs at the same thread count.
 
     scripts/build_llamacpp.sh          # once per machine: llama.cpp's tools, native CPU flags
-    scripts/bench_vs_llamacpp.py --reps 5 --json docs/results/bench_vs_llamacpp.json
+    scripts/bench_vs_llamacpp.py --reps 5 --json docs/results/performance/bench_vs_llamacpp.json
 
 llama.cpp is measured by its own `llama-bench` (built by scripts/build_llamacpp.sh from the
 llama.cpp sources vendored in llama-cpp-python, GGML_NATIVE=ON): prefill `-p P -n 0`, decode

@@ -3,7 +3,7 @@
 `sparsim calibrate`, as JSON (the calibration-cost figures in docs/sparsity.md).
 
     sparsim calibrate --out cal.h5 --threads 2          # the defaults are the paper's settings
-    scripts/calibration_timing.py cal.h5 --json docs/results/calibration_time.json
+    scripts/calibration_timing.py cal.h5 --json docs/results/sparsity/calibration_time.json
 """
 import argparse
 import json

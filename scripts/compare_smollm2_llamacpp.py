@@ -11,7 +11,7 @@ then --n-greedy argmax steps in both.
 
 Usage:
     python scripts/compare_smollm2_llamacpp.py [--context 512 --stride 256 --max-windows 8]
-        [--threads 2] [--out docs/results/llamacpp_smollm2.json]
+        [--threads 2] [--out docs/results/eval/llamacpp_smollm2.json]
 Needs build/bin/sparsim, llama-cpp-python, numpy and h5py (the scripts venv of setup.sh).
 """
 import argparse

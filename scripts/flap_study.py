@@ -14,10 +14,10 @@ Steps (every output is a file in --outdir; a step whose file exists is skipped):
   4. a JSON summary (--json) and a generated table between the markers of a Markdown page
      (--page), relative figures against the dense run of the same windows.
 
-  scripts/flap_study.py --outdir out/flap --json docs/results/flap_smollm2.json \\
+  scripts/flap_study.py --outdir out/flap --json docs/results/flap/flap_smollm2.json \\
       --page docs/flap.md
   scripts/flap_study.py --outdir out/slimgpt --ratios 0.2,0.5 --slimgpt-ratios 0.2,0.5 \\
-      --tf-ratios '' --json docs/results/slimgpt_smollm2.json --page docs/slimgpt.md
+      --tf-ratios '' --json docs/results/slimgpt/slimgpt_smollm2.json --page docs/slimgpt.md
 
 Needs h5py (the scripts venv of scripts/setup.sh has it).
 """

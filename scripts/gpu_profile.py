@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Turn the output of scripts/probe_gpu.sh into a sparsim hardware profile (kind "measured").
 
-    scripts/gpu_profile.py docs/results/h200_probe.log --name h200-measured \\
+    scripts/gpu_profile.py docs/results/cuda/h200_probe.log --name h200-measured \\
         --out data/hardware/h200-measured.json
 
 Roofs: peak_flops per precision from the matrix products; memory_bandwidth the faster of the

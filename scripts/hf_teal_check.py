@@ -11,7 +11,7 @@ dense and TEAL alike.
 
   ~/.cache/sparsim-deps/venv/bin/pip install torch transformers accelerate   # not installed by setup.sh
   scripts/hf_teal_check.py --calibration cal.h5 --windows 16 --threads 2 \\
-      --threshold-jitter 1e-6,-1e-6 --json docs/results/hf_teal_check.json
+      --threshold-jitter 1e-6,-1e-6 --json docs/results/sparsity/hf_teal_check.json
 
 Exit status 1 when a perplexity differs by more than the tolerance.
 """

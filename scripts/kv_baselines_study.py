@@ -6,7 +6,7 @@ task, passkey retrieval, KV bytes, parameters, attention FLOPs of prefill and of
 including the low-rank methods' reconstruction), and the perplexity curve over other ρ.
 
   scripts/kv_baselines_study.py --calib-text valid.txt --eval-text test.txt \\
-      --outdir out/kv-baselines --json docs/results/kv_baselines_smollm2.json \\
+      --outdir out/kv-baselines --json docs/results/kv_baselines/kv_baselines_smollm2.json \\
       --page docs/kv-baselines.md
 
 The texts are public evaluation text read at run time (e.g. WikiText-2's valid.txt for the Fisher
@@ -340,11 +340,12 @@ def main():
     ap.add_argument("--passkey-depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--passkey-samples", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "kv_baselines_smollm2.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "kv_baselines", "kv_baselines_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "kv-baselines.md"))
     ap.add_argument("--page-only", action="store_true", help="rebuild the page from --json")
     ap.add_argument("--bench-json",
-                    default=os.path.join(ROOT, "docs", "results", "kv_baselines_attention_{method}.json"),
+                    default=os.path.join(ROOT, "docs", "results", "kv_baselines",
+                                         "kv_baselines_attention_{method}.json"),
                     help="attention-module benchmarks per method (scripts/bench_rap_attention.py "
                          "--json), shown on the page where they exist")
     a = ap.parse_args()

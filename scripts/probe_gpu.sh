@@ -2,8 +2,8 @@
 # Measures a CUDA GPU's roofs (on the GPU machine; needs nvcc and PyTorch with CUDA) and prints
 # them one per line; scripts/gpu_profile.py turns that output into a sparsim hardware profile:
 #
-#   bash scripts/probe_gpu.sh | tee docs/results/h200_probe.log
-#   scripts/gpu_profile.py docs/results/h200_probe.log --name h200-measured \
+#   bash scripts/probe_gpu.sh | tee docs/results/cuda/h200_probe.log
+#   scripts/gpu_profile.py docs/results/cuda/h200_probe.log --name h200-measured \
 #       --out data/hardware/h200-measured.json
 #
 # launch: an empty kernel launched 20000 times back to back on one stream (async) and 2000 times

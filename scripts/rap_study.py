@@ -13,7 +13,7 @@ can be stopped and resumed, and --only-summary rebuilds the page from what finis
      non-overlapping windows of the evaluation text and the cloze task;
   6. a JSON summary and a Markdown results page (--json, --page).
 
-  scripts/rap_study.py --outdir out/rap --json docs/results/rap_smollm2.json \\
+  scripts/rap_study.py --outdir out/rap --json docs/results/rap/rap_smollm2.json \\
       --page docs/rap-results.md
 
 Needs h5py (the scripts venv of scripts/setup.sh has it).
@@ -99,9 +99,9 @@ def main():
     ap.add_argument("--retrieval-depths", default="0,0.25,0.5,0.75,1")
     ap.add_argument("--retrieval-samples", type=int, default=2,
                     help="prompts per (length, depth) cell")
-    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "rap_smollm2.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "rap", "rap_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "rap-results.md"))
-    ap.add_argument("--bench-json", default=os.path.join(ROOT, "docs", "results",
+    ap.add_argument("--bench-json", default=os.path.join(ROOT, "docs", "results", "rap",
                                                          "rap_attention_bench.json"),
                     help="scripts/bench_rap_attention.py output to include, when it exists")
     ap.add_argument("--page-only", action="store_true",

@@ -9,7 +9,7 @@ their ratio), its peak memory and the machine's load average before and after. T
 the runs go to the summary; the per-run figures stay beside them.
 
   scripts/recovery_step_timing.py --corpus wikitext-2/valid.txt \\
-      --json docs/results/recovery_step_timing.json
+      --json docs/results/recovery/recovery_step_timing.json
 
 Only the timing matters here, so the calibration is short (--fisher-seqs, --fisher-tokens) and the
 recovered models are thrown away.

@@ -16,7 +16,7 @@ side by side):
 The training text (Fisher scores and recovery) and the evaluation text are separate files:
 
   scripts/recovery_study.py --train wikitext-2/valid.txt --eval wikitext-2/test.txt \\
-      --outdir out/recovery --json docs/results/recovery_smollm2.json --page docs/recovery-results.md
+      --outdir out/recovery --json docs/results/recovery/recovery_smollm2.json --page docs/recovery-results.md
 
 WikiText-2 can be read from the pytorch/examples repository (word_language_model/data/
 wikitext-2/); it is not part of sparsim. Needs h5py (the scripts venv of scripts/setup.sh).
@@ -133,7 +133,7 @@ def main():
     ap.add_argument("--only", default="", help="evaluate only these models (comma separated names)")
     ap.add_argument("--jobs", type=int, default=1,
                     help="evaluations run side by side (each with --threads threads)")
-    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "recovery_smollm2.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "recovery", "recovery_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "recovery-results.md"))
     ap.add_argument("--page-only", action="store_true", help="rewrite the page from --json alone")
     a = ap.parse_args()

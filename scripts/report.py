@@ -940,8 +940,21 @@ def block_hardware_table():
                      "L2 MiB", "launch µs"], rows)
 
 
+def _rel(name):
+    """A committed result's path under docs/results/: NAME as given, or the one file of that name
+    in a study folder (docs/results/<study>/NAME)."""
+    base = os.path.join(REPO, "docs", "results")
+    if os.path.exists(os.path.join(base, name)):
+        return name
+    import glob
+    found = sorted(glob.glob(os.path.join(base, "*", name)))
+    if len(found) != 1:
+        raise InputError(f"docs/results: {len(found)} files named {name} in the study folders")
+    return os.path.relpath(found[0], base)
+
+
 def _results(name):
-    return json.load(open(os.path.join(REPO, "docs", "results", name)))
+    return json.load(open(os.path.join(REPO, "docs", "results", _rel(name))))
 
 
 def block_bench_vs_llamacpp(name="bench_vs_llamacpp.json"):
@@ -980,7 +993,7 @@ def block_bench_vs_llamacpp(name="bench_vs_llamacpp.json"):
             f" {lb.get('ggml_cpu_compile_flags', '') or _ggml_options(lb)}, flash attention {({-1: 'auto', 0: 'off', 1: 'on'}).get(first.get('flash_attn'), first.get('flash_attn'))},"
             f" K cache {first.get('type_k')}. sparsim: {sb.get('CMAKE_BUILD_TYPE', '?')},"
             f" SPARSIM_NATIVE={sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, first_run)}. From"
-            f" `results/{name}` (`{j['command']}`).\n")
+            f" `results/{_rel(name)}` (`{j['command']}`).\n")
 
 
 def _ggml_options(build):
@@ -1037,7 +1050,7 @@ def block_decode_methods_7b(name="decode_methods_llama2_7b_shape.json"):
             f"{j['load_average_end'][0]:.2f} at the end. Method tok/s over the invocations: "
             f"{_span(speed, '{:.2f}')}; dense decode against the copy-bandwidth ideal (the dense side of every "
             f"invocation): {_span([r['result']['decode_fraction_of_ideal'] for r in j['raw']])}." +
-            (_cpu_build_line(j, name) or f" From `results/{name}`.") + "\n")
+            (_cpu_build_line(j, name) or f" From `results/{_rel(name)}`.") + "\n")
 
 
 def block_portable_build():
@@ -1061,7 +1074,7 @@ def block_portable_build():
             f"\nRatios portable / native: {ratios}. {st['model']}, {st['threads']} threads, prompt {st['prompt']}, "
             f"{st['decode']} decode steps, {st['reps']} interleaved repetitions ({j['started_utc']}). Builds: native "
             f"{flags('native')}; portable {flags('portable')}. CPU: {cpu['model']} ({' '.join(cpu['features'])}). "
-            f"From `results/portable_build.json` (`{j['command']}`).\n")
+            f"From `results/performance/portable_build.json` (`{j['command']}`).\n")
 
 
 def _span(vals, fmt="{:.2f}", scale=1.0):
@@ -1087,7 +1100,7 @@ def block_decode_ideal():
     loads = [x for r in j["raw"] for x in (r["result"].get("load_average_before") or [])[:1]]
     return (md_table(["weights", "invocations", "MB read per token", "copy GB/s", "ideal tok/s", "dense decode tok/s",
                       "decode / ideal"], rows) +
-            f"\nFrom the dense runs of `results/decode_methods.json` (prompt {j['prompt_tokens']}, "
+            f"\nFrom the dense runs of `results/performance/decode_methods.json` (prompt {j['prompt_tokens']}, "
             f"{j['decode_tokens']} decode steps, {j['threads']} threads, started {j['started_utc']}); load average "
             f"(1 min) before the invocations {_span(loads)}.\n")
 
@@ -1141,7 +1154,7 @@ def _cpu_build_line(j, name, host_kernels=None):
     cpu, sb = j["cpu"], j.get("sparsim_build", {})
     return (f" CPU: {cpu['model']} ({' '.join(cpu['features'])}); sparsim: SPARSIM_NATIVE="
             f"{sb.get('SPARSIM_NATIVE', '?')}{_sparsim_kernels(sb, {'sparsim_host_kernels': host_kernels})}. "
-            f"From `results/{name}` (`{j['command']}`).")
+            f"From `results/{_rel(name)}` (`{j['command']}`).")
 
 
 def block_cost_validation_summary():
@@ -1160,7 +1173,7 @@ def block_cost_validation_summary():
             f"\n{val['model']}, {val['storage']} weights, {m['threads']} thread(s), {val['clock']} clock, prompt "
             f"{val['prompt']}, medians over {val['runs']} runs of {val['reps']} repetitions; load average "
             f"{val['load_min']:.2f}–{val['load_max']:.2f} on {m['cores']} cores ({val['date_utc']}). From "
-            f"`results/cost_validation.json`.\n")
+            f"`results/cost_validation/cost_validation.json`.\n")
 
 
 def block_sparse_gemv(name="sparse_gemv.json"):
@@ -1216,7 +1229,7 @@ def block_kept_runs(name="kept_runs.json"):
                      [f"run {k}" for k in runs], rows) +
             f"\nTime to read all rows over the time to read a random half of them (ideal 2), by whole rows per "
             f"thread, cold bf16 weights, {j['threads']} threads, medians of {j['repetitions']}; load average "
-            f"{ld[0]:.2f} at the start. From `results/{name}` (`scripts/bench_sparse_gemv.py --kept-runs`).\n")
+            f"{ld[0]:.2f} at the start. From `results/{_rel(name)}` (`scripts/bench_sparse_gemv.py --kept-runs`).\n")
 
 
 def block_teal_mask_runs(name="teal_mask_runs.json"):
@@ -1236,8 +1249,8 @@ def block_teal_mask_runs(name="teal_mask_runs.json"):
             f"{j['windows']} windows of {j['context']} tokens of corpus `{j['corpus']}`: the first "
             f"{j['permutation_windows']} give the keep frequencies (the permutation), the other "
             f"{j['tokens_measured']} tokens are measured; averages over the masked layers. transformers "
-            f"{j['transformers']}, torch {j['torch']} (CPU). From `results/{name}` "
-            f"(`scripts/teal_mask_runs.py --calibration cal.h5 --windows {j['windows']} --json docs/results/{name}`).\n")
+            f"{j['transformers']}, torch {j['torch']} (CPU). From `results/{_rel(name)}` "
+            f"(`scripts/teal_mask_runs.py --calibration cal.h5 --windows {j['windows']} --json docs/results/{_rel(name)}`).\n")
 
 
 def block_hf_teal_check(name="hf_teal_check.json"):
@@ -1263,7 +1276,7 @@ def block_hf_teal_check(name="hf_teal_check.json"):
             f"\n{j['windows']} windows of {j['context']} tokens every {j['stride']} ({tokens} scored tokens), corpus "
             f"`{j['corpus']}`, TEAL at s = {j['sparsity']:g} with the thresholds of `{os.path.basename(j['calibration'])}`; "
             f"tolerance {100 * j['tolerance']:g}% on the perplexity; transformers {j['transformers']}, torch {j['torch']} "
-            f"(CPU); {j['seconds'] / 60:.0f} min. From `results/{name}`.\n")
+            f"(CPU); {j['seconds'] / 60:.0f} min. From `results/{_rel(name)}`.\n")
 
 
 def block_decode_projections(names):
@@ -1280,7 +1293,7 @@ def block_decode_projections(names):
             rows.append([j["storage"], sp["method"], op, f"{e['kept_fraction']:.3f}",
                          f"{1e3 * e['dense_seconds'] / steps:.3f}", f"{1e3 * e['method_seconds'] / steps:.3f}",
                          f"{ratio:.2f}", f"{ratio / e['kept_fraction']:.2f}"])
-        notes.append(f"`results/{name}`: {j['storage']}, {sp['method']} at s = {sp['sparsity_target']:g}, whole step "
+        notes.append(f"`results/{_rel(name)}`: {j['storage']}, {sp['method']} at s = {sp['sparsity_target']:g}, whole step "
                      f"{sp['decode_speedup']:.2f}× dense (ideal {sp['ideal_speedup_decode_step']:.2f}), load average "
                      f"{j['load_average_start']:.2f} → {j['load_average_end']:.2f}")
     return (md_table(["storage", "method", "projection", "kept fraction", "dense ms/step", "method ms/step",
@@ -1298,7 +1311,7 @@ def block_llamacpp_agreement():
         out.append([f"{pr['windows']} × {pr['context']} (stride {pr['stride']}, {pr['tokens_scored']} scored)",
                     f"{pp['sparsim']:.6f}", f"{pp['llama_cpp']:.6f}", f"{pp['relative_difference']:.1e}",
                     f"{j['window_nll_max_abs_difference_nats']:.1e}",
-                    f"{'identical' if g['identical'] else 'differ'} ({g['n']})", f"`results/{name}`"])
+                    f"{'identical' if g['identical'] else 'differ'} ({g['n']})", f"`results/{_rel(name)}`"])
     return md_table(["windows", "sparsim PPL", "llama.cpp PPL", "relative difference", "largest window NLL difference (nats)",
                      "greedy tokens", "file"], out)
 
@@ -1322,7 +1335,7 @@ def block_recovery_step_cost():
             f"LoRA rank {st['lora_rank']}, {st['student']}, {st['threads']} threads, {j['machine']['model']}): "
             f"**{m['step_over_forward']:.2f}×** the forward pass (goal ≤ 4×); peak memory "
             f"{j['peak_rss_bytes'] / 2**20:.0f} MiB. `{j['command']}`, "
-            "[results/recovery_step_timing.json](results/recovery_step_timing.json).\n")
+            "[results/recovery/recovery_step_timing.json](results/recovery/recovery_step_timing.json).\n")
 
 
 def block_fresh_setup(name="fresh_setup.json"):
@@ -1348,7 +1361,7 @@ def block_fresh_setup(name="fresh_setup.json"):
     if "tests_seconds" in j:
         text += f" The test suite then took {j['tests_seconds'] / 60:.1f} minutes."
     text += (f" Commit {j['commit'][:7]}; `{j['command']}`, every stage in "
-             f"[docs/results/{name}](docs/results/{name}).\n")
+             f"[docs/results/{_rel(name)}](docs/results/{_rel(name)}).\n")
     cmp = j.get("comparison")
     if cmp:
         head, rows = comparison.table(cmp)

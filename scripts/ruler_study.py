@@ -5,13 +5,13 @@ interval, the prompt's KV bytes held against dense, and paired comparisons (exac
 the items one configuration gets right and the other wrong).
 
     # dense, ThinK and GRACE at λ = 0.5 on all seven tasks
-    scripts/ruler_study.py --outdir /tmp/ruler --json docs/results/ruler_smollm2.json \\
+    scripts/ruler_study.py --outdir /tmp/ruler --json docs/results/ruler/ruler_smollm2.json \\
         --page docs/ruler-results.md
     # matched budgets: ThinK, GRACE, StreamingLLM, H2O, SnapKV, PyramidKV, SnapKV ∘ GRACE at
     # 50% and 25% of the prompt's cache, Token Filtering and FLAP at 20% and 50%
     scripts/ruler_study.py --study budgets --task ruler:niah --samples 30 --jobs 2 --threads 1 \\
         --models flap_r0.2=flap_020.gguf,flap_r0.5=flap_050.gguf --outdir /tmp/ruler-budgets \\
-        --json docs/results/ruler_budgets_smollm2.json --page docs/ruler-budgets.md
+        --json docs/results/ruler_budgets/ruler_budgets_smollm2.json --page docs/ruler-budgets.md
 
 Each run's JSON summary goes to --outdir (an existing one is reused, so an interrupted study
 continues); the committed JSON keeps the settings, the commands, the per-task numbers, the

@@ -12,7 +12,7 @@ recorded with every timed step. Then a JSON summary and a Markdown page are writ
 outputs alone.
 
   scripts/sparsity_study.py --outdir runs/study \\
-      --json docs/results/sparsity_smollm2.json --page docs/sparsity-results.md
+      --json docs/results/sparsity/sparsity_smollm2.json --page docs/sparsity-results.md
 
 Needs numpy and h5py for the summary (the scripts venv made by scripts/setup.sh has them);
 --run-only runs the commands with the standard library alone, --jobs runs independent commands

@@ -14,7 +14,7 @@ the projection inputs of consecutive windows of the evaluation text, and every m
 frequency (the permutation); the second half is measured in both orders.
 
   ~/.cache/sparsim-deps/venv/bin/pip install torch transformers accelerate   # not installed by setup.sh
-  scripts/teal_mask_runs.py --calibration cal.h5 --windows 8 --json docs/results/teal_mask_runs.json
+  scripts/teal_mask_runs.py --calibration cal.h5 --windows 8 --json docs/results/performance/teal_mask_runs.json
 """
 import argparse
 import os

@@ -4,7 +4,7 @@ and 8) on one model: dense, Token Filtering (tail layers), FLAP, SlimGPT and Pro
 same nominal pruning ratios.
 
   scripts/tf_baselines_study.py --calib-text valid.txt --eval-text test.txt \\
-      --outdir out/tf-baselines --json docs/results/tf_baselines_smollm2.json \\
+      --outdir out/tf-baselines --json docs/results/tf_baselines/tf_baselines_smollm2.json \\
       --page docs/tf-baselines.md [--bench]
 
 What it measures, per configuration:
@@ -497,7 +497,7 @@ def main():
     ap.add_argument("--bench-threads", type=int, default=None,
                     help="threads of the throughput runs (default: --threads)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "tf_baselines_smollm2.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "docs", "results", "tf_baselines", "tf_baselines_smollm2.json"))
     ap.add_argument("--page", default=os.path.join(ROOT, "docs", "tf-baselines.md"))
     ap.add_argument("--page-only", action="store_true", help="rebuild the page from --json")
     ap.add_argument("--summarise-only", action="store_true",

@@ -5,7 +5,7 @@ temporary folder and runs `scripts/setup.sh` there with an empty dependency pref
 Writes the total and the time of each setup stage (from the setup's own log lines) to JSON, with
 the main job's own step times (out/main_job.json) and its comparison table (out/comparison.json).
 
-    scripts/time_fresh_setup.py --json docs/results/fresh_setup.json [--tests]
+    scripts/time_fresh_setup.py --json docs/results/setup/fresh_setup.json [--tests]
 
 Debian packages already installed are not reinstalled (apt is the machine's business); the
 Python packages, the Trilinos source package (Kokkos 3.4.1), the model and the corpus are

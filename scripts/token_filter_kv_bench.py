@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Token Filtering's dropped-token memory saving at batch 8 and 32 (docs/token-filter.md).
 
-  scripts/token_filter_kv_bench.py --model smollm2 --json docs/results/token_filter_kv_bytes.json
+  scripts/token_filter_kv_bench.py --model smollm2 --json docs/results/token_filter/token_filter_kv_bytes.json
 
 Runs `sparsim bench --method token-filter --tf-ratio R --tf-drop-skipped --batch B` for every
 batch size: a prefill of --prompt tokens and --decode decode steps with the dense engine and

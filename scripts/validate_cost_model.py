@@ -3,7 +3,7 @@
 whole prefill, a whole decode step and every op, for dense and each activation-sparsity method.
 
     scripts/validate_cost_model.py --calibration cal.h5 [--profile local.json] [--runs 3] \\
-        --json docs/results/cost_validation.json --page docs/cost-validation.md
+        --json docs/results/cost_validation/cost_validation.json --page docs/cost-validation.md
 
 1. The machine's profile: `sparsim probe` (or --profile, an existing one).
 2. For dense and each method: `--runs` invocations of `sparsim bench --profile --out RUN.h5`,
@@ -153,7 +153,7 @@ def main():
     ap.add_argument("--figures", default=os.path.join(ROOT, "docs", "figures"))
     ap.add_argument("--predict-on", default="a100-40gb,a100-80gb,h100-sxm,h200,h200-measured",
                     help="also predict every configuration on these profiles (what the GPU would take)")
-    ap.add_argument("--gpu-results", default=os.path.join(ROOT, "docs", "results", "gpu_h200_first.json"),
+    ap.add_argument("--gpu-results", default=os.path.join(ROOT, "docs", "results", "cuda", "gpu_h200_first.json"),
                     help="a GPU run's results (scripts/gpu/check.sh): its measured tokens/s of the same model, "
                          "storage and methods are set against the predictions on --gpu-profiles ('' : none)")
     ap.add_argument("--gpu-profiles", default="h200,h200-measured")
