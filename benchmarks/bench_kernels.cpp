@@ -79,7 +79,7 @@ BENCHMARK(BM_Linear)->Apply(shapes)->Unit(benchmark::kMicrosecond)->UseRealTime(
 // seeded random subset (a TopK mask has no regular pattern). "cold" weights rotate through
 // copies spanning kColdBytes, more than the last-level cache, as in decode where every matrix
 // comes from memory once per token; "hot" reuses one copy. GB/s counts the weight bytes read.
-// scripts/bench_sparse_gemv.py runs these and tabulates speedup against the ideal 1/(1-s).
+// scripts/bench/bench_sparse_gemv.py runs these and tabulates speedup against the ideal 1/(1-s).
 
 struct GemvShape {
   const char* name;

@@ -74,7 +74,7 @@ if [ "$with_chromium" = 1 ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 
 # llama.cpp through llama-cpp-python, built from its PyPI source: the independent reference of
-# scripts/llamacpp_reference.py, compare_smollm2_llamacpp.py and bench_vs_llamacpp.py.
+# scripts/reference/llamacpp_reference.py and compare_smollm2_llamacpp.py, and scripts/bench/bench_vs_llamacpp.py.
 if [ "$with_llamacpp" = 1 ] && ! "$venv/bin/python" -c 'import llama_cpp' 2>/dev/null; then
   log "building llama-cpp-python 0.3.36 from source (about 20 minutes on 2 cores)"
   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_BLAS=OFF -DLLAMA_CURL=OFF -DGGML_OPENMP=ON" \

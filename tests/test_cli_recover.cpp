@@ -89,7 +89,7 @@ TEST_F(CliRecover, WritesARecoveredModelThatEveryCommandRuns) {
       recover({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json", out("s.json"),
                "--dump-gradients", out("g.h5")});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  {  // the first step's gradients (scripts/backprop_torch_check.py compares them with PyTorch)
+  {  // the first step's gradients (scripts/reference/backprop_torch_check.py compares them with PyTorch)
     io::H5File g = io::H5File::open_read(out("g.h5"));
     std::vector<hsize_t> dims;
     g.root().read<std::int32_t>("tokens", &dims);

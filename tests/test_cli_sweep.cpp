@@ -67,13 +67,13 @@ std::vector<std::string> ids_of(const json& plan) {
 // --plan predicts each point from the families its method names: a token-filter or think
 // point pays for no activation sparsity (its --sparsity resolves to the default 0.5 all the
 // same), a combined point for both of its families.
-/// scripts/sweep_results.py loads <out>/results.h5 with h5py and pandas, finds `rows` rows and
+/// scripts/tools/sweep_results.py loads <out>/results.h5 with h5py and pandas, finds `rows` rows and
 /// the same table in results.csv (skipped with a note where the venv lacks h5py or pandas).
 void expect_pandas_reads(const std::string& out, std::size_t rows) {
   const char* home = std::getenv("HOME");
   const std::string py = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
   if (fs::exists(py) && run_cmd(py + " -c 'import h5py, pandas'").exit_code == 0) {
-    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/sweep_results.py " +
+    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/tools/sweep_results.py " +
                                  out + "/results.h5 --check-csv " + out + "/results.csv");
     EXPECT_EQ(pd.exit_code, 0) << pd.output;
     EXPECT_NE(pd.output.find(std::to_string(rows) + " rows"), std::string::npos) << pd.output;
@@ -398,7 +398,7 @@ TEST(SweepCli, PlanRunStatusCollectAndBitwiseEqualToDirectRuns) {
                         "context", "wall_seconds", "bytes_dense", "tasks_acc", "calibration"})
     EXPECT_TRUE(g.has_dataset(c)) << c;
 
-  // h5py and pandas read the table, and it is the CSV's (scripts/sweep_results.py)
+  // h5py and pandas read the table, and it is the CSV's (scripts/tools/sweep_results.py)
   expect_pandas_reads(s.out(), 7);
 
   // a rerun has nothing to do

@@ -1,5 +1,5 @@
 // The forward pass against llama.cpp, an independent implementation: golden logits made by
-// scripts/make_golden_llamacpp.sh for seeded synthetic F32 models that are re-created here.
+// scripts/reference/make_golden_llamacpp.sh for seeded synthetic F32 models that are re-created here.
 // Opt-in live comparison: set SPARSIM_LLAMACPP_PYTHON to a Python with llama-cpp-python.
 #include "backends.hpp"
 #include "engine/engine.hpp"
@@ -16,7 +16,7 @@ namespace {
 
 struct Golden {
   std::string name;
-  std::string synth_args;  // as in scripts/make_golden_llamacpp.sh
+  std::string synth_args;  // as in scripts/reference/make_golden_llamacpp.sh
 };
 
 const Golden kGolden[] = {
@@ -96,7 +96,7 @@ TEST(GoldenLlamaCppLive, FreshReferenceFromLlamaCpp) {
   ASSERT_EQ(run_cmd(sparsim_bin() + " synth --out " + model + " --seed 4242 --untied").exit_code,
             0);
   const RunResult r = run_cmd(std::string(py) + " " + SPARSIM_SOURCE_DIR +
-                              "/scripts/llamacpp_reference.py --model " + model +
+                              "/scripts/reference/llamacpp_reference.py --model " + model +
                               " --prompt-len 24 --seed 3 --n-greedy 32 --threads 2 --out " + out);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   compare<Kokkos::DefaultHostExecutionSpace>(model, read_reference(out), "live");

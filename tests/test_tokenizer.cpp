@@ -257,7 +257,7 @@ TEST(TokenizerGolden, HfJsonLlama3StyleSplitMatchesLlamaCpp) {
 
 TEST(TokenizerGolden, HfJsonSentencePieceStyleMatchesHuggingFace) {
   // tokenizer.json files written by the Hugging Face `tokenizers` library (see
-  // scripts/make_tokenizer_golden.py) over the synth vocabulary, with that library's ids.
+  // scripts/reference/make_tokenizer_golden.py) over the synth vocabulary, with that library's ids.
   for (const char* variant : {"metaspace", "prepend"}) {
     SCOPED_TRACE(variant);
     const auto tok = Tokenizer::from_hf_json(kGolden + "tokenizer_hf_" + variant + ".json");

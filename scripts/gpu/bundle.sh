@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Collects a CUDA build of sparsim (scripts/build_cuda.sh) and the shared libraries it needs into
+# Collects a CUDA build of sparsim (scripts/tools/build_cuda.sh) and the shared libraries it needs into
 # one folder that can be copied to a GPU machine without the build's dependencies: the binaries
 # (stripped), h5dump, the golden test data, check.sh, and every non-glibc, non-CUDA library the
 # binaries load, named by SONAME and xz-compressed (check.sh unpacks them).

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Turns the results.json of scripts/gpu/check.sh (committed under docs/results/) into the
+"""Turns the results.json of scripts/gpu/check.sh (committed under docs/results/cuda/) into the
 markdown page docs/cuda-results.md: tests on CUDA, CUDA vs OpenMP agreement, prefill and decode
 speed against the bandwidth ideal, the methods on the device, the cost model against what was
 measured, and the goals of the CUDA work.
 
-    scripts/gpu/report.py docs/results/gpu_h200.json [earlier.json ...] > docs/cuda-results.md
+    scripts/gpu/report.py docs/results/cuda/gpu_h200.json [earlier.json ...] > docs/cuda-results.md
 
 The first file is the run the page is about; later files are earlier runs, whose headline
 figures are set beside it. Nominal HBM bandwidths (bytes/s) are the vendors' datasheet figures:
