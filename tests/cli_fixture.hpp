@@ -67,6 +67,18 @@ class TinyModelCli : public ::testing::Test {
            options + " " + extra;
   }
 
+  /// "sparsim eval" of `model` (a model the suite made, e.g. a pruned one) on the suite's corpus,
+  /// two windows of 64 tokens at stride 32, with `extra` options (--json, --out, a method).
+  static std::string eval_of(const std::string& model, const std::string& extra = "") {
+    return sparsim_bin() + " eval --model " + model + " --corpus " + corpus_ +
+           " --context 64 --stride 32 --max-windows 2" + (extra.empty() ? "" : " " + extra);
+  }
+
+  /// "sparsim generate" of six tokens after a two-word prompt, on `model`.
+  static std::string generate_of(const std::string& model) {
+    return sparsim_bin() + " generate --model " + model + " --prompt 'abc def' --max-tokens 6";
+  }
+
   /// make_tiny, and the model's activation-sparsity calibration cal.h5 (kTinyCalibOpts) as calib_.
   static void make_tiny_calibrated(const TinySetup& s) {
     make_tiny(s);

@@ -2,6 +2,7 @@
 // kernel that reads it, the token gate before attention and the channel-selector hook, each
 // against the double-precision reference, brute force or the dense engine.
 #include "backends.hpp"
+#include "compare_helpers.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"
@@ -26,24 +27,6 @@ std::vector<int> tokens(int n, int vocab, int seed) {
   std::vector<int> t(n);
   for (int i = 0; i < n; ++i) t[i] = 3 + (i * 97 + seed * 31) % (vocab - 3);
   return t;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, double(std::fabs(b[i])));
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-  }
-  return err / scale;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::fabs(b[i]));
-    err = std::max(err, std::fabs(a[i] - b[i]));
-  }
-  return err / scale;
 }
 
 /// Kept channels of (layer, sequence, head): a different pseudo-random subset for each, of

@@ -3,6 +3,7 @@
 // fp32: the tolerance documented below), dense and pruned (RoPE pairs and orphans), both RoPE
 // layouts, and bitwise agreement across backends.
 #include "backends.hpp"
+#include "compare_helpers.hpp"
 #include "engine/backprop.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"
@@ -24,36 +25,6 @@ std::vector<int> tokens(int n, int vocab, int seed) {
   std::vector<int> t(n);
   for (int i = 0; i < n; ++i) t[i] = 3 + (i * 37 + seed * 101) % (vocab - 3);
   return t;
-}
-
-/// ‖a − b‖_∞ / ‖b‖_∞.
-double rel_inf(const std::vector<double>& a, const std::vector<double>& b) {
-  double err = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return err / scale;
-}
-
-/// A pruned config of `c` with the given K / V channels kept per KV head (the same in every
-/// layer and head); prune fields filled so it validates.
-Config pruned_config(const Config& c, const std::vector<int>& k_keep,
-                     const std::vector<int>& v_keep) {
-  Config p = c;
-  p.attn.assign(static_cast<std::size_t>(c.n_layer), LayerAttention{});
-  for (auto& a : p.attn) {
-    a.qk_dim = static_cast<int>(k_keep.size());
-    a.v_dim = static_cast<int>(v_keep.size());
-    for (int h = 0; h < c.n_kv_head; ++h) {
-      a.k_channels.insert(a.k_channels.end(), k_keep.begin(), k_keep.end());
-      a.v_channels.insert(a.v_channels.end(), v_keep.begin(), v_keep.end());
-    }
-  }
-  p.prune.method = "test";
-  p.prune.retain = 0.5;
-  p.validate();
-  return p;
 }
 
 /// Central finite differences of the loss with respect to every `stride`-th K and V gate of

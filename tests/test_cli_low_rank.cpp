@@ -52,9 +52,7 @@ TEST_F(CliLowRank, LowRankModelRunsEverywhere) {
     }
 
     const std::string ejs = dir_->file(m + "-eval.json"), run = dir_->file(m + "-eval.h5");
-    const RunResult e =
-        run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
-                " --context 64 --stride 32 --max-windows 2 --json " + ejs + " --out " + run);
+    const RunResult e = run_cmd(eval_of(out, "--json " + ejs + " --out " + run));
     ASSERT_EQ(e.exit_code, 0) << e.output;
     const auto ej = read_json(ejs);
     ASSERT_TRUE(ej.contains("low_rank")) << ej.dump();
@@ -65,8 +63,7 @@ TEST_F(CliLowRank, LowRankModelRunsEverywhere) {
     io::H5File rf = io::H5File::open_read(run);
     EXPECT_EQ(rf.root().open_group("low_rank").get_attr<std::string>("method"), m);
 
-    const RunResult g =
-        run_cmd(sparsim_bin() + " generate --model " + out + " --prompt 'abc def' --max-tokens 6");
+    const RunResult g = run_cmd(generate_of(out));
     EXPECT_EQ(g.exit_code, 0) << g.output;
     const std::string bj = dir_->file(m + "-bl.json");
     const RunResult bl = run_cmd(sparsim_bin() + " bench --model " + out + " --baseline " + model_ +

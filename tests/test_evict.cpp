@@ -5,6 +5,7 @@
 // tokens left out (alone and composed with GRACE), the ledger, and the command line.
 #include "backends.hpp"
 #include "cli_fixture.hpp"
+#include "compare_helpers.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "eval/perplexity.hpp"
@@ -346,28 +347,6 @@ std::vector<int> tokens(int n, int vocab, int seed) {
   std::vector<int> t(n);
   for (int i = 0; i < n; ++i) t[i] = 3 + (i * 89 + seed * 37 + (i * i) % 11) % (vocab - 3);
   return t;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, double(std::fabs(b[i])));
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-  }
-  return err / scale;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::fabs(b[i]));
-    err = std::max(err, std::fabs(a[i] - b[i]));
-  }
-  return err / scale;
-}
-
-bool same_bits(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 // A budget that covers the prompt (fraction 1, or as many tokens as the prompt) evicts

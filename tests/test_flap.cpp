@@ -439,12 +439,10 @@ TEST_F(FlapCli, PrunesAndEveryCommandRunsTheModel) {
   EXPECT_EQ(j.at("layers").size(), 2u);
 
   const std::string ejs = dir_->file("eval.json");
-  const RunResult e = run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
-                              " --context 64 --stride 32 --max-windows 2 --json " + ejs);
+  const RunResult e = run_cmd(eval_of(out, "--json " + ejs));
   ASSERT_EQ(e.exit_code, 0) << e.output;
   EXPECT_TRUE(std::isfinite(read_json(ejs).at("perplexity").get<double>()));
-  const RunResult g =
-      run_cmd(sparsim_bin() + " generate --model " + out + " --prompt 'abc def' --max-tokens 6");
+  const RunResult g = run_cmd(generate_of(out));
   EXPECT_EQ(g.exit_code, 0) << g.output;
   const RunResult b =
       run_cmd(sparsim_bin() + " bench --model " + out + " --prompt 16 --decode 4 --reps 1");

@@ -3,6 +3,7 @@
 // double-precision reference, and the engine runs: compacted decode against a masked full-width
 // decode and the reference model, λ = 0 bit for bit dense, teacher-forced against token by token.
 #include "backends.hpp"
+#include "compare_helpers.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "eval/perplexity.hpp"
@@ -384,24 +385,6 @@ std::vector<int> tokens(int n, int vocab, int seed) {
   std::vector<int> t(n);
   for (int i = 0; i < n; ++i) t[i] = 3 + (i * 89 + seed * 37 + (i * i) % 11) % (vocab - 3);
   return t;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, double(std::fabs(b[i])));
-    err = std::max(err, double(std::fabs(a[i] - b[i])));
-  }
-  return err / scale;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
-  double scale = 0, err = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    scale = std::max(scale, std::fabs(b[i]));
-    err = std::max(err, std::fabs(a[i] - b[i]));
-  }
-  return err / scale;
 }
 
 // Prefill with ThinK / GRACE (the layers compacted by the hook), then decode; against a dense

@@ -2,6 +2,7 @@
 // full model (engine fp32 and the double-precision reference), ρ = 1 bitwise dense, orphans,
 // the pruned GGUF round trip and pruned GGUFs with inconsistent layouts.
 #include "backends.hpp"
+#include "compare_helpers.hpp"
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"
@@ -678,10 +679,6 @@ std::vector<float> kept_wo(const gguf::File& src, const Config& p, int l) {
       for (int i = 0; i < p.v_head_dim(l); ++i)
         y.push_back(x[r * t.ne[0] + h * p.head_dim + p.v_channel(l, h / group, i)]);
   return y;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 // A Q4_1 W_o cut through its blocks: auto writes the exact values (F32 here, as Q4_1 values

@@ -535,8 +535,7 @@ TEST_F(SlimGptCli, PrunesAndEvalRunsTheModel) {
             j.at("layers")[1].at("ratio").get<double>());
 
   const std::string ejs = dir_->file("eval.json");
-  const RunResult e = run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
-                              " --context 64 --stride 32 --max-windows 2 --json " + ejs);
+  const RunResult e = run_cmd(eval_of(out, "--json " + ejs));
   ASSERT_EQ(e.exit_code, 0) << e.output;
   EXPECT_TRUE(std::isfinite(read_json(ejs).at("perplexity").get<double>()));
   const RunResult i = run_cmd(sparsim_bin() + " inspect " + out);
@@ -557,8 +556,7 @@ TEST_F(SlimGptCli, SequentialHessiansWriteARunnableModel) {
   const auto j = read_json(js);
   EXPECT_EQ(j.at("hessian"), "sequential");
   EXPECT_NE(j.at("recipe").get<std::string>().find("hessian=sequential"), std::string::npos);
-  const RunResult e = run_cmd(sparsim_bin() + " eval --model " + out + " --corpus " + corpus_ +
-                              " --context 64 --stride 32 --max-windows 2");
+  const RunResult e = run_cmd(eval_of(out));
   EXPECT_EQ(e.exit_code, 0) << e.output;
 }
 

@@ -3,6 +3,7 @@
 // remainders; bitwise identical results for any tile width (= any thread count) and for Serial
 // against OpenMP.
 #include "backends.hpp"
+#include "compare_helpers.hpp"
 #include "helpers.hpp"
 #include "kernels/linear.hpp"
 #include "kernels/sparse_gemv.hpp"
@@ -137,10 +138,6 @@ struct Problem {
     }
   }
 };
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 /// Shapes around the tiling: out below one tile alignment, a ragged tail, exactly one aligned
 /// tile, and wider than kMaxTile (several tiles per thread); keep covers every remainder mod
