@@ -325,7 +325,7 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
   const Config& c = w->cfg;
   require_uniform_key_width(c);
   const AttnShape sh = attn_shape(c, 0);
-  ma.kv.validate(sh.qk_dim);
+  check_as_options([&] { ma.kv.validate(sh.qk_dim); });
   require(ma.kv.window <= prompt, "--kv-window {} is longer than the prompt of {} tokens",
           ma.kv.window, prompt);
   const int ctx = prompt + (synthetic ? 1 : decode);

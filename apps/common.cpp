@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include <iostream>
+#include <map>
 #include <sstream>
 #ifdef _OPENMP
 #include <omp.h>
@@ -257,6 +258,33 @@ void ProgressBar::update(int done, int total, const std::string& detail) {
 void ProgressBar::finish() {
   if (drawn_ && mode_ == Mode::Bar) std::fprintf(stderr, "\n");
   drawn_ = false;
+}
+
+const std::string* option_of_setting(const std::string& key) {
+  static const std::map<std::string, std::string> flags = {
+      {"token_filter.ratio", "--tf-ratio"},
+      {"token_filter.num_layers", "--tf-num-layers"},
+      {"token_filter.warmup", "--tf-warmup"},
+      {"token_filter.eta", "--tf-eta"},
+      {"token_filter.gamma", "--tf-gamma"},
+      {"token_filter.trace", "--tf-trace"},
+      {"token_filter.criterion", "--tf-criterion"},
+      {"token_filter.anchor", "--tf-anchor"},
+      {"token_filter.layers", "--tf-layers"},
+      {"k_channels.lambda", "--kv-prune"},
+      {"k_channels.window", "--kv-window"},
+      {"k_channels.recent", "--kv-recent"},
+      {"k_channels.protect", "--kv-protect"},
+      {"eviction.method", "--evict"},
+      {"eviction.budget", "--evict-budget"},
+      {"eviction.window", "--evict-window"},
+      {"eviction.sinks", "--evict-sinks"},
+      {"eviction.kernel", "--evict-kernel"},
+      {"eviction.beta", "--evict-beta"},
+      {"probe_pruning.ratio", "--pp-ratio"},
+      {"probe_pruning.probe", "--pp-probe"}};
+  const auto it = flags.find(key);
+  return it == flags.end() ? nullptr : &it->second;
 }
 
 }  // namespace sparsim::app

@@ -135,4 +135,21 @@ inline constexpr const char* kBf16ComputeHelp =
     "computes bf16 models), cuBLAS on a GPU's tensor cores (there also the prefill attention's "
     "products in TF32); decode stays fp32 x bf16";
 
+/// The command-line option of each setting the library's checks name (OptionError::key), e.g.
+/// "token_filter.ratio" → "--tf-ratio".
+const std::string* option_of_setting(const std::string& key);
+
+/// Runs `f` (a library check of settings the user gave as options); an OptionError of a setting
+/// that has an option is raised again as an Error naming the option: "--tf-ratio must be …".
+template <class F>
+void check_as_options(F&& f) {
+  try {
+    f();
+  } catch (const OptionError& e) {
+    const std::string* flag = option_of_setting(e.key());
+    if (!flag) throw;
+    throw Error(*flag + " " + e.rest());
+  }
+}
+
 }  // namespace sparsim::app

@@ -149,14 +149,14 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   if (probe_pruning) {
     require(act == "dense" && !token_filter && !kv_prune && !evict(),
             "--method probe-pruning runs alone (not joined with other methods or --evict)");
-    pp.validate();
+    check_as_options([&] { pp.validate(); });
   }
   if (evict()) {
-    ev.method = pruning::parse_evict_method(evict_method);
+    check_as_options([&] { ev.method = pruning::parse_evict_method(evict_method); });
     require(evict_pool == "avg" || evict_pool == "max", "--evict-pool must be avg or max, got '{}'",
             evict_pool);
     ev.pool = evict_pool == "avg" ? pruning::EvictPool::Avg : pruning::EvictPool::Max;
-    ev.validate();
+    check_as_options([&] { ev.validate(); });
   }
   if (kv_prune) {
     const std::vector<double> ab = parse_double_list(kv_protect, "--kv-protect");
@@ -167,29 +167,20 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
             kv_guard);
     kv.guard = kv_guard == "on";
     require(kv_trace >= 0, "--kv-trace must be non-negative, got {}", kv_trace);
-    // what does not depend on the model (⌈λ·d⌉ < d is checked once the model is loaded)
-    require(std::isfinite(kv.lambda) && kv.lambda >= 0 && kv.lambda < 1,
-            "--kv-prune must be in [0, 1) (the pruned fraction of key channels), got {}",
-            kv.lambda);
-    require(kv.window >= 1, "--kv-window must be at least 1 query, got {}", kv.window);
-    require(kv.recent >= 0, "--kv-recent must be non-negative, got {}", kv.recent);
-    require(std::isfinite(kv.protect_lo) && std::isfinite(kv.protect_hi) && kv.protect_lo >= 0 &&
-                kv.protect_lo <= kv.protect_hi && kv.protect_hi < 1,
-            "--kv-protect a,b must satisfy 0 <= a <= b < 1, got [{}, {}]", kv.protect_lo,
-            kv.protect_hi);
+    // what does not depend on the model (⌊λ·d⌋ < d is checked once the model is loaded)
+    check_as_options([&] { kv.check_values(); });
   }
   if (token_filter) {
-    tf.criterion = gating::parse_criterion(tf_criterion);
-    tf.anchor = gating::parse_anchor(tf_anchor);
-    tf.layers = gating::parse_layer_set(tf_layers);
+    check_as_options([&] {
+      tf.criterion = gating::parse_criterion(tf_criterion);
+      tf.anchor = gating::parse_anchor(tf_anchor);
+      tf.layers = gating::parse_layer_set(tf_layers);
+    });
     require(tf_keys == "post-rope" || tf_keys == "pre-rope",
             "--tf-keys must be post-rope or pre-rope, got '{}'", tf_keys);
     tf.pre_rope = tf_keys == "pre-rope";
     // what does not depend on the model (r·L/N is checked once the model is loaded)
-    require(std::isfinite(tf.ratio) && tf.ratio >= 0 && tf.ratio < 1,
-            "--tf-ratio must be in [0, 1), got {}", tf.ratio);
-    require(tf.num_layers >= 0, "--tf-num-layers must be non-negative, got {}", tf.num_layers);
-    require(tf.warmup >= 2, "--tf-warmup must be at least 2 tokens, got {}", tf.warmup);
+    check_as_options([&] { tf.check_values(); });
     require(tf_drop_mode == "auto" || tf_drop_mode == "compact" || tf_drop_mode == "mask",
             "--tf-drop-mode must be auto, compact or mask, got '{}'", tf_drop_mode);
     require(tf.drop_skipped || tf_drop_mode == "auto",

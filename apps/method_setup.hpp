@@ -70,7 +70,7 @@ std::unique_ptr<gating::TokenFilter<E>> make_token_filter(const MethodArgs& a, E
                                                           int seq_len) {
   if (!a.token_filter) return nullptr;
   const AttnShape sh = eng.cache().shape(0);
-  a.tf.validate(eng.config().n_layer);
+  check_as_options([&] { a.tf.validate(eng.config().n_layer); });
   require(a.tf.warmup < seq_len,
           "--tf-warmup {} is not shorter than the sequences of {} tokens: nothing would be decided",
           a.tf.warmup, seq_len);
@@ -101,7 +101,7 @@ std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a,
   if (!a.kv_prune) return nullptr;
   require_uniform_key_width(eng.config());
   const AttnShape sh = eng.cache().shape(0);
-  a.kv.validate(sh.qk_dim);
+  check_as_options([&] { a.kv.validate(sh.qk_dim); });
   require(a.kv.window <= shortest_prefill,
           "--kv-window {}: the observation window is longer than the prompt of {} tokens that is "
           "prefilled before decoding",
@@ -123,7 +123,7 @@ std::unique_ptr<pruning::TokenEvictorPolicy<E>> make_token_evictor(const MethodA
   require(!c.low_rank_kv(),
           "--evict: a low-rank K/V model ({}) caches latents, not keys and values to evict",
           c.prune.method);
-  a.ev.validate();
+  check_as_options([&] { a.ev.validate(); });
   if (a.ev.method == pruning::EvictMethod::Streaming)
     require(a.ev.sinks < shortest_prefill,
             "--evict-sinks {}: not shorter than the prompt of {} tokens that is prefilled before "

@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace sparsim {
 
@@ -20,6 +21,30 @@ class UsageError : public Error {
  public:
   using Error::Error;
 };
+
+/// A setting out of its range, found where the setting is used: `key` identifies the quantity
+/// (e.g. "token_filter.ratio"), the message names it as the library knows it ("Token
+/// Filtering's skip ratio r must be in [0, 1), got 1.5"). A command line maps the key to its
+/// option and says "--tf-ratio " + rest().
+class OptionError : public Error {
+ public:
+  OptionError(std::string key, const std::string& name, std::string rest)
+      : Error(name + " " + rest), key_(std::move(key)), rest_(std::move(rest)) {}
+  const std::string& key() const { return key_; }
+  /// The message after the quantity's name.
+  const std::string& rest() const { return rest_; }
+
+ private:
+  std::string key_, rest_;
+};
+
+/// Throws OptionError for the quantity `key` (called `name`) unless `cond` holds; `f`: the
+/// message after the name.
+template <class... Args>
+void require_setting(bool cond, const char* key, const char* name, fmt::format_string<Args...> f,
+                     Args&&... args) {
+  if (!cond) throw OptionError(key, name, fmt::format(f, std::forward<Args>(args)...));
+}
 
 /// Throws sparsim::Error with a fmt-formatted message.
 template <class... Args>

@@ -48,25 +48,37 @@ int prune_count(double lambda, int d) {
   return static_cast<int>(std::floor(lambda * d + 1e-9));
 }
 
+namespace {
+constexpr const char* kLambda = "K-channel pruning's pruned fraction λ";
+constexpr const char* kProtect = "GRACE's protected range a,b";
+}  // namespace
+
+void KvPruneOptions::check_values() const {
+  require_setting(std::isfinite(lambda) && lambda >= 0 && lambda < 1, "k_channels.lambda", kLambda,
+                  "must be in [0, 1) (the pruned fraction of key channels), got {}", lambda);
+  require_setting(window >= 1, "k_channels.window", "K-channel pruning's observation window",
+                  "must be at least 1 query, got {}", window);
+  require_setting(recent >= 0, "k_channels.recent", "K-channel pruning's recent window",
+                  "must be non-negative, got {}", recent);
+  require_setting(std::isfinite(protect_lo) && std::isfinite(protect_hi) && protect_lo >= 0 &&
+                      protect_lo <= protect_hi && protect_hi < 1,
+                  "k_channels.protect", kProtect, "must satisfy 0 <= a <= b < 1, got [{}, {}]",
+                  protect_lo, protect_hi);
+}
+
 void KvPruneOptions::validate(int head_dim) const {
-  require(std::isfinite(lambda) && lambda >= 0 && lambda < 1,
-          "--kv-prune must be in [0, 1) (the pruned fraction of key channels), got {}", lambda);
+  check_values();
   const int n = prune_count(lambda, head_dim);
-  require(n < head_dim,
-          "--kv-prune {} prunes ⌊λ·d⌋ = {} of the {} key channels of a head: no channel would be "
-          "left",
-          lambda, n, head_dim);
-  require(window >= 1, "--kv-window must be at least 1 query, got {}", window);
-  require(recent >= 0, "--kv-recent must be non-negative, got {}", recent);
-  require(std::isfinite(protect_lo) && std::isfinite(protect_hi) && protect_lo >= 0 &&
-              protect_lo <= protect_hi && protect_hi < 1,
-          "--kv-protect a,b must satisfy 0 <= a <= b < 1, got [{}, {}]", protect_lo, protect_hi);
+  require_setting(n < head_dim, "k_channels.lambda", kLambda,
+                  "{} prunes ⌊λ·d⌋ = {} of the {} key channels of a head: no channel would be "
+                  "left",
+                  lambda, n, head_dim);
   if (method == KvMethod::Grace) {
     const int lo = static_cast<int>(std::ceil(protect_lo * head_dim - 1e-9));
-    require(lo <= head_dim - n,
-            "--kv-protect lower bound {} protects at least {} of {} channels, but --kv-prune {} "
-            "prunes {}: lower a or λ",
-            protect_lo, lo, head_dim, lambda, n);
+    require_setting(lo <= head_dim - n, "k_channels.protect", kProtect,
+                    "with lower bound {} protects at least {} of {} channels, but λ = {} prunes "
+                    "{}: lower a or λ",
+                    protect_lo, lo, head_dim, lambda, n);
   }
 }
 

@@ -65,9 +65,11 @@ struct KvPruneOptions {
   /// The last `recent` prompt keys stay at full width (ThinK's reference code: recent_size = 32);
   /// only the keys before them are compacted. 0: the whole prompt is compacted.
   int recent = 32;
-  /// Throws sparsim::Error naming the option: λ outside [0, 1) or leaving a head of `head_dim`
-  /// channels with none, w < 1, [a, b] not within 0 ≤ a ≤ b < 1, or a lower bound a that needs
-  /// more protected channels than the ⌈λd⌉ pruned ones leave.
+  /// What needs no model: throws OptionError naming the quantity for λ outside [0, 1), w < 1,
+  /// a negative recent window, [a, b] not within 0 ≤ a ≤ b < 1.
+  void check_values() const;
+  /// check_values(), and for heads of `head_dim` channels: λ leaving a head with none, or a
+  /// lower bound a that needs more protected channels than the ⌊λd⌋ pruned ones leave.
   void validate(int head_dim) const;
 };
 

@@ -12,11 +12,13 @@
 namespace sparsim::pruning {
 
 void ProbePruningOptions::validate() const {
-  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1,
-          "--pp-ratio must be in [0, 1) (the pruned fraction of heads and FFN channels), got {}",
-          ratio);
-  require(std::isfinite(probe) && probe > 0 && probe <= 1,
-          "--pp-probe must be in (0, 1] (the probe's fraction of a batch's rows), got {}", probe);
+  require_setting(std::isfinite(ratio) && ratio >= 0 && ratio < 1, "probe_pruning.ratio",
+                  "Probe Pruning's ratio",
+                  "must be in [0, 1) (the pruned fraction of heads and FFN channels), got {}",
+                  ratio);
+  require_setting(std::isfinite(probe) && probe > 0 && probe <= 1, "probe_pruning.probe",
+                  "Probe Pruning's probe share",
+                  "must be in (0, 1] (the probe's fraction of a batch's rows), got {}", probe);
 }
 
 int probe_rows(int n, double probe) {

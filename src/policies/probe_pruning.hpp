@@ -38,7 +38,7 @@ namespace sparsim::pruning {
 struct ProbePruningOptions {
   double ratio = 0.5;   ///< pruned fraction of the attention units and of the FFN channels
   double probe = 0.05;  ///< probe rows as a fraction of the call's rows
-  /// Throws sparsim::Error naming --pp-ratio / --pp-probe for values outside [0, 1) / (0, 1].
+  /// Throws OptionError naming the ratio or the probe share for values outside [0, 1) / (0, 1].
   void validate() const;
 };
 

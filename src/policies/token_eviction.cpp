@@ -32,7 +32,8 @@ EvictMethod parse_evict_method(const std::string& s) {
   if (s == "h2o") return EvictMethod::H2O;
   if (s == "snapkv") return EvictMethod::SnapKV;
   if (s == "pyramidkv") return EvictMethod::PyramidKV;
-  throw Error(fmt::format("--evict must be streaming, h2o, snapkv or pyramidkv, got '{}'", s));
+  throw OptionError("eviction.method", "the eviction policy",
+                    fmt::format("must be streaming, h2o, snapkv or pyramidkv, got '{}'", s));
 }
 
 const char* to_string(EvictPool p) {
@@ -40,27 +41,31 @@ const char* to_string(EvictPool p) {
 }
 
 void EvictOptions::validate() const {
-  require(std::isfinite(budget) && budget > 0,
-          "--evict-budget must be a fraction of the prompt in (0, 1] or a number of tokens > 1, "
-          "got {}",
-          budget);
-  require(budget <= 1 || (budget == std::floor(budget) && budget <= 1e9),
-          "--evict-budget {} is above 1, so it counts tokens: it must be a whole number", budget);
-  require(window >= 1, "--evict-window must be at least 1 token, got {}", window);
-  require(sinks >= 0, "--evict-sinks must be non-negative, got {}", sinks);
-  require(kernel >= 1 && kernel % 2 == 1, "--evict-kernel must be an odd number ≥ 1, got {}",
-          kernel);
-  require(beta >= 1, "--evict-beta must be at least 1, got {}", beta);
+  constexpr const char* kBudget = "the eviction budget";
+  constexpr const char* kWindow = "the eviction's observation and recent window";
+  constexpr const char* kSinks = "the eviction's attention sinks";
+  require_setting(std::isfinite(budget) && budget > 0, "eviction.budget", kBudget,
+                  "must be a fraction of the prompt in (0, 1] or a number of tokens > 1, got {}",
+                  budget);
+  require_setting(budget <= 1 || (budget == std::floor(budget) && budget <= 1e9), "eviction.budget",
+                  kBudget, "{} is above 1, so it counts tokens: it must be a whole number", budget);
+  require_setting(window >= 1, "eviction.window", kWindow, "must be at least 1 token, got {}",
+                  window);
+  require_setting(sinks >= 0, "eviction.sinks", kSinks, "must be non-negative, got {}", sinks);
+  require_setting(kernel >= 1 && kernel % 2 == 1, "eviction.kernel", "SnapKV's pooling kernel",
+                  "must be an odd number ≥ 1, got {}", kernel);
+  require_setting(beta >= 1, "eviction.beta", "PyramidKV's budget ratio β",
+                  "must be at least 1, got {}", beta);
   if (budget > 1) {
     const int c = static_cast<int>(budget);
     if (method == EvictMethod::Streaming)
-      require(sinks < c, "--evict-sinks {} leaves no recent token in a budget of {} tokens", sinks,
-              c);
+      require_setting(sinks < c, "eviction.sinks", kSinks,
+                      "{} leaves no recent token in a budget of {} tokens", sinks, c);
     else
-      require(window < c,
-              "--evict-window {} is not shorter than the budget of {} tokens: nothing would be "
-              "chosen by score",
-              window, c);
+      require_setting(window < c, "eviction.window", kWindow,
+                      "{} is not shorter than the budget of {} tokens: nothing would be chosen "
+                      "by score",
+                      window, c);
   }
 }
 

@@ -54,7 +54,7 @@ struct EvictOptions {
   int kernel = 5;                   ///< SnapKV / PyramidKV pooling kernel (odd; SnapKV's code: 5)
   EvictPool pool = EvictPool::Avg;  ///< SnapKV / PyramidKV pooling (SnapKV's code: avgpool)
   int beta = 20;  ///< PyramidKV: the shallowest budget over the deepest (PyramidKV's code: 20)
-  /// Throws sparsim::Error naming the option for values no prompt can use.
+  /// Throws OptionError naming the quantity for values no prompt can use (needs no model).
   void validate() const;
   /// C for a prompt of T tokens (the same in every layer but PyramidKV's).
   int budget_tokens(int T) const;

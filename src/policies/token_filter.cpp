@@ -42,20 +42,23 @@ Criterion parse_criterion(const std::string& s) {
   if (s == "key") return Criterion::Key;
   if (s == "value") return Criterion::Value;
   if (s == "kv") return Criterion::KV;
-  fail("--tf-criterion must be key, value or kv, got '{}'", s);
+  throw OptionError("token_filter.criterion", "Token Filtering's similarity criterion",
+                    fmt::format("must be key, value or kv, got '{}'", s));
 }
 
 AnchorKind parse_anchor(const std::string& s) {
   if (s == "mean") return AnchorKind::Mean;
   if (s == "ema") return AnchorKind::Ema;
-  fail("--tf-anchor must be mean or ema, got '{}'", s);
+  throw OptionError("token_filter.anchor", "Token Filtering's anchor",
+                    fmt::format("must be mean or ema, got '{}'", s));
 }
 
 LayerSet parse_layer_set(const std::string& s) {
   if (s == "tail") return LayerSet::Tail;
   if (s == "head") return LayerSet::Head;
   if (s == "uniform") return LayerSet::Uniform;
-  fail("--tf-layers must be tail, head or uniform, got '{}'", s);
+  throw OptionError("token_filter.layers", "Token Filtering's set of gated layers",
+                    fmt::format("must be tail, head or uniform, got '{}'", s));
 }
 
 int TokenFilterOptions::gated_layers(int n_layer) const {
@@ -66,22 +69,36 @@ double TokenFilterOptions::layer_target(int n_layer) const {
   return ratio * n_layer / gated_layers(n_layer);
 }
 
+namespace {
+constexpr const char* kRatio = "Token Filtering's skip ratio r";
+constexpr const char* kGatedLayers = "Token Filtering's number of gated layers N";
+}  // namespace
+
+void TokenFilterOptions::check_values() const {
+  require_setting(std::isfinite(ratio) && ratio >= 0 && ratio < 1, "token_filter.ratio", kRatio,
+                  "must be in [0, 1), got {}", ratio);
+  require_setting(num_layers >= 0, "token_filter.num_layers", kGatedLayers,
+                  "must be non-negative, got {}", num_layers);
+  require_setting(warmup >= 2, "token_filter.warmup", "Token Filtering's warm-up W",
+                  "must be at least 2 tokens (the first has no anchor), got {}", warmup);
+  require_setting(std::isfinite(eta) && eta >= 0, "token_filter.eta",
+                  "Token Filtering's controller gain η", "must be non-negative, got {}", eta);
+  require_setting(std::isfinite(gamma) && gamma >= 0 && gamma < 1, "token_filter.gamma",
+                  "Token Filtering's EMA factor γ", "must be in [0, 1), got {}", gamma);
+  require_setting(trace_sequences >= 0, "token_filter.trace",
+                  "Token Filtering's number of traced sequences", "must be non-negative, got {}",
+                  trace_sequences);
+}
+
 void TokenFilterOptions::validate(int n_layer) const {
-  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1, "--tf-ratio must be in [0, 1), got {}",
-          ratio);
+  check_values();
   const int n = gated_layers(n_layer);
-  require(n >= 1 && n <= n_layer,
-          "--tf-num-layers must be between 1 and the model's {} layers, got {}", n_layer, n);
-  require(layer_target(n_layer) <= 1.0 + 1e-12,
-          "--tf-ratio {} over {} gated layers of {} needs a per-layer skip ratio r·L/N = {:.3f} "
-          "above 1: gate more layers (--tf-num-layers) or lower the ratio",
-          ratio, n, n_layer, layer_target(n_layer));
-  require(warmup >= 2, "--tf-warmup must be at least 2 tokens (the first has no anchor), got {}",
-          warmup);
-  require(std::isfinite(eta) && eta >= 0, "--tf-eta must be non-negative, got {}", eta);
-  require(std::isfinite(gamma) && gamma >= 0 && gamma < 1, "--tf-gamma must be in [0, 1), got {}",
-          gamma);
-  require(trace_sequences >= 0, "--tf-trace must be non-negative, got {}", trace_sequences);
+  require_setting(n >= 1 && n <= n_layer, "token_filter.num_layers", kGatedLayers,
+                  "must be between 1 and the model's {} layers, got {}", n_layer, n);
+  require_setting(layer_target(n_layer) <= 1.0 + 1e-12, "token_filter.ratio", kRatio,
+                  "{} over {} gated layers of {} needs a per-layer skip ratio r·L/N = {:.3f} "
+                  "above 1: gate more layers or lower the ratio",
+                  ratio, n, n_layer, layer_target(n_layer));
 }
 
 std::vector<int> select_layers(LayerSet set, int n, int n_layer) {

@@ -39,8 +39,8 @@ enum class LayerSet { Tail, Head, Uniform };
 const char* to_string(Criterion c);
 const char* to_string(AnchorKind a);
 const char* to_string(LayerSet s);
-/// Parse the option spellings (key|value|kv, mean|ema, tail|head|uniform); throw naming the
-/// option and the accepted values.
+/// Parse the setting spellings (key|value|kv, mean|ema, tail|head|uniform); throw OptionError
+/// listing the accepted values.
 Criterion parse_criterion(const std::string& s);
 AnchorKind parse_anchor(const std::string& s);
 LayerSet parse_layer_set(const std::string& s);
@@ -63,8 +63,10 @@ struct TokenFilterOptions {
   int gated_layers(int n_layer) const;
   /// r_ℓ = r·L/N.
   double layer_target(int n_layer) const;
-  /// Throws sparsim::Error naming the option: r outside [0, 1), r_ℓ > 1, N outside 1 … L,
-  /// W < 2, η < 0, γ outside [0, 1).
+  /// What needs no model: throws OptionError naming the quantity for r outside [0, 1), N < 0,
+  /// W < 2, η < 0, γ outside [0, 1), a negative trace count.
+  void check_values() const;
+  /// check_values(), and against a model of `n_layer` layers: N outside 1 … L, r_ℓ = r·L/N > 1.
   void validate(int n_layer) const;
 };
 
