@@ -348,7 +348,7 @@ int run_compare(CompareArgs& a, const ResolvedModel& rm, const Corpus& corpus, c
       a.bos_mode == "yes" || (a.bos_mode == "auto" && tok.add_bos_default() && tok.bos_id() >= 0);
   require(!(a.bos_mode == "yes" && tok.bos_id() < 0), "--bos yes: the model has no BOS token");
   po_.bos_id = add_bos ? tok.bos_id() : -1;
-  po_.validate(c.context_length);
+  check_as_options([&] { po_.validate(c.context_length); });
   const std::vector<int> stream = corpus_stream(corpus, tok);
   const auto starts = window_starts(stream.size(), po_);
   require(!starts.empty(),

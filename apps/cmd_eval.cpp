@@ -57,11 +57,11 @@ void check_against_model(EvalArgs& a, const Config& c, const Tokenizer& tok, boo
           c.vocab);
   require(!(a.bos_mode == "yes" && tok.bos_id() < 0), "--bos yes: the model has no BOS token");
   a.ppl.bos_id = add_bos ? tok.bos_id() : -1;
-  if (!a.no_ppl) a.ppl.validate(c.context_length);
-  if (a.retrieval) a.ro.validate(c.context_length);
+  if (!a.no_ppl) check_as_options([&] { a.ppl.validate(c.context_length); });
+  if (a.retrieval) check_as_options([&] { a.ro.validate(c.context_length); });
   if (a.ruler) {
     if (a.ruo.lengths.empty()) a.ruo.lengths = RulerOptions::default_lengths(c.context_length);
-    a.ruo.validate(c.context_length);
+    check_as_options([&] { a.ruo.validate(c.context_length); });
   }
   if (a.ma.token_filter) check_as_options([&] { a.ma.tf.validate(c.n_layer); });
   if (a.ma.kv_prune) {

@@ -282,7 +282,23 @@ const std::string* option_of_setting(const std::string& key) {
       {"eviction.kernel", "--evict-kernel"},
       {"eviction.beta", "--evict-beta"},
       {"probe_pruning.ratio", "--pp-ratio"},
-      {"probe_pruning.probe", "--pp-probe"}};
+      {"probe_pruning.probe", "--pp-probe"},
+      {"perplexity.context", "--context"},
+      {"perplexity.stride", "--stride"},
+      {"perplexity.score", "--score"},
+      {"perplexity.batch", "--batch"},
+      {"perplexity.max_windows", "--max-windows"},
+      {"retrieval.kind", "--retrieval-kind"},
+      {"retrieval.lengths", "--retrieval-lengths"},
+      {"retrieval.depths", "--retrieval-depths"},
+      {"retrieval.samples", "--retrieval-samples"},
+      {"retrieval.digits", "--retrieval-digits"},
+      {"retrieval.batch", "--batch"},
+      {"ruler.tasks", "--task ruler"},
+      {"ruler.lengths", "--ruler-lengths"},
+      {"ruler.depths", "--ruler-depths"},
+      {"ruler.samples", "--ruler-samples"},
+      {"ruler.batch", "--batch"}};
   const auto it = flags.find(key);
   return it == flags.end() ? nullptr : &it->second;
 }

@@ -95,7 +95,7 @@ void EvalArgs::check(const po::variables_map& vm) {
     }
     ruo.depths = parse_double_list(ruler_depths, "--ruler-depths");
     ruo.batch = ppl.batch;
-    ruo.validate(1 << 30);  // the model's context is checked once it is loaded
+    check_as_options([&] { ruo.check_values(); });  // the model's context: once it is loaded
     if (ruler_lengths.empty()) ruo.lengths.clear();
   }
   if (retrieval) {
@@ -110,7 +110,7 @@ void EvalArgs::check(const po::variables_map& vm) {
     }
     ro.depths = parse_double_list(ret_depths, "--retrieval-depths");
     ro.batch = ppl.batch;
-    ro.validate(1 << 30);  // the model's context is checked once it is loaded
+    check_as_options([&] { ro.check_values(); });  // the model's context: once it is loaded
   }
   require(!tf_mass || (ma.token_filter && !out.empty() && !no_ppl),
           "--tf-attention-mass needs --method with token-filter, perplexity and --out");
@@ -136,7 +136,7 @@ void EvalArgs::check(const po::variables_map& vm) {
   check_load_options(lo);
   show_progress = progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   // Fail on bad arguments before loading anything big.
-  if (!no_ppl) ppl.validate(0);
+  if (!no_ppl) check_as_options([&] { ppl.check_values(); });
   if (!no_ppl && checkpoint_arg == "auto") {
     const std::string& base = !out.empty() ? out : json_out;
     if (!base.empty() && !da.enabled() && !ma.token_filter && !ma.kv_prune && !ma.probe_pruning)

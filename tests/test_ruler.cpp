@@ -244,7 +244,7 @@ TEST(Ruler, SubsetsAndOptionsAreChecked) {
   throws_with([&] { o.validate(8192); }, "increasing");
   o.lengths = {1024};
   o.samples = 0;
-  throws_with([&] { o.validate(8192); }, "--ruler-samples");
+  throws_with([&] { o.validate(8192); }, "items per cell");
   o.samples = 20;
   o.depths = {0.5, 1.2};
   throws_with([&] { o.validate(8192); }, "outside [0, 1]");

@@ -3,6 +3,9 @@
 // errors name the quantity and carry its key; the command line maps the key to its option (the
 // CLI tests check those messages).
 #include "core/error.hpp"
+#include "eval/perplexity.hpp"
+#include "eval/retrieval.hpp"
+#include "eval/ruler.hpp"
 #include "policies/channel_scoring.hpp"
 #include "policies/probe_pruning.hpp"
 #include "policies/token_eviction.hpp"
@@ -84,6 +87,36 @@ TEST(Settings, EvictionAndProbePruningNameTheirQuantities) {
   pruning::ProbePruningOptions p;
   p.probe = 0;
   expect_setting_error([&] { p.validate(); }, "probe_pruning.probe", "probe share");
+}
+
+TEST(Settings, EvaluationWindowsAndPromptsBeforeTheModelAndItsContextAfter) {
+  PplOptions p;
+  p.context = 4096;
+  p.stride = 512;
+  p.score = 512;
+  EXPECT_NO_THROW(p.check_values());
+  expect_setting_error([&] { p.validate(2048); }, "perplexity.context", "window length");
+  p.score = 4096;
+  expect_setting_error([&] { p.check_values(); }, "perplexity.score", "scored tokens");
+
+  RetrievalOptions r;
+  r.lengths = {8192};
+  EXPECT_NO_THROW(r.check_values());
+  expect_setting_error([&] { r.validate(8192); }, "retrieval.lengths", "exceeds the model's");
+  r.lengths = {32};
+  expect_setting_error([&] { r.check_values(); }, "retrieval.lengths", "too short");
+
+  RulerOptions u;
+  u.tasks = parse_ruler_subset("niah");
+  u.lengths = {1024, 4096};
+  EXPECT_NO_THROW(u.check_values());
+  expect_setting_error([&] { u.validate(2048); }, "ruler.lengths", "exceeds the model's");
+  u.lengths.clear();  // the default lengths of a model under 1,024 tokens: none
+  EXPECT_NO_THROW(u.check_values());
+  expect_setting_error([&] { u.validate(512); }, "ruler.lengths", "at least one length");
+  u.lengths = {1024};
+  u.samples = 0;
+  expect_setting_error([&] { u.check_values(); }, "ruler.samples", "items per cell");
 }
 
 }  // namespace

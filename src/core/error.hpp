@@ -29,7 +29,9 @@ class UsageError : public Error {
 class OptionError : public Error {
  public:
   OptionError(std::string key, const std::string& name, std::string rest)
-      : Error(name + " " + rest), key_(std::move(key)), rest_(std::move(rest)) {}
+      : Error(name + (rest.rfind(':', 0) == 0 ? "" : " ") + rest),
+        key_(std::move(key)),
+        rest_(std::move(rest)) {}
   const std::string& key() const { return key_; }
   /// The message after the quantity's name.
   const std::string& rest() const { return rest_; }

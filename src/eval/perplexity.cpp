@@ -10,16 +10,25 @@
 
 namespace sparsim {
 
+void PplOptions::check_values() const {
+  require_setting(context >= 2, "perplexity.context", "the window length",
+                  "must be at least 2 tokens (one predicts the next), got {}", context);
+  require_setting(stride >= 1, "perplexity.stride", "the window stride",
+                  "must be at least 1, got {}", stride);
+  require_setting(score >= 1 && score < context, "perplexity.score",
+                  "the number of scored tokens per window",
+                  "{} must be between 1 and the context minus one ({})", score, context - 1);
+  require_setting(batch >= 1, "perplexity.batch", "the number of windows per forward pass",
+                  "must be at least 1, got {}", batch);
+  require_setting(max_windows >= 0, "perplexity.max_windows", "the window limit",
+                  "must be non-negative, got {}", max_windows);
+}
+
 void PplOptions::validate(int model_context) const {
-  require(context >= 2, "--context must be at least 2 tokens (one predicts the next), got {}",
-          context);
-  require(model_context <= 0 || context <= model_context,
-          "--context {} is longer than the model supports ({} tokens)", context, model_context);
-  require(stride >= 1, "--stride must be at least 1, got {}", stride);
-  require(score >= 1 && score < context,
-          "--score {} must be between 1 and the context minus one ({})", score, context - 1);
-  require(batch >= 1, "--batch must be at least 1, got {}", batch);
-  require(max_windows >= 0, "--max-windows must be non-negative, got {}", max_windows);
+  check_values();
+  require_setting(model_context <= 0 || context <= model_context, "perplexity.context",
+                  "the window length", "{} is longer than the model supports ({} tokens)", context,
+                  model_context);
 }
 
 std::vector<std::size_t> window_starts(std::size_t n, const PplOptions& o) {

@@ -16,7 +16,9 @@ struct PplOptions {
   int batch = 1;        ///< windows per forward pass
   int max_windows = 0;  ///< 0: all
   int bos_id = -1;      ///< prepended to every window when >= 0
-  /// Throws sparsim::Error naming the option at fault; model_context 0: not known yet.
+  /// What needs no model: throws OptionError naming the quantity at fault.
+  void check_values() const;
+  /// check_values(), and the window against the model's context (0: not known yet).
   void validate(int model_context) const;
 };
 

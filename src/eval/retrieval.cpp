@@ -13,23 +13,37 @@
 
 namespace sparsim {
 
-void RetrievalOptions::validate(int model_context) const {
-  require(kind == "passkey" || kind == "kv", "--retrieval-kind must be passkey or kv, got '{}'",
-          kind);
-  require(!lengths.empty(), "--retrieval-lengths: give at least one length");
-  require(!depths.empty(), "--retrieval-depths: give at least one depth");
-  for (int L : lengths) {
-    require(L >= 64, "--retrieval-lengths: {} tokens is too short for a retrieval prompt", L);
-    require(L + answer_tokens() <= model_context,
-            "--retrieval-lengths: a prompt of {} tokens plus its {}-token answer exceeds the "
-            "model's context of {} tokens",
-            L, answer_tokens(), model_context);
-  }
+namespace {
+constexpr const char* kLengths = "the retrieval prompt lengths";
+}  // namespace
+
+void RetrievalOptions::check_values() const {
+  require_setting(kind == "passkey" || kind == "kv", "retrieval.kind", "the retrieval task",
+                  "must be passkey or kv, got '{}'", kind);
+  require_setting(!lengths.empty(), "retrieval.lengths", kLengths, ": give at least one length");
+  require_setting(!depths.empty(), "retrieval.depths", "the needle depths",
+                  ": give at least one depth");
+  for (int L : lengths)
+    require_setting(L >= 64, "retrieval.lengths", kLengths,
+                    ": {} tokens is too short for a retrieval prompt", L);
   for (double d : depths)
-    require(std::isfinite(d) && d >= 0 && d <= 1, "--retrieval-depths: {} is outside [0, 1]", d);
-  require(samples >= 1, "--retrieval-samples must be positive, got {}", samples);
-  require(digits >= 1 && digits <= 12, "--retrieval-digits must be 1 … 12, got {}", digits);
-  require(batch >= 1, "--batch must be positive, got {}", batch);
+    require_setting(std::isfinite(d) && d >= 0 && d <= 1, "retrieval.depths", "the needle depths",
+                    ": {} is outside [0, 1]", d);
+  require_setting(samples >= 1, "retrieval.samples", "the prompts per cell",
+                  "must be positive, got {}", samples);
+  require_setting(digits >= 1 && digits <= 12, "retrieval.digits", "the needle's digits",
+                  "must be 1 … 12, got {}", digits);
+  require_setting(batch >= 1, "retrieval.batch", "the prompts per forward pass",
+                  "must be positive, got {}", batch);
+}
+
+void RetrievalOptions::validate(int model_context) const {
+  check_values();
+  for (int L : lengths)
+    require_setting(L + answer_tokens() <= model_context, "retrieval.lengths", kLengths,
+                    ": a prompt of {} tokens plus its {}-token answer exceeds the model's context "
+                    "of {} tokens",
+                    L, answer_tokens(), model_context);
 }
 
 std::string first_number(const std::string& text) {

@@ -26,8 +26,10 @@ struct RetrievalOptions {
   std::uint64_t seed = 1;  ///< keys, key names and filler offsets
   int digits = 5;          ///< digits of the pass key / value
   int batch = 1;           ///< prompts per forward pass
-  /// Throws naming the option: unknown kind, empty or unsorted lists, depths outside [0, 1],
-  /// a length the model's context cannot hold with the answer (`model_context`).
+  /// What needs no model: throws OptionError naming the quantity for an unknown kind, empty
+  /// lists, too short lengths, depths outside [0, 1], samples, digits or batch out of range.
+  void check_values() const;
+  /// check_values(), and a length the model's context cannot hold with the answer.
   void validate(int model_context) const;
   /// Greedy tokens generated per prompt.
   int answer_tokens() const { return digits + 3; }

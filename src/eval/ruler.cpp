@@ -399,26 +399,38 @@ std::vector<int> RulerOptions::default_lengths(int model_context) {
   return v;
 }
 
-void RulerOptions::validate(int model_context) const {
-  require(!tasks.empty(), "--task ruler: no task selected");
-  require(!lengths.empty(),
-          "--ruler-lengths: give at least one length (the model's context of {} tokens is under "
-          "the default's 1024)",
-          model_context);
+namespace {
+constexpr const char* kRulerLengths = "the suite's prompt lengths";
+constexpr const char* kRulerDepths = "the suite's needle depths";
+}  // namespace
+
+void RulerOptions::check_values() const {
+  require_setting(!tasks.empty(), "ruler.tasks", "the suite's task list", ": no task selected");
   for (std::size_t i = 0; i < lengths.size(); ++i) {
-    require(lengths[i] >= 256, "--ruler-lengths: {} tokens is too short (at least 256)",
-            lengths[i]);
-    require(lengths[i] <= model_context,
-            "--ruler-lengths: {} tokens exceeds the model's context of {} tokens", lengths[i],
-            model_context);
-    require(i == 0 || lengths[i] > lengths[i - 1],
-            "--ruler-lengths: give increasing lengths without repeats");
+    require_setting(lengths[i] >= 256, "ruler.lengths", kRulerLengths,
+                    ": {} tokens is too short (at least 256)", lengths[i]);
+    require_setting(i == 0 || lengths[i] > lengths[i - 1], "ruler.lengths", kRulerLengths,
+                    ": give increasing lengths without repeats");
   }
-  require(!depths.empty(), "--ruler-depths: give at least one depth");
+  require_setting(!depths.empty(), "ruler.depths", kRulerDepths, ": give at least one depth");
   for (double d : depths)
-    require(std::isfinite(d) && d >= 0 && d <= 1, "--ruler-depths: {} is outside [0, 1]", d);
-  require(samples >= 1, "--ruler-samples must be at least 1, got {}", samples);
-  require(batch >= 1, "--batch must be positive, got {}", batch);
+    require_setting(std::isfinite(d) && d >= 0 && d <= 1, "ruler.depths", kRulerDepths,
+                    ": {} is outside [0, 1]", d);
+  require_setting(samples >= 1, "ruler.samples", "the suite's items per cell",
+                  "must be at least 1, got {}", samples);
+  require_setting(batch >= 1, "ruler.batch", "the prompts per forward pass",
+                  "must be positive, got {}", batch);
+}
+
+void RulerOptions::validate(int model_context) const {
+  check_values();
+  require_setting(!lengths.empty(), "ruler.lengths", kRulerLengths,
+                  ": give at least one length (the model's context of {} tokens is under the "
+                  "default's 1024)",
+                  model_context);
+  for (int L : lengths)
+    require_setting(L <= model_context, "ruler.lengths", kRulerLengths,
+                    ": {} tokens exceeds the model's context of {} tokens", L, model_context);
 }
 
 std::vector<std::string> ruler_words(const std::vector<std::string>& documents) {

@@ -57,8 +57,11 @@ struct RulerOptions {
   int samples = 20;                                          ///< per (task, length) cell
   std::uint64_t seed = 1;
   int batch = 1;  ///< prompts per forward pass (equal prompt lengths only)
-  /// Throws naming the option: no task, a length under 256 or above `model_context`,
-  /// unsorted or repeated lengths, depths outside [0, 1], samples < 1, batch < 1.
+  /// What needs no model: throws OptionError naming the quantity for no task, a length under
+  /// 256, unsorted or repeated lengths, depths outside [0, 1], samples < 1, batch < 1.
+  void check_values() const;
+  /// check_values(), and no length (the default lengths the model's context leaves) or a
+  /// length above `model_context`.
   void validate(int model_context) const;
   /// 1024, 2048, … up to the model's context (empty when the context is under 1024).
   static std::vector<int> default_lengths(int model_context);

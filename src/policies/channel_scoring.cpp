@@ -50,7 +50,7 @@ int prune_count(double lambda, int d) {
 
 namespace {
 constexpr const char* kLambda = "K-channel pruning's pruned fraction λ";
-constexpr const char* kProtect = "GRACE's protected range a,b";
+constexpr const char* kProtect = "GRACE's protected range";
 }  // namespace
 
 void KvPruneOptions::check_values() const {
@@ -62,7 +62,7 @@ void KvPruneOptions::check_values() const {
                   "must be non-negative, got {}", recent);
   require_setting(std::isfinite(protect_lo) && std::isfinite(protect_hi) && protect_lo >= 0 &&
                       protect_lo <= protect_hi && protect_hi < 1,
-                  "k_channels.protect", kProtect, "must satisfy 0 <= a <= b < 1, got [{}, {}]",
+                  "k_channels.protect", kProtect, "a,b must satisfy 0 <= a <= b < 1, got [{}, {}]",
                   protect_lo, protect_hi);
 }
 
