@@ -439,195 +439,39 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
          v = rows(v_, n, c.v_dim(l)), att = rows(att_, n, c.att_dim(l)), tmp = rows(tmp_, n),
          gate = rows(gate_, n, c.d_ff_at(l)), up = rows(up_, n, c.d_ff_at(l)), rx = rows(rx_, n);
   const bool rot = w_->rotated();
-  // x ← x·Rᵀ + tmp (rotated model: the residual stream changes basis) or x ← x + tmp
-  auto residual = [&](const Matrix<E>* r) {
-    if (rot) {
-      // WINA's online re-rotation: work a dense, unrotated model does not do (dense = 0)
-      linear(exec_, CMat<E>(x), *r, rx, scratch_, seg_);
-      mark(flops::Op::Rotation);
-      if (ledger_) {
-        const double fl = 2.0 * n * r->rows * r->cols;
-        ledger_->add(flops::Op::Rotation, l, ph, 0, fl, 0,
-                     static_cast<double>(r->bytes()) + 8.0 * n * r->rows);
-      }
-      add_inplace(exec_, rx, CMat<E>(tmp));
-      Kokkos::deep_copy(exec_, x, rx);
-    } else {
-      add_inplace(exec_, x, CMat<E>(tmp));
-    }
-    mark(flops::Op::Residual);
-  };
-  // a structurally pruned layer: W_o and W_down outputs carry biases
-  auto add_bias = [&](const Kokkos::View<float*, DeviceOf<E>>& b) {
-    if (b.extent(0) == 0) return;
-    add_row_bias(exec_, tmp, CVec<E>(b));
-    mark(flops::Op::Residual);
-    if (ledger_) {
-      const double nd = static_cast<double>(n) * c.d_model;
-      ledger_->add(flops::Op::Residual, l, ph, nd, nd, 8.0 * nd + 4.0 * c.d_model,
-                   8.0 * nd + 4.0 * c.d_model, 1);
-    }
-  };
   observe(l, Site::BlockIn, x);
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.attn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
   observe(l, Site::Attn, xn);
-  const AttnShape& sh = cache_.shape(l);
   const bool gated = tgate_ && tgate_->active(l);
-  require(!c.structured() || (!gated && !selector_),
-          "a structurally pruned model ({}) runs without token gating and K-channel pruning",
-          c.prune.method);
-  require(!(pruner_ && pruner_->active(l)) || (!c.structured() && !c.low_rank_kv() && !gated),
-          "Probe Pruning runs on a model that is neither structurally pruned nor low-rank, "
-          "without token gating");
-  int n_keep = n;
-  std::vector<int> h_skip;
   const bool tok_compact = cache_.token_compacted(l);
-  require(!tok_compact || (gated && tgate_->drop_skipped()),
-          "layer {} holds only the tokens a dropping token gate kept (these sequences started "
-          "with it); continue them with that gate, or start new sequences at position 0",
-          l);
+  check_layer_policies(l, gated, tok_compact);
   h_slot_.clear();
+
+  // Attention: Q, K, V of the rows, RoPE, the cache, attention and W_o into tmp.
+  std::vector<int> h_skip;  // the token gate's decisions (empty: every row kept)
+  int n_keep = n;
   if (c.low_rank_kv()) {
-    // the cache holds the latents A·x; keys and values are rebuilt at attention time
-    require(!gated && !selector_ && !evictor_,
-            "a low-rank K/V model ({}) caches latents: token gating, K-channel pruning and token "
-            "eviction act on cached keys and do not apply to it",
-            c.prune.method);
-    Mat<E> hk = rows(k_, n, c.k_cache_width(l)), hv = rows(v_, n, c.v_cache_width(l));
-    proj(xn, Proj::Q, l, q, ph);
-    proj(xn, Proj::K, l, hk, ph);
-    proj(xn, Proj::V, l, hv, ph);
-    rope(l, q, pos, true);
-    mark(flops::Op::RoPE);
-    cache_.store(exec_, l, CMat<E>(hk), CMat<E>(hv), n_seq, T, p0);
-    attend_low_rank(l, CMat<E>(q), att, n_seq, T, p0, ph);
-    observe(l, Site::O, att);
-    proj(att, Proj::O, l, tmp, ph);
-  } else if (!gated) {
-    // (the same kernels as the gated path, so that a gate that skips nothing is bitwise dense)
-    proj(xn, Proj::Q, l, q, ph);
-    proj(xn, Proj::K, l, k, ph);
-    proj(xn, Proj::V, l, v, ph);
-    rope_qk(l, q, k, pos);
-    mark(flops::Op::RoPE);
-    cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+    attention_low_rank(l, xn, q, att, tmp, n_seq, T, p0, ph);
   } else {
-    // K and V of every row enter the cache before the gate looks at them.
-    proj(xn, Proj::K, l, k, ph);
-    proj(xn, Proj::V, l, v, ph);
-    Mat<E> kg = k;
-    if (tgate_->pre_rope_keys()) {
-      if (kpre_.extent(0) < static_cast<std::size_t>(n) || kpre_.extent(1) != k.extent(1))
-        kpre_ = Mat<E>(Kokkos::view_alloc(std::string("sparsim::gate::k_pre_rope"),
-                                          Kokkos::WithoutInitializing),
-                       cap_rows_, k.extent(1));
-      kg = rows(kpre_, n);
-      Kokkos::deep_copy(exec_, kg, k);
-    }
-    rope(l, k, pos, false);
-    mark(flops::Op::RoPE);
-    // (a token-compacted layer stores after the decision: only the kept rows enter it)
-    if (!tok_compact) cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
-    IVec<E> skip(skip_.data(), n);
-    PolicyCost gc;
-    const int n_skip = tgate_->decide(exec_, l, CMat<E>(kg), CMat<E>(v), skip, gc);
-    mark(flops::Op::GateSimilarity);
-    if (ledger_) ledger_->add(flops::Op::GateSimilarity, l, ph, 0, gc.flops, 0, gc.bytes);
-    if (n_skip > 0) {
-      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
-      h_skip.assign(hs.data(), hs.data() + n);
-      n_keep = n - n_skip;
-    }
-    const int* hsk = h_skip.empty() ? nullptr : h_skip.data();
-    if (tok_compact) {
-      h_slot_ = cache_.store_kept(exec_, l, CMat<E>(k), CMat<E>(v), hsk, n_seq, T, p0);
-      mark(flops::Op::RoPE);  // (the cache append's time goes with RoPE's, as on the dense path)
-    } else if (tgate_->drop_skipped()) {
-      cache_.set_dropped(exec_, l, skip, hsk, n_seq, T, p0);
-    }
-  }
-  if (c.low_rank_kv()) {
-    // (attended above)
-  } else if (h_skip.empty()) {
-    if (gated) {
-      proj(xn, Proj::Q, l, q, ph);
-      rope(l, q, pos, true);
-      mark(flops::Op::RoPE);
-    }
-    attend(l, CMat<E>(q), att, n_seq, T, p0);
-    if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
-    observe(l, Site::O, att);  // (the probe's states: the unpruned input)
-    prune_structured(l, Site::O, x, att, ph);
-    proj(att, Proj::O, l, tmp, ph);
-  } else {
-    // Gather the kept rows, run Q projection, attention and O projection on them alone, and
-    // scatter the O output back; skipped rows get zeros (the residual passes through).
-    h_keep_rows_.clear();
-    for (int r = 0; r < n; ++r)
-      if (!h_skip[static_cast<std::size_t>(r)]) h_keep_rows_.push_back(r);
-    const IVec<E> kr(keep_rows_.data(), n_keep), ks(keep_seq_.data(), n_keep),
-        kp(keep_pos_.data(), n_keep), kf(keep_flags_.data(), n_keep);
-    SparseRows<E> krows;
-    if (n_keep > 0) {
-      auto hr = Kokkos::create_mirror_view(kr);
-      auto hsq = Kokkos::create_mirror_view(ks);
-      auto hp = Kokkos::create_mirror_view(kp);
-      auto hf = Kokkos::create_mirror_view(kf);
-      for (int i = 0; i < n_keep; ++i) {
-        const int r = h_keep_rows_[static_cast<std::size_t>(i)];
-        hr(i) = r;
-        hsq(i) = r / T;
-        hp(i) = p0 + r % T;
-        hf(i) = h_sparse_flags_.empty() ? 0 : h_sparse_flags_[static_cast<std::size_t>(r)];
-        krows.count += hf(i);
-      }
-      krows.host_flags = hf;
-      Kokkos::deep_copy(exec_, kr, hr);
-      Kokkos::deep_copy(exec_, ks, hsq);
-      Kokkos::deep_copy(exec_, kp, hp);
-      Kokkos::deep_copy(exec_, kf, hf);
-    }
-    krows.flags = kf;
-    krows.origin = h_keep_rows_.data();
-    const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep, c.q_dim(l)),
-                 ag = rows(att_, n_keep, c.att_dim(l)), og = rows(og_, n_keep);
-    if (n_keep > 0) {
-      gather_rows(exec_, CMat<E>(xn), kr, xg);
-      mark(flops::Op::GatherScatter);
-    }
-    proj(CMat<E>(xg), Proj::Q, l, qg, ph, krows, n);
-    if (n_keep > 0) {
-      rope(l, qg, kp, true);
-      mark(flops::Op::RoPE);
-      IVec<E> kat = kp;  // the cache index each kept row attends up to
-      if (tok_compact) {
-        kat = IVec<E>(keep_slot_.data(), n_keep);
-        auto hsl = Kokkos::create_mirror_view(kat);
-        for (int i = 0; i < n_keep; ++i)
-          hsl(i) = h_slot_[static_cast<std::size_t>(h_keep_rows_[static_cast<std::size_t>(i)])];
-        Kokkos::deep_copy(exec_, kat, hsl);
-      }
-      cached_attention(exec_, CMat<E>(qg), ks, kat, cache_.layer(l), sh, ag, p0 + T);
-      mark(flops::Op::AttnScore);
-    }
-    if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
-    proj(CMat<E>(ag), Proj::O, l, og, ph, krows, n);
-    scatter_rows(exec_, CMat<E>(og), kr, tmp);
-    mark(flops::Op::GatherScatter);
-    if (ledger_) {  // read and write the kept rows twice (gather, scatter), zero the output
-      const double g = static_cast<double>(n_keep) * c.d_model;
-      const double z = static_cast<double>(n) * c.d_model;
-      ledger_->add(flops::Op::GatherScatter, l, ph, 0, 0, 0, 4.0 * (4.0 * g + z));
-    }
+    if (!gated)
+      qkv_rows(l, xn, q, k, v, pos, n_seq, T, p0, ph);
+    else
+      n_keep = gate_rows(l, xn, k, v, pos, n_seq, T, p0, ph, tok_compact, h_skip);
+    if (h_skip.empty())
+      attend_rows(l, x, xn, q, att, tmp, pos, n, n_seq, T, p0, ph, gated);
+    else
+      attend_kept_rows(l, xn, tmp, h_skip, n, n_seq, T, p0, ph, tok_compact);
   }
   if (record_mass_ && !cache_.layer(l).compacted() && !tok_compact && h_skip.empty() &&
       !c.low_rank_kv())
-    sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), sh, n_seq, T, p0,
+    sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), cache_.shape(l), n_seq, T, p0,
                             mass_[static_cast<std::size_t>(l)],
                             mass_queries_[static_cast<std::size_t>(l)]);
-  add_bias(lw.o_bias);
-  residual(rot ? &w_->rot_attn_mlp[l] : nullptr);
+  add_output_bias(l, lw.o_bias, tmp, n, ph);
+  residual_add(l, x, tmp, rx, rot ? &w_->rot_attn_mlp[l] : nullptr, n, ph);
+
+  // MLP: SwiGLU of the normed rows into tmp.
   rmsnorm(exec_, CMat<E>(x), CVec<E>(lw.ffn_norm), c.rms_eps, xn);
   mark(flops::Op::RMSNorm);
   observe(l, Site::Mlp, xn);
@@ -638,10 +482,220 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   observe(l, Site::Down, gate);
   prune_structured(l, Site::Down, x, gate, ph);
   proj(gate, Proj::Down, l, tmp, ph);
-  add_bias(lw.down_bias);
-  residual(rot ? &w_->rot_mlp_next[l] : nullptr);
+  add_output_bias(l, lw.down_bias, tmp, n, ph);
+  residual_add(l, x, tmp, rx, rot ? &w_->rot_mlp_next[l] : nullptr, n, ph);
   block_ledger(l, n, n_keep, n_seq, T, p0, ph, h_skip.empty() ? nullptr : h_skip.data(), false,
                gated, h_slot_.empty() ? nullptr : h_slot_.data());
+}
+
+template <class E>
+void Engine<E>::check_layer_policies(int l, bool gated, bool tok_compact) const {
+  const Config& c = w_->cfg;
+  require(!c.structured() || (!gated && !selector_),
+          "a structurally pruned model ({}) runs without token gating and K-channel pruning",
+          c.prune.method);
+  require(!(pruner_ && pruner_->active(l)) || (!c.structured() && !c.low_rank_kv() && !gated),
+          "Probe Pruning runs on a model that is neither structurally pruned nor low-rank, "
+          "without token gating");
+  require(!tok_compact || (gated && tgate_->drop_skipped()),
+          "layer {} holds only the tokens a dropping token gate kept (these sequences started "
+          "with it); continue them with that gate, or start new sequences at position 0",
+          l);
+  require(!c.low_rank_kv() || (!gated && !selector_ && !evictor_),
+          "a low-rank K/V model ({}) caches latents: token gating, K-channel pruning and token "
+          "eviction act on cached keys and do not apply to it",
+          c.prune.method);
+}
+
+template <class E>
+void Engine<E>::residual_add(int l, const Mat<E>& x, const Mat<E>& tmp, const Mat<E>& rx,
+                             const Matrix<E>* r, int n, flops::Phase ph) {
+  if (r) {
+    // x ← x·Rᵀ + tmp: WINA's online re-rotation of a rotated model's residual stream, work a
+    // dense, unrotated model does not do (dense = 0)
+    linear(exec_, CMat<E>(x), *r, rx, scratch_, seg_);
+    mark(flops::Op::Rotation);
+    if (ledger_) {
+      const double fl = 2.0 * n * r->rows * r->cols;
+      ledger_->add(flops::Op::Rotation, l, ph, 0, fl, 0,
+                   static_cast<double>(r->bytes()) + 8.0 * n * r->rows);
+    }
+    add_inplace(exec_, rx, CMat<E>(tmp));
+    Kokkos::deep_copy(exec_, x, rx);
+  } else {
+    add_inplace(exec_, x, CMat<E>(tmp));  // x ← x + tmp
+  }
+  mark(flops::Op::Residual);
+}
+
+template <class E>
+void Engine<E>::add_output_bias(int l, const Kokkos::View<float*, DeviceOf<E>>& b,
+                                const Mat<E>& tmp, int n, flops::Phase ph) {
+  // a structurally pruned layer: W_o and W_down outputs carry biases
+  if (b.extent(0) == 0) return;
+  const Config& c = w_->cfg;
+  add_row_bias(exec_, tmp, CVec<E>(b));
+  mark(flops::Op::Residual);
+  if (ledger_) {
+    const double nd = static_cast<double>(n) * c.d_model;
+    ledger_->add(flops::Op::Residual, l, ph, nd, nd, 8.0 * nd + 4.0 * c.d_model,
+                 8.0 * nd + 4.0 * c.d_model, 1);
+  }
+}
+
+template <class E>
+void Engine<E>::attention_low_rank(int l, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& att,
+                                   const Mat<E>& tmp, int n_seq, int T, int p0, flops::Phase ph) {
+  // the cache holds the latents A·x; keys and values are rebuilt at attention time
+  const Config& c = w_->cfg;
+  const int n = n_seq * T;
+  IVec<E> pos(pos_.data(), n);
+  Mat<E> hk = rows(k_, n, c.k_cache_width(l)), hv = rows(v_, n, c.v_cache_width(l));
+  proj(xn, Proj::Q, l, q, ph);
+  proj(xn, Proj::K, l, hk, ph);
+  proj(xn, Proj::V, l, hv, ph);
+  rope(l, q, pos, true);
+  mark(flops::Op::RoPE);
+  cache_.store(exec_, l, CMat<E>(hk), CMat<E>(hv), n_seq, T, p0);
+  attend_low_rank(l, CMat<E>(q), att, n_seq, T, p0, ph);
+  observe(l, Site::O, att);
+  proj(att, Proj::O, l, tmp, ph);
+}
+
+template <class E>
+void Engine<E>::qkv_rows(int l, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& k, const Mat<E>& v,
+                         const IVec<E>& pos, int n_seq, int T, int p0, flops::Phase ph) {
+  // (the same kernels as the gated path, so that a gate that skips nothing is bitwise dense)
+  proj(xn, Proj::Q, l, q, ph);
+  proj(xn, Proj::K, l, k, ph);
+  proj(xn, Proj::V, l, v, ph);
+  rope_qk(l, q, k, pos);
+  mark(flops::Op::RoPE);
+  cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+}
+
+template <class E>
+int Engine<E>::gate_rows(int l, const Mat<E>& xn, const Mat<E>& k, const Mat<E>& v,
+                         const IVec<E>& pos, int n_seq, int T, int p0, flops::Phase ph,
+                         bool tok_compact, std::vector<int>& h_skip) {
+  const int n = n_seq * T;
+  // K and V of every row enter the cache before the gate looks at them.
+  proj(xn, Proj::K, l, k, ph);
+  proj(xn, Proj::V, l, v, ph);
+  Mat<E> kg = k;
+  if (tgate_->pre_rope_keys()) {
+    if (kpre_.extent(0) < static_cast<std::size_t>(n) || kpre_.extent(1) != k.extent(1))
+      kpre_ = Mat<E>(
+          Kokkos::view_alloc(std::string("sparsim::gate::k_pre_rope"), Kokkos::WithoutInitializing),
+          cap_rows_, k.extent(1));
+    kg = rows(kpre_, n);
+    Kokkos::deep_copy(exec_, kg, k);
+  }
+  rope(l, k, pos, false);
+  mark(flops::Op::RoPE);
+  // (a token-compacted layer stores after the decision: only the kept rows enter it)
+  if (!tok_compact) cache_.store(exec_, l, CMat<E>(k), CMat<E>(v), n_seq, T, p0);
+  IVec<E> skip(skip_.data(), n);
+  PolicyCost gc;
+  const int n_skip = tgate_->decide(exec_, l, CMat<E>(kg), CMat<E>(v), skip, gc);
+  mark(flops::Op::GateSimilarity);
+  if (ledger_) ledger_->add(flops::Op::GateSimilarity, l, ph, 0, gc.flops, 0, gc.bytes);
+  if (n_skip > 0) {
+    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
+    h_skip.assign(hs.data(), hs.data() + n);
+  }
+  const int* hsk = h_skip.empty() ? nullptr : h_skip.data();
+  if (tok_compact) {
+    h_slot_ = cache_.store_kept(exec_, l, CMat<E>(k), CMat<E>(v), hsk, n_seq, T, p0);
+    mark(flops::Op::RoPE);  // (the cache append's time goes with RoPE's, as on the dense path)
+  } else if (tgate_->drop_skipped()) {
+    cache_.set_dropped(exec_, l, skip, hsk, n_seq, T, p0);
+  }
+  return n - n_skip;
+}
+
+template <class E>
+void Engine<E>::attend_rows(int l, const Mat<E>& x, const Mat<E>& xn, const Mat<E>& q,
+                            const Mat<E>& att, const Mat<E>& tmp, const IVec<E>& pos, int n,
+                            int n_seq, int T, int p0, flops::Phase ph, bool gated) {
+  if (gated) {  // the gate kept every row: their queries now
+    proj(xn, Proj::Q, l, q, ph);
+    rope(l, q, pos, true);
+    mark(flops::Op::RoPE);
+  }
+  attend(l, CMat<E>(q), att, n_seq, T, p0);
+  if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(q), nullptr, n, ph);
+  observe(l, Site::O, att);  // (the probe's states: the unpruned input)
+  prune_structured(l, Site::O, x, att, ph);
+  proj(att, Proj::O, l, tmp, ph);
+}
+
+template <class E>
+void Engine<E>::attend_kept_rows(int l, const Mat<E>& xn, const Mat<E>& tmp,
+                                 const std::vector<int>& h_skip, int n, int n_seq, int T, int p0,
+                                 flops::Phase ph, bool tok_compact) {
+  // Gather the kept rows, run Q projection, attention and O projection on them alone, and
+  // scatter the O output back; skipped rows get zeros (the residual passes through).
+  const Config& c = w_->cfg;
+  const AttnShape& sh = cache_.shape(l);
+  h_keep_rows_.clear();
+  for (int r = 0; r < n; ++r)
+    if (!h_skip[static_cast<std::size_t>(r)]) h_keep_rows_.push_back(r);
+  const int n_keep = static_cast<int>(h_keep_rows_.size());
+  const IVec<E> kr(keep_rows_.data(), n_keep), ks(keep_seq_.data(), n_keep),
+      kp(keep_pos_.data(), n_keep), kf(keep_flags_.data(), n_keep);
+  SparseRows<E> krows;
+  if (n_keep > 0) {
+    auto hr = Kokkos::create_mirror_view(kr);
+    auto hsq = Kokkos::create_mirror_view(ks);
+    auto hp = Kokkos::create_mirror_view(kp);
+    auto hf = Kokkos::create_mirror_view(kf);
+    for (int i = 0; i < n_keep; ++i) {
+      const int r = h_keep_rows_[static_cast<std::size_t>(i)];
+      hr(i) = r;
+      hsq(i) = r / T;
+      hp(i) = p0 + r % T;
+      hf(i) = h_sparse_flags_.empty() ? 0 : h_sparse_flags_[static_cast<std::size_t>(r)];
+      krows.count += hf(i);
+    }
+    krows.host_flags = hf;
+    Kokkos::deep_copy(exec_, kr, hr);
+    Kokkos::deep_copy(exec_, ks, hsq);
+    Kokkos::deep_copy(exec_, kp, hp);
+    Kokkos::deep_copy(exec_, kf, hf);
+  }
+  krows.flags = kf;
+  krows.origin = h_keep_rows_.data();
+  const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep, c.q_dim(l)),
+               ag = rows(att_, n_keep, c.att_dim(l)), og = rows(og_, n_keep);
+  if (n_keep > 0) {
+    gather_rows(exec_, CMat<E>(xn), kr, xg);
+    mark(flops::Op::GatherScatter);
+  }
+  proj(CMat<E>(xg), Proj::Q, l, qg, ph, krows, n);
+  if (n_keep > 0) {
+    rope(l, qg, kp, true);
+    mark(flops::Op::RoPE);
+    IVec<E> kat = kp;  // the cache index each kept row attends up to
+    if (tok_compact) {
+      kat = IVec<E>(keep_slot_.data(), n_keep);
+      auto hsl = Kokkos::create_mirror_view(kat);
+      for (int i = 0; i < n_keep; ++i)
+        hsl(i) = h_slot_[static_cast<std::size_t>(h_keep_rows_[static_cast<std::size_t>(i)])];
+      Kokkos::deep_copy(exec_, kat, hsl);
+    }
+    cached_attention(exec_, CMat<E>(qg), ks, kat, cache_.layer(l), sh, ag, p0 + T);
+    mark(flops::Op::AttnScore);
+  }
+  if (p0 == 0 && T > 1) after_prefill(l, n_seq, T, CMat<E>(qg), h_keep_rows_.data(), n_keep, ph);
+  proj(CMat<E>(ag), Proj::O, l, og, ph, krows, n);
+  scatter_rows(exec_, CMat<E>(og), kr, tmp);
+  mark(flops::Op::GatherScatter);
+  if (ledger_) {  // read and write the kept rows twice (gather, scatter), zero the output
+    const double g = static_cast<double>(n_keep) * c.d_model;
+    const double z = static_cast<double>(n) * c.d_model;
+    ledger_->add(flops::Op::GatherScatter, l, ph, 0, 0, 0, 4.0 * (4.0 * g + z));
+  }
 }
 
 template <class E>

@@ -188,7 +188,36 @@ class Engine {
                      flops::Phase ph);
   void evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                     flops::Phase ph);
+  /// One transformer block over the call's rows: attention (one of the paths below), then the
+  /// MLP, each added to the residual stream x.
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
+  /// Refuses a combination of model and policies layer l cannot run.
+  void check_layer_policies(int l, bool gated, bool tok_compact) const;
+  /// Low-rank K/V layer: Q and the latents of the rows, the cache, attention over the rebuilt
+  /// keys and values, W_o into tmp.
+  void attention_low_rank(int l, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& att,
+                          const Mat<E>& tmp, int n_seq, int T, int p0, flops::Phase ph);
+  /// Ungated layer: Q, K and V of every row, RoPE, the cache append.
+  void qkv_rows(int l, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& k, const Mat<E>& v,
+                const IVec<E>& pos, int n_seq, int T, int p0, flops::Phase ph);
+  /// Gated layer: K and V of every row into the cache, the gate's decision (h_skip, filled when
+  /// a row is skipped), the dropped rows' cache entries; returns the kept rows' count.
+  int gate_rows(int l, const Mat<E>& xn, const Mat<E>& k, const Mat<E>& v, const IVec<E>& pos,
+                int n_seq, int T, int p0, flops::Phase ph, bool tok_compact,
+                std::vector<int>& h_skip);
+  /// Every row attends (after a gate that kept them all: their queries first), W_o into tmp.
+  void attend_rows(int l, const Mat<E>& x, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& att,
+                   const Mat<E>& tmp, const IVec<E>& pos, int n, int n_seq, int T, int p0,
+                   flops::Phase ph, bool gated);
+  /// The kept rows alone: gathered, Q, attention and W_o, scattered into tmp (skipped rows 0).
+  void attend_kept_rows(int l, const Mat<E>& xn, const Mat<E>& tmp, const std::vector<int>& h_skip,
+                        int n, int n_seq, int T, int p0, flops::Phase ph, bool tok_compact);
+  /// x ← x + tmp, or x ← x·Rᵀ + tmp with the rotation r of a WINA-rotated model.
+  void residual_add(int l, const Mat<E>& x, const Mat<E>& tmp, const Mat<E>& rx, const Matrix<E>* r,
+                    int n, flops::Phase ph);
+  /// tmp += b per row (a structurally pruned layer's W_o / W_down bias; none: nothing).
+  void add_output_bias(int l, const Kokkos::View<float*, DeviceOf<E>>& b, const Mat<E>& tmp, int n,
+                       flops::Phase ph);
   bool use_fused(int T) const;
   bool fusable(int l) const;
   /// The RoPE unit table of a pruned layer whose heads were cut (null: the dense rotation).
