@@ -17,6 +17,52 @@
 
 namespace sparsim::app {
 
+namespace tfbench {
+
+/// The KV cache the dropping gate held against the dense engine's (the last repetition).
+inline std::string kv_cache_text(const gating::KVCacheRecord& kvr, double dense_alloc, int batch) {
+  constexpr double MiB = 1024.0 * 1024.0;
+  return fmt::format(
+      "KV cache, all layers, {} sequences (--tf-drop-skipped, {} layers compacted):\n"
+      "  held at the end    {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
+      "  held at the peak   {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
+      "  allocated, peak    {:9.3f} MiB; dense engine {:9.3f} MiB ({:.1f}%)\n",
+      batch,
+      std::count_if(kvr.layers.begin(), kvr.layers.end(),
+                    [](const auto& r) { return r.compacted; }),
+      kvr.held_final / MiB, kvr.dense_final / MiB, 100 * kvr.held_final / kvr.dense_final,
+      kvr.held_peak / MiB, kvr.dense_peak / MiB, 100 * kvr.held_peak / kvr.dense_peak,
+      kvr.allocated_peak / MiB, dense_alloc / MiB, 100 * kvr.allocated_peak / dense_alloc);
+}
+
+inline nlohmann::json kv_bytes_json(const gating::KVCacheRecord& kvr, double dense_alloc) {
+  return {{"held_final", kvr.held_final},
+          {"dense_final", kvr.dense_final},
+          {"held_peak", kvr.held_peak},
+          {"dense_peak", kvr.dense_peak},
+          {"allocated_peak", kvr.allocated_peak},
+          {"allocated_final", kvr.allocated_final},
+          {"dense_allocated", dense_alloc},
+          {"held_vs_dense_final", kvr.held_final / kvr.dense_final},
+          {"allocated_peak_vs_dense", kvr.allocated_peak / dense_alloc}};
+}
+
+/// The decode phase's FLOPs and bytes per op of a ledger.
+inline nlohmann::json decode_ledger_json(const flops::Ledger& ledger) {
+  nlohmann::json fl = nlohmann::json::object();
+  for (int o = 0; o < flops::kNumOps; ++o) {
+    const auto t = ledger.by_op(static_cast<flops::Op>(o), flops::Phase::Decode);
+    if (t.launches > 0)
+      fl[flops::to_string(static_cast<flops::Op>(o))] = {{"flops_dense", t.flops_dense},
+                                                         {"flops_realised", t.flops_realised},
+                                                         {"bytes_dense", t.bytes_dense},
+                                                         {"bytes_realised", t.bytes_realised}};
+  }
+  return fl;
+}
+
+}  // namespace tfbench
+
 /// Token Filtering (optionally with an activation method) against dense, decoding `batch`
 /// sequences: every repetition decodes the same prompts with both engines, profiled (fences
 /// after each kernel), and compares the attention stage (Q projection, attention, O
@@ -109,20 +155,7 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
   // Dropped tokens: the method's KV cache against the dense engine's (the last repetition).
   const gating::KVCacheRecord& kvr = tfg->kv_cache();
   const double dense_alloc = static_cast<double>(dense.cache().bytes());
-  if (!kvr.empty()) {
-    constexpr double MiB = 1024.0 * 1024.0;
-    std::cout << fmt::format(
-        "KV cache, all layers, {} sequences (--tf-drop-skipped, {} layers compacted):\n"
-        "  held at the end    {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
-        "  held at the peak   {:9.3f} MiB of {:9.3f} MiB written ({:.1f}%)\n"
-        "  allocated, peak    {:9.3f} MiB; dense engine {:9.3f} MiB ({:.1f}%)\n",
-        batch,
-        std::count_if(kvr.layers.begin(), kvr.layers.end(),
-                      [](const auto& r) { return r.compacted; }),
-        kvr.held_final / MiB, kvr.dense_final / MiB, 100 * kvr.held_final / kvr.dense_final,
-        kvr.held_peak / MiB, kvr.dense_peak / MiB, 100 * kvr.held_peak / kvr.dense_peak,
-        kvr.allocated_peak / MiB, dense_alloc / MiB, 100 * kvr.allocated_peak / dense_alloc);
-  }
+  if (!kvr.empty()) std::cout << tfbench::kv_cache_text(kvr, dense_alloc, batch);
   if (!json_out.empty()) {
     nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                         {"storage", storage},
@@ -151,26 +184,8 @@ int bench_token_filter(const E& exec, const MethodArgs& ma, const sparsity::Plan
                         {"realised_reps", realised},
                         {"per_rep", per_rep},
                         {"dense_kv_bytes_allocated", dense_alloc}};
-    if (!kvr.empty())
-      j["kv_bytes"] = {{"held_final", kvr.held_final},
-                       {"dense_final", kvr.dense_final},
-                       {"held_peak", kvr.held_peak},
-                       {"dense_peak", kvr.dense_peak},
-                       {"allocated_peak", kvr.allocated_peak},
-                       {"allocated_final", kvr.allocated_final},
-                       {"dense_allocated", dense_alloc},
-                       {"held_vs_dense_final", kvr.held_final / kvr.dense_final},
-                       {"allocated_peak_vs_dense", kvr.allocated_peak / dense_alloc}};
-    nlohmann::json fl = nlohmann::json::object();
-    for (int o = 0; o < flops::kNumOps; ++o) {
-      const auto t = ledger.by_op(static_cast<flops::Op>(o), flops::Phase::Decode);
-      if (t.launches > 0)
-        fl[flops::to_string(static_cast<flops::Op>(o))] = {{"flops_dense", t.flops_dense},
-                                                           {"flops_realised", t.flops_realised},
-                                                           {"bytes_dense", t.bytes_dense},
-                                                           {"bytes_realised", t.bytes_realised}};
-    }
-    j["decode_ledger_last_rep"] = fl;
+    if (!kvr.empty()) j["kv_bytes"] = tfbench::kv_bytes_json(kvr, dense_alloc);
+    j["decode_ledger_last_rep"] = tfbench::decode_ledger_json(ledger);
     io::write_file_atomically(json_out, io::json_file_text(j));
   }
   return 0;
