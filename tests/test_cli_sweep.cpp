@@ -67,14 +67,15 @@ std::vector<std::string> ids_of(const json& plan) {
 // --plan predicts each point from the families its method names: a token-filter or think
 // point pays for no activation sparsity (its --sparsity resolves to the default 0.5 all the
 // same), a combined point for both of its families.
-/// scripts/tools/sweep_results.py loads <out>/results.h5 with h5py and pandas, finds `rows` rows and
-/// the same table in results.csv (skipped with a note where the venv lacks h5py or pandas).
+/// scripts/tools/sweep_results.py loads <out>/results.h5 with h5py and pandas, finds `rows` rows
+/// and the same table in results.csv (skipped with a note where the venv lacks h5py or pandas).
 void expect_pandas_reads(const std::string& out, std::size_t rows) {
   const char* home = std::getenv("HOME");
   const std::string py = std::string(home ? home : "") + "/.cache/sparsim-deps/venv/bin/python";
   if (fs::exists(py) && run_cmd(py + " -c 'import h5py, pandas'").exit_code == 0) {
-    const RunResult pd = run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/tools/sweep_results.py " +
-                                 out + "/results.h5 --check-csv " + out + "/results.csv");
+    const RunResult pd =
+        run_cmd(py + " " + SPARSIM_SOURCE_DIR + "/scripts/tools/sweep_results.py " + out +
+                "/results.h5 --check-csv " + out + "/results.csv");
     EXPECT_EQ(pd.exit_code, 0) << pd.output;
     EXPECT_NE(pd.output.find(std::to_string(rows) + " rows"), std::string::npos) << pd.output;
   } else {
@@ -519,10 +520,14 @@ TEST(SweepCli, TwoSweepsOnTheSameFolderRunEveryPointOnce) {
   s.write_spec(dense_spec("twice", "out", 10));
   const auto all = ids_of(s.plan_json());
   {
-    Background one("exec " + sparsim_bin() + " sweep " + s.spec() + " --threads 1",
-                   s.file("one.log"));
-    Background two("exec " + sparsim_bin() + " sweep " + s.spec() + " --threads 1",
-                   s.file("two.log"));
+    // both wait for one start signal, so that a loaded machine cannot start one sweep so late
+    // that the other has run every point by then
+    const std::string go = s.file("go");
+    const std::string cmd = "while [ ! -e " + go + " ]; do sleep 0.01; done; exec " +
+                            sparsim_bin() + " sweep " + s.spec() + " --threads 1";
+    Background one(cmd, s.file("one.log"));
+    Background two(cmd, s.file("two.log"));
+    write_text(go, "");
     EXPECT_EQ(one.wait(180), 0) << read_file(s.file("one.log"));
     EXPECT_EQ(two.wait(180), 0) << read_file(s.file("two.log"));
   }
