@@ -85,11 +85,11 @@ std::string CliRecover::teacher_, CliRecover::other_, CliRecover::other_vocab_, 
     CliRecover::student_;
 
 TEST_F(CliRecover, WritesARecoveredModelThatEveryCommandRuns) {
-  const RunResult r =
-      recover({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json", out("s.json"),
-               "--dump-gradients", out("g.h5")});
+  const RunResult r = recover({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json",
+                               out("s.json"), "--dump-gradients", out("g.h5")});
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  {  // the first step's gradients (scripts/reference/backprop_torch_check.py compares them with PyTorch)
+  {  // the first step's gradients (scripts/reference/backprop_torch_check.py compares them with
+     // PyTorch)
     io::H5File g = io::H5File::open_read(out("g.h5"));
     std::vector<hsize_t> dims;
     g.root().read<std::int32_t>("tokens", &dims);

@@ -1,6 +1,6 @@
 // The forward pass against llama.cpp, an independent implementation: golden logits made by
-// scripts/reference/make_golden_llamacpp.sh for seeded synthetic F32 models that are re-created here.
-// Opt-in live comparison: set SPARSIM_LLAMACPP_PYTHON to a Python with llama-cpp-python.
+// scripts/reference/make_golden_llamacpp.sh for seeded synthetic F32 models that are re-created
+// here. Opt-in live comparison: set SPARSIM_LLAMACPP_PYTHON to a Python with llama-cpp-python.
 #include "backends.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"

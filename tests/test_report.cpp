@@ -267,9 +267,9 @@ TEST_F(Report, DocsGeneratedBlocksAgreeWithTheCommittedFiles) {
                      std::string(SPARSIM_SOURCE_DIR) + "/README.md"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   // the validation page is generated whole from its summary
-  const RunResult v =
-      run_cmd(report("validation-page " + docs + "results/cost_validation/cost_validation.json --page " + docs +
-                     "cost-validation.md --figures " + docs + "figures --check"));
+  const RunResult v = run_cmd(report("validation-page " + docs +
+                                     "results/cost_validation/cost_validation.json --page " + docs +
+                                     "cost-validation.md --figures " + docs + "figures --check"));
   EXPECT_EQ(v.exit_code, 0) << v.output;
 }
 

@@ -609,8 +609,8 @@ TEST(SafetensorsCli, NumpyHfReferenceAgrees) {
   r = run_cmd(bin + " forward --model " + h + " --tokens 5,9,300,17,42,77,100 --greedy 5 -o " +
               run);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = run_cmd(py + " " SPARSIM_SOURCE_DIR "/scripts/reference/hf_reference.py --model " + h + " --compare " +
-              run + " --tol 1e-4");
+  r = run_cmd(py + " " SPARSIM_SOURCE_DIR "/scripts/reference/hf_reference.py --model " + h +
+              " --compare " + run + " --tol 1e-4");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("PASS"), std::string::npos) << r.output;
 }
