@@ -244,7 +244,7 @@ int cmd_prune(int argc, char** argv) {
           d, vm))
     return 0;
   // Everything a user can get wrong is checked before anything is written.
-  a.check(vm);
+  check_as_options([&] { a.check(vm); });
   switch (a.family) {
     case PruneArgs::Family::SlimGpt: {
       SlimGptArgs s{a.corpus_files, a.cut, a.slim, a.co};

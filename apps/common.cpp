@@ -298,7 +298,26 @@ const std::string* option_of_setting(const std::string& key) {
       {"ruler.lengths", "--ruler-lengths"},
       {"ruler.depths", "--ruler-depths"},
       {"ruler.samples", "--ruler-samples"},
-      {"ruler.batch", "--batch"}};
+      {"ruler.batch", "--batch"},
+      {"activation.method", "--method"},
+      {"activation.lookup", "--greedy-lookup"},
+      {"activation.sparsity", "--sparsity"},
+      {"activation.delta", "--delta"},
+      {"activation.probe", "--probe"},
+      {"activation.lambda", "--lambda"},
+      {"activation.sensitivity_from", "--sensitivity-from"},
+      {"activation.rotation_storage", "--rotation-storage"},
+      {"prune.ratio", "--ratio"},
+      {"prune.flap_windows", "--flap-windows"},
+      {"prune.flap_tokens", "--flap-tokens"},
+      {"prune.retain", "--retain"},
+      {"prune.k_share", "--k-share"},
+      {"slimgpt.ratio", "--ratio"},
+      {"slimgpt.schedule", "--slimgpt-schedule"},
+      {"slimgpt.damp", "--slimgpt-damp"},
+      {"slimgpt.ffn_group", "--slimgpt-ffn-group"},
+      {"slimgpt.windows", "--slimgpt-windows"},
+      {"slimgpt.tokens", "--slimgpt-tokens"}};
   const auto it = flags.find(key);
   return it == flags.end() ? nullptr : &it->second;
 }

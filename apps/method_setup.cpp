@@ -190,8 +190,10 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
             "prompt's cache at its positions, so dropped tokens can only be masked there "
             "(--tf-drop-mode mask or auto)");
   }
-  mopt.method = sparsity::parse_method(act);
-  mopt.validate();
+  check_as_options([&] {
+    mopt.method = sparsity::parse_method(act);
+    mopt.validate();
+  });
   require(budget_mode == "sensitivity" || budget_mode == "uniform",
           "--budget must be sensitivity or uniform, got '{}'", budget_mode);
   require(masking_mode == "guided" || masking_mode == "topk",
@@ -202,11 +204,11 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   mopt.guided_masking = masking_mode == "guided";
   mopt.rotate = !no_rotation;
   mopt.wina_norms_all = norms_mode == "all";
-  mopt.lookup = sparsity::parse_lookup(lookup_mode);
+  check_as_options([&] { mopt.lookup = sparsity::parse_lookup(lookup_mode); });
   require(rotation_storage == "f32" || rotation_storage == "bf16",
           "--rotation-storage must be f32 or bf16, got '{}'", rotation_storage);
   mopt.rotation_storage = rotation_storage == "bf16" ? DType::BF16 : DType::F32;
-  mopt.validate();
+  check_as_options([&] { mopt.validate(); });
   require(!mopt.needs_calibration() || !calib_path.empty(),
           "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
   require(mopt.needs_calibration() || calib_path.empty(),

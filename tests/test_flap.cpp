@@ -116,8 +116,10 @@ TEST(Flap, BadOptionsAreNamed) {
     try {
       flap_options(ratio).validate();
       ADD_FAILURE() << ratio;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--ratio must be in (0, 1)"), std::string::npos)
+    } catch (const OptionError& e) {  // the command line says "--ratio must be in (0, 1)"
+      EXPECT_EQ(e.key(), "prune.ratio");
+      EXPECT_NE(std::string(e.what()).find("FLAP's pruning ratio must be in (0, 1)"),
+                std::string::npos)
           << e.what();
     }
   }

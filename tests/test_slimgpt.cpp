@@ -296,8 +296,10 @@ TEST(SlimGpt, BadOptionsAreNamed) {
     try {
       o.validate();
       ADD_FAILURE() << ratio;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("--ratio must be in [0, 1)"), std::string::npos)
+    } catch (const OptionError& e) {  // the command line says "--ratio must be in [0, 1)"
+      EXPECT_EQ(e.key(), "slimgpt.ratio");
+      EXPECT_NE(std::string(e.what()).find("SlimGPT's pruning ratio must be in [0, 1)"),
+                std::string::npos)
           << e.what();
     }
   }

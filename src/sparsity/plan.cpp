@@ -16,7 +16,8 @@ Method parse_method(const std::string& s) {
   if (s == "teal") return Method::Teal;
   if (s == "wina") return Method::Wina;
   if (s == "topk-guided") return Method::TopkGuided;
-  fail("--method '{}' is not one of dense, teal, wina, topk-guided", s);
+  throw OptionError("activation.method", "the activation-sparsity method",
+                    fmt::format("'{}' is not one of dense, teal, wina, topk-guided", s));
 }
 
 const char* method_name(Method m) {
@@ -36,7 +37,8 @@ const char* method_name(Method m) {
 Lookup parse_lookup(const std::string& s) {
   if (s == "nearest") return Lookup::Nearest;
   if (s == "interpolate") return Lookup::Interpolate;
-  fail("--greedy-lookup '{}' is not one of nearest, interpolate", s);
+  throw OptionError("activation.lookup", "the greedy table lookup",
+                    fmt::format("'{}' is not one of nearest, interpolate", s));
 }
 
 const char* lookup_name(Lookup l) {
@@ -44,17 +46,19 @@ const char* lookup_name(Lookup l) {
 }
 
 void MethodOptions::validate() const {
-  require(std::isfinite(sparsity) && sparsity >= 0.0 && sparsity < 1.0,
-          "--sparsity {} is outside [0, 1)", sparsity);
-  require(std::isfinite(delta) && delta >= 0.0 && delta < 0.5, "--delta {} is outside [0, 0.5)",
-          delta);
-  require(std::isfinite(probe) && probe > 0.0 && probe < 1.0, "--probe {} is outside (0, 1)",
-          probe);
-  require(std::isfinite(lambda) && lambda >= 0.0 && lambda <= 10.0,
-          "--lambda {} is outside [0, 10]", lambda);
-  require(sensitivity_from >= 0, "--sensitivity-from {} is negative", sensitivity_from);
-  require(rotation_storage == DType::F32 || rotation_storage == DType::BF16,
-          "--rotation-storage must be f32 or bf16");
+  require_setting(std::isfinite(sparsity) && sparsity >= 0.0 && sparsity < 1.0,
+                  "activation.sparsity", "the target sparsity s", "{} is outside [0, 1)", sparsity);
+  require_setting(std::isfinite(delta) && delta >= 0.0 && delta < 0.5, "activation.delta",
+                  "TopK-Guided's step δ", "{} is outside [0, 0.5)", delta);
+  require_setting(std::isfinite(probe) && probe > 0.0 && probe < 1.0, "activation.probe",
+                  "the probe level s̄", "{} is outside (0, 1)", probe);
+  require_setting(std::isfinite(lambda) && lambda >= 0.0 && lambda <= 10.0, "activation.lambda",
+                  "the redistribution strength λ", "{} is outside [0, 10]", lambda);
+  require_setting(sensitivity_from >= 0, "activation.sensitivity_from",
+                  "the first position of the sensitivities", "{} is negative", sensitivity_from);
+  require_setting(rotation_storage == DType::F32 || rotation_storage == DType::BF16,
+                  "activation.rotation_storage", "the re-rotation's storage",
+                  "must be f32 or bf16");
 }
 
 double Plan::mean_budget() const {

@@ -33,7 +33,7 @@ struct MethodOptions {
   Lookup lookup = Lookup::Nearest;  ///< greedy-table row per block budget
   int sensitivity_from = 0;         ///< TopK-Guided: the sensitivity set over positions ≥ this
   DType rotation_storage = DType::F32;  ///< rotated plans: the online re-rotation matrices' type
-  /// Throws sparsim::Error naming the option that is out of range.
+  /// Throws OptionError naming the setting that is out of range (the CLI maps it to its option).
   void validate() const;
   /// Whether the method needs a calibration file.
   bool needs_calibration() const { return method != Method::Dense; }

@@ -71,27 +71,31 @@ void PruneOptions::validate() const {
   if (method == PruneMethod::Flap) {
     // FLAP removes whole heads and FFN channels: a share of the block parameters, not a
     // retain ratio of K/V channels
-    require(ratio > 0 && ratio < 1 && std::isfinite(ratio),
-            "--ratio must be in (0, 1) for flap (the share of the block parameters removed), got "
-            "{}",
-            ratio);
-    require(flap_windows >= 1 && flap_tokens >= 2,
-            "--flap-windows must be >= 1 and --flap-tokens >= 2, got {} and {}", flap_windows,
-            flap_tokens);
+    require_setting(ratio > 0 && ratio < 1 && std::isfinite(ratio), "prune.ratio",
+                    "FLAP's pruning ratio",
+                    "must be in (0, 1) for flap (the share of the block parameters removed), "
+                    "got {}",
+                    ratio);
+    require_setting(flap_windows >= 1, "prune.flap_windows", "FLAP's calibration windows",
+                    "must be >= 1, got {}", flap_windows);
+    require_setting(flap_tokens >= 2, "prune.flap_tokens", "FLAP's tokens per window",
+                    "must be >= 2, got {}", flap_tokens);
     return;
   }
-  require(retain > 0 && retain <= 1 && std::isfinite(retain), "--retain must be in (0, 1], got {}",
-          retain);
-  require(k_share > 0 && k_share < 1 && std::isfinite(k_share),
-          "--k-share must be in (0, 1), got {}", k_share);
+  constexpr const char* kShare = "the K share of the kept channels";
+  require_setting(retain > 0 && retain <= 1 && std::isfinite(retain), "prune.retain",
+                  "the retain ratio ρ", "must be in (0, 1], got {}", retain);
+  require_setting(k_share > 0 && k_share < 1 && std::isfinite(k_share), "prune.k_share", kShare,
+                  "must be in (0, 1), got {}", k_share);
   const double rk = 2 * k_share * retain, rv = 2 * (1 - k_share) * retain;
-  require(rk <= 1 + 1e-12 && rv <= 1 + 1e-12,
-          "--k-share {} at --retain {} asks {} to keep more than all its channels ({:.3f} of them)",
-          k_share, retain, rk > 1 ? "K" : "V", std::max(rk, rv));
-  require(kv_budget == KvBudget::Balanced || k_share == 0.5,
-          "--kv-budget pooled sets the K/V split itself; --k-share applies to balanced budgets "
-          "only (got {})",
-          k_share);
+  require_setting(rk <= 1 + 1e-12 && rv <= 1 + 1e-12, "prune.k_share", kShare,
+                  "{} at retain ratio {} asks {} to keep more than all its channels ({:.3f} of "
+                  "them)",
+                  k_share, retain, rk > 1 ? "K" : "V", std::max(rk, rv));
+  require_setting(kv_budget == KvBudget::Balanced || k_share == 0.5, "prune.k_share", kShare,
+                  "applies to balanced budgets only: pooled budgets set the K/V split "
+                  "themselves (got {})",
+                  k_share);
 }
 
 double ChannelScores::sigma(int l, int h, int j) const {

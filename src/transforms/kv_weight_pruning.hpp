@@ -102,7 +102,7 @@ struct PruneOptions {
   int flap_windows = 64, flap_tokens = 128;
   /// "score=… budget=… pair=… k_share=… kv=…", as recorded in the pruned model
   std::string recipe() const;
-  /// Throws sparsim::Error naming the option at fault: retain outside (0, 1], k_share outside
+  /// Throws OptionError naming the setting at fault: retain outside (0, 1], k_share outside
   /// (0, 1) or asking K or V for more than all its channels, a k_share with pooled budgets;
   /// for flap, a ratio outside (0, 1) or no calibration windows.
   void validate() const;

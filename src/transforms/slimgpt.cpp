@@ -23,7 +23,8 @@ using std::size_t;
 SlimGptSchedule parse_slimgpt_schedule(const std::string& s) {
   if (s == "log") return SlimGptSchedule::Log;
   if (s == "uniform") return SlimGptSchedule::Uniform;
-  fail("--slimgpt-schedule '{}' is not log or uniform", s);
+  throw OptionError("slimgpt.schedule", "SlimGPT's layer schedule",
+                    fmt::format("'{}' is not log or uniform", s));
 }
 
 const char* schedule_name(SlimGptSchedule s) {
@@ -31,18 +32,21 @@ const char* schedule_name(SlimGptSchedule s) {
 }
 
 void SlimGptOptions::validate() const {
-  require(std::isfinite(ratio) && ratio >= 0 && ratio < 1,
-          "--ratio must be in [0, 1) for slimgpt (the share of the block parameters removed), "
-          "got {}",
-          ratio);
-  require(std::isfinite(damp) && damp >= 0,
-          "--slimgpt-damp must be a finite number >= 0 (the share of the mean diagonal added to "
-          "the Hessian), got {}",
-          damp);
-  require(ffn_group >= 1, "--slimgpt-ffn-group must be >= 1, got {}", ffn_group);
-  require(windows >= 1 && tokens >= 2,
-          "--slimgpt-windows must be >= 1 and --slimgpt-tokens >= 2, got {} and {}", windows,
-          tokens);
+  require_setting(std::isfinite(ratio) && ratio >= 0 && ratio < 1, "slimgpt.ratio",
+                  "SlimGPT's pruning ratio",
+                  "must be in [0, 1) for slimgpt (the share of the block parameters removed), "
+                  "got {}",
+                  ratio);
+  require_setting(std::isfinite(damp) && damp >= 0, "slimgpt.damp", "SlimGPT's damping λ",
+                  "must be a finite number >= 0 (the share of the mean diagonal added to the "
+                  "Hessian), got {}",
+                  damp);
+  require_setting(ffn_group >= 1, "slimgpt.ffn_group", "SlimGPT's FFN group",
+                  "must be >= 1, got {}", ffn_group);
+  require_setting(windows >= 1, "slimgpt.windows", "SlimGPT's calibration windows",
+                  "must be >= 1, got {}", windows);
+  require_setting(tokens >= 2, "slimgpt.tokens", "SlimGPT's tokens per window",
+                  "must be >= 2, got {}", tokens);
 }
 
 std::string SlimGptOptions::recipe() const {

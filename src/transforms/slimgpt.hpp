@@ -53,7 +53,7 @@ struct SlimGptOptions {
   /// (slimgpt_prune_sequential), instead of all from one pass of the dense model
   bool sequential = false;
   std::string source_fingerprint, calibration;
-  /// Throws sparsim::Error naming the option at fault: ratio outside [0, 1), a negative or
+  /// Throws OptionError naming the setting at fault: ratio outside [0, 1), a negative or
   /// non-finite damping, a group below 1, no calibration windows.
   void validate() const;
   /// "hessian=dense-once|sequential unit=kv-group schedule=log damp=0.01 ffn_group=64 ratio=…
