@@ -45,6 +45,11 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+/// The same size and the same bits (float64, e.g. the windows' NLL of two runs).
+inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
 /// `c` with the given K / V channels kept in every layer and KV head (a pruned model's
 /// config); prune fields filled so that it validates.
 inline Config pruned_config(const Config& c, const std::vector<int>& k_keep,

@@ -137,6 +137,23 @@ inline std::string quick_calibration(const std::string& model) {
       model);
 }
 
+/// A spec whose TEAL points read the calibration file `file` of model a (one that does not
+/// exist, for the checks that refuse it).
+inline std::string missing_calibration_spec(const std::string& name, const std::string& file) {
+  return spec_head(name, {"a"}) + fmt::format(R"(
+[calibration.a]
+file = "{}"
+[grid]
+model = ["a"]
+corpus = ["text"]
+method = ["teal"]
+[methods.teal]
+calibration = true
+sparsity = [0.5]
+)",
+                                              file);
+}
+
 /// Polls `cond` every few milliseconds for at most `seconds`.
 inline bool wait_for(const std::function<bool()>& cond, double seconds) {
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);

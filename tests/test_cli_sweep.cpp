@@ -827,17 +827,7 @@ corpus = ["text"]
 method = ["dense"]
 )",
                  {"[models] gone", "does not exist"});
-  expect_refused(spec_head("bad", {"a"}) + R"(
-[calibration.a]
-file = "cal/a.h5"
-[grid]
-model = ["a"]
-corpus = ["text"]
-method = ["teal"]
-[methods.teal]
-calibration = true
-sparsity = [0.5]
-)",
+  expect_refused(missing_calibration_spec("bad", "cal/a.h5"),
                  {"[calibration.a] file", "does not exist"});
 }
 

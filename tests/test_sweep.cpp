@@ -245,17 +245,7 @@ corpus = ["text"]
 method = ["dense"]
 )",
                {"[models] a = \"missing.gguf\"", "does not exist"});
-  expect_error(spec_head("x", {"a"}) + R"(
-[calibration.a]
-file = "no-such-calibration.h5"
-[grid]
-model = ["a"]
-corpus = ["text"]
-method = ["teal"]
-[methods.teal]
-calibration = true
-sparsity = [0.5]
-)",
+  expect_error(missing_calibration_spec("x", "no-such-calibration.h5"),
                {"[calibration.a] file", "does not exist"});
 }
 
