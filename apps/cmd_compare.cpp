@@ -134,8 +134,7 @@ struct CompareArgs {
             "--bos must be auto, yes or no, got '{}'", bos_mode);
     pmode = progress_mode(progress_arg, ProgressBar::Mode::Lines);
     ppl.score = score < 0 ? ppl.stride : score;
-    require(ppl.stride >= 1 && ppl.max_windows >= 0 && ppl.context >= 2,
-            "--context and --stride must be positive and --max-windows non-negative");
+    check_as_options([&] { ppl.check_values(); });  // (the model's context: once it is loaded)
     if (!configs_file.empty()) {
       std::ifstream f(configs_file);
       require(f.good(), "--configs: cannot read '{}'", configs_file);

@@ -45,10 +45,6 @@ const std::set<std::string> kNotSettings = {"batch",       "threads",    "progre
                                             "json",        "checkpoint", "log-level", "help",
                                             "save-tokens", "tasks",      "model",     "corpus"};
 
-bool reads_corpus(const EvalArgs& a) {
-  return !a.no_ppl || a.retrieval || a.ruler;
-}
-
 /// The checks that need the model (the rest were made at parse time): sequence lengths against
 /// its context, methods against its layers and head widths; sets the BOS token of the windows.
 void check_against_model(EvalArgs& a, const Config& c, const Tokenizer& tok, bool add_bos) {
@@ -83,7 +79,7 @@ void check_against_model(EvalArgs& a, const Config& c, const Tokenizer& tok, boo
 /// The corpus as tokens, and the generated tasks built from it.
 void tokenize_inputs(EvalInputs& in, const Tokenizer& tok) {
   const EvalArgs& a = in.a;
-  if (reads_corpus(a)) in.stream = corpus_stream(in.corpus, tok);
+  if (a.reads_corpus()) in.stream = corpus_stream(in.corpus, tok);
   if (a.retrieval) in.ritems = build_retrieval(a.ro, tok, in.stream, in.add_bos);
   if (a.ruler)
     in.ruitems = build_ruler(a.ruo, tok, in.stream, ruler_words(in.corpus.documents), in.add_bos);
@@ -315,7 +311,7 @@ int run_eval(EvalArgs& a, const po::variables_map& vm, const ResolvedModel& rm, 
 
   const EvalLengths len = sequence_lengths(in, tok);
   flops::Ledger ledger(c.n_layer);
-  Engine<E> eng(w, reads_corpus(a) ? a.ppl.batch : 1, std::max(len.cache, 2), &ledger, exec);
+  Engine<E> eng(w, a.reads_corpus() ? a.ppl.batch : 1, std::max(len.cache, 2), &ledger, exec);
   MethodStack<E> stack(a.ma, eng, plan, len.stack);
   sparsity::ActivationMasker<E>& masker = stack.masker();
   std::unique_ptr<DumpingMasker<E>> dumper;
@@ -391,7 +387,7 @@ int cmd_eval(int argc, char** argv) {
   const ResolvedModel rm = resolve_model(a.model_arg);
   io::guard_run(
       {{"--model", rm.path},
-       {"--corpus", reads_corpus(a) ? corpus_input_path(a.corpus_arg) : ""},
+       {"--corpus", a.reads_corpus() ? corpus_input_path(a.corpus_arg) : ""},
        {"--tasks", a.tasks_path},
        {"--calibration", a.ma.calib_path}},
       {{"--out", a.out},
@@ -402,7 +398,7 @@ int cmd_eval(int argc, char** argv) {
   Stopwatch wall;
   Corpus corpus;
   std::vector<TaskItem> tasks;
-  if (reads_corpus(a)) corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  if (a.reads_corpus()) corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
   if (!a.tasks_path.empty()) tasks = load_tasks(a.tasks_path);
 
   Runtime rt(a.co);

@@ -148,7 +148,7 @@ void check_as_options(F&& f) {
   } catch (const OptionError& e) {
     const std::string* flag = option_of_setting(e.key());
     if (!flag) throw;
-    throw Error(*flag + (e.rest().rfind(':', 0) == 0 ? "" : " ") + e.rest());
+    throw Error(OptionError::join(*flag, e.rest()));
   }
 }
 

@@ -120,23 +120,22 @@ void EvalArgs::check(const po::variables_map& vm) {
           "--progress must be auto, always or never, got '{}'", progress_mode);
   require(!(no_ppl && tasks_path.empty() && !retrieval && !ruler),
           "--no-perplexity needs --tasks or --task");
-  if (!no_ppl)
-    require(ppl.context >= 2, "--context must be at least 2 tokens (one predicts the next), got {}",
-            ppl.context);
-  if (!no_ppl && score < 0)
+  // Without --score a window scores its last stride tokens: said here, where the message can
+  // name both options (a context under 2 tokens is the window check's below).
+  if (!no_ppl && score < 0 && ppl.context >= 2)
     require(ppl.stride < ppl.context,
             "--stride {} is not smaller than --context {}: without --score each window scores "
             "its last stride tokens, which must be fewer than the context (lower --stride, or "
             "set --score)",
             ppl.stride, ppl.context);
   ppl.score = score < 0 ? ppl.stride : score;
+  // Fail on bad arguments before loading anything big.
+  if (!no_ppl) check_as_options([&] { ppl.check_values(); });
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
   lo.bf16_compute = bf16_compute;
   check_load_options(lo);
   show_progress = progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
-  // Fail on bad arguments before loading anything big.
-  if (!no_ppl) check_as_options([&] { ppl.check_values(); });
   if (!no_ppl && checkpoint_arg == "auto") {
     const std::string& base = !out.empty() ? out : json_out;
     if (!base.empty() && !da.enabled() && !ma.token_filter && !ma.kv_prune && !ma.probe_pruning)

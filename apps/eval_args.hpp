@@ -35,6 +35,9 @@ struct EvalArgs {
   LoadOptions lo;
   std::string checkpoint_path;  ///< empty: no checkpoint
 
+  /// Whether the run reads the corpus: for perplexity, or as the filler of the generated tasks.
+  bool reads_corpus() const { return !no_ppl || retrieval || ruler; }
+
   /// Adds the options to `d` (in the order --help lists them).
   void add_options(po::options_description& d);
   /// After parsing: checks every option that needs no model (the rest is checked once the model

@@ -23,14 +23,6 @@ std::string line(const std::string& name, double value) {
   return fmt::format("  {:<22} {:>14.4f}\n", name, value);
 }
 
-bool reads_corpus(const EvalArgs& a) {
-  return !a.no_ppl || a.retrieval || a.ruler;
-}
-
-std::uint64_t corpus_tokens(const EvalInputs& in) {
-  return reads_corpus(in.a) ? in.stream.size() : 0;
-}
-
 /// The pruned model's shape lines (RAP/KVPruner, low-rank K/V).
 std::string pruned_lines(const Config& c) {
   std::string s;
@@ -59,7 +51,7 @@ std::string perplexity_lines(const EvalInputs& in, const PplResult& ppl) {
   const Corpus& corpus = in.corpus;
   std::string s = fmt::format("corpus    {}  ({} documents, {} bytes, {} tokens, fingerprint {})\n",
                               corpus.source, corpus.documents.size(), corpus.bytes,
-                              corpus_tokens(in), corpus.fingerprint);
+                              in.stream.size(), corpus.fingerprint);
   s += fmt::format("windows   {} of {} tokens, stride {}, scoring the last {}, BOS {}\n",
                    ppl.window_nll.size(), a.ppl.context, a.ppl.stride, a.ppl.score,
                    in.add_bos ? "yes" : "no");
@@ -99,7 +91,7 @@ void write_perplexity(io::Group root, io::Group res, const EvalInputs& in, const
   cg.set_attr("fingerprint", corpus.fingerprint);
   cg.set_attr("bytes", static_cast<std::int64_t>(corpus.bytes));
   cg.set_attr("documents", static_cast<std::int64_t>(corpus.documents.size()));
-  cg.set_attr("tokens", static_cast<std::int64_t>(corpus_tokens(in)));
+  cg.set_attr("tokens", static_cast<std::int64_t>(in.stream.size()));
   if (in.a.save_tokens) {
     std::vector<std::int32_t> t32(in.stream.begin(), in.stream.end());
     cg.write<std::int32_t>("tokens", t32, {"token id", "the corpus token stream"});
@@ -249,7 +241,7 @@ nlohmann::json eval_summary_head(const EvalInputs& in, const EvalResults& r,
   j["corpus"] = {{"source", in.corpus.source},
                  {"fingerprint", in.corpus.fingerprint},
                  {"bytes", in.corpus.bytes},
-                 {"tokens", corpus_tokens(in)}};
+                 {"tokens", in.stream.size()}};
   j["protocol"] = {{"context", a.ppl.context},
                    {"stride", a.ppl.stride},
                    {"score", a.ppl.score},

@@ -29,7 +29,7 @@ struct EvalInputs {
   const ModelInfo& mi;
   const Config& c;
   Corpus corpus;
-  std::vector<int> stream;  ///< the corpus token stream (empty without perplexity or tasks)
+  std::vector<int> stream;  ///< the corpus token stream (empty when the run reads no corpus)
   std::vector<TaskItem> tasks;
   std::vector<RetrievalItem> ritems;
   std::vector<RulerItem> ruitems;

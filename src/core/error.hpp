@@ -29,9 +29,11 @@ class UsageError : public Error {
 class OptionError : public Error {
  public:
   OptionError(std::string key, const std::string& name, std::string rest)
-      : Error(name + (rest.rfind(':', 0) == 0 ? "" : " ") + rest),
-        key_(std::move(key)),
-        rest_(std::move(rest)) {}
+      : Error(join(name, rest)), key_(std::move(key)), rest_(std::move(rest)) {}
+  /// "<head> <rest>", or "<head><rest>" when rest starts with ':' ("--ruler-lengths: …").
+  static std::string join(const std::string& head, const std::string& rest) {
+    return head + (rest.rfind(':', 0) == 0 ? "" : " ") + rest;
+  }
   const std::string& key() const { return key_; }
   /// The message after the quantity's name.
   const std::string& rest() const { return rest_; }
