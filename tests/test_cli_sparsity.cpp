@@ -277,9 +277,9 @@ TEST_F(CliSparsity, BenchMeasuresEachMethodAgainstDense) {
       const auto& bw = j.at("bandwidth");
       EXPECT_GE(bw.at("array_bytes").get<double>(), 256.0 * 1024 * 1024);
       EXPECT_EQ(bw.at("reps"), 11);
-      EXPECT_EQ(std::max(bw.at("copy_median").get<double>(),
-                         bw.at("runtime_copy_median").get<double>()),
-                j.at("copy_bandwidth_bytes_per_s").get<double>());
+      EXPECT_EQ(
+          std::max(bw.at("copy_median").get<double>(), bw.at("runtime_copy_median").get<double>()),
+          j.at("copy_bandwidth_bytes_per_s").get<double>());
       EXPECT_EQ(bw.at("reference").get<double>(), j.at("copy_bandwidth_bytes_per_s").get<double>());
       EXPECT_LE(bw.at("runtime_copy_min").get<double>(), bw.at("runtime_copy_max").get<double>());
       EXPECT_LE(bw.at("copy_min").get<double>(), bw.at("copy_median").get<double>());
@@ -347,7 +347,8 @@ TEST_F(CliSparsity, BadInputFailsAndWritesNothing) {
       {"--method teal --sparsity -0.1 --calibration " + calib_, "--sparsity"},
       {"--method topk-guided --delta 0.7 --calibration " + calib_, "--delta"},
       {"--method topk-guided --lambda -1 --calibration " + calib_, "--lambda"},
-      {"--method topk-guided --probe 0.3 --calibration " + calib_, "--probe"},
+      {"--method topk-guided --probe 0.3 --calibration " + calib_,
+       "probe level 0.3 was not calibrated"},
       {"--method wina", "needs --calibration"},
       {"--method magic --calibration " + calib_, "--method"},
       {"--calibration " + calib_, "only used by the sparse methods"},

@@ -261,7 +261,7 @@ TEST_F(RulerGen, ASmallCorpusIsAnError) {
     build_ruler(o, *tok_, few, *words_, true);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("larger --corpus"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("longer corpus"), std::string::npos) << e.what();
   }
   o.tasks = {"cwe"};
   const std::vector<std::string> w(words_->begin(), words_->begin() + 20);

@@ -87,9 +87,10 @@ PplResult perplexity(Engine<E>& eng, const std::vector<int>& stream, const PplOp
           "perplexity: engine sized for {} x {} tokens, need {} x {}", eng.max_seqs(),
           eng.max_ctx(), o.batch, o.context);
   const auto starts = window_starts(stream.size(), o);
-  require(!starts.empty(),
-          "the corpus has {} tokens, fewer than one window of {} (use a smaller --context)",
-          stream.size(), o.context);
+  require(
+      !starts.empty(),
+      "the corpus has {} tokens, fewer than one window of {} (a shorter window or a longer corpus)",
+      stream.size(), o.context);
   const int C = o.context, S = o.score, tail = S + 1;
   const int bos = o.bos_id >= 0 ? 1 : 0;
   PplResult res;

@@ -113,7 +113,7 @@ std::vector<RetrievalItem> build_retrieval(const RetrievalOptions& o, const Toke
         require(n >= 1, "retrieval: a length of {} tokens leaves no room for filler text", L);
         require(filler.size() > static_cast<std::size_t>(n),
                 "retrieval: the corpus has {} tokens, fewer than the {} filler tokens a prompt of "
-                "{} needs (use a larger --corpus)",
+                "{} needs (a longer corpus)",
                 filler.size(), n, L);
         const std::size_t off = rng.next() % (filler.size() - static_cast<std::size_t>(n));
         int a = static_cast<int>(std::lround(depth * n));

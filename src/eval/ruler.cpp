@@ -131,7 +131,7 @@ int filler_room(const RulerItem& it, int prompt_tokens, std::size_t fixed, std::
           it.task, it.length);
   require(stream > static_cast<std::size_t>(n),
           "ruler: the corpus has {} tokens, fewer than the {} filler tokens a {} prompt of length "
-          "{} needs (use a larger --corpus)",
+          "{} needs (a longer corpus)",
           stream, n, it.task, it.length);
   return n;
 }
@@ -273,8 +273,8 @@ void build_cwe(RulerItem& it, SynthRng& rng, const Tokenizer& tok,
       hi = mid - 1;
   }
   require(tokens(lo) * 10 >= static_cast<long>(budget) * 9,
-          "ruler: the corpus has too few distinct words ({}) for a cwe prompt of length {} (use "
-          "a larger --corpus or a shorter length)",
+          "ruler: the corpus has too few distinct words ({}) for a cwe prompt of length {} (a "
+          "longer corpus or a shorter length)",
           words.size(), it.length);
   std::vector<std::string> list;
   for (int w = 0; w < lo; ++w)
@@ -365,14 +365,14 @@ std::vector<std::string> parse_ruler_subset(const std::string& spec) {
         if (is_niah(t)) add.push_back(t);
     } else {
       require(std::find(ruler_tasks().begin(), ruler_tasks().end(), name) != ruler_tasks().end(),
-              "--task ruler:{}: unknown task '{}' (known: niah, niah_single, niah_multikey, "
+              "RULER task list '{}': unknown task '{}' (known: niah, niah_single, niah_multikey, "
               "niah_multivalue, niah_multiquery, vt, cwe, fwe, all)",
               spec, name);
       add.push_back(name);
     }
     for (const auto& t : add) {
       require(std::find(out.begin(), out.end(), t) == out.end(),
-              "--task ruler:{}: task '{}' is named twice", spec, t);
+              "RULER task list '{}': task '{}' is named twice", spec, t);
       out.push_back(t);
     }
     i = j + 1;

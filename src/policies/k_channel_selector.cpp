@@ -44,7 +44,7 @@ KeptChannels KvChannelPruner<E>::select(const E& exec, int layer, const KVLayer<
                                         const AttnShape& sh, const CMat<E>& q_obs, int n_seq,
                                         int T) {
   require(T >= opt_.window,
-          "K-channel pruning: the observation window of {} queries (--kv-window) is longer than "
+          "K-channel pruning: the observation window of {} queries is longer than "
           "the prompt of {} tokens",
           opt_.window, T);
   require(sh.n_kv_head == nkv_ && sh.qk_dim == d_ && n_seq <= max_seqs_ && layer >= 0 &&

@@ -75,7 +75,7 @@ Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
   if (opt.method == Method::Dense) return plan;
   plan.rotated = opt.method != Method::Teal && opt.rotate;
   const std::optional<CalibrationVariant>& var = plan.rotated ? cal.rotated : cal.plain;
-  require(var.has_value(), "calibration file {} has no {} calibration, which --method {} needs",
+  require(var.has_value(), "calibration file {} has no {} calibration, which method {} needs",
           cal.file, plan.rotated ? "rotated (WINA)" : "plain (unrotated)", method_name(opt.method));
   require(static_cast<int>(var->greedy.size()) == L,
           "calibration file {} has no greedy allocation tables", cal.file);
@@ -87,7 +87,7 @@ Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
     std::string levels;
     for (double v : cal.probe_levels)
       levels += (levels.empty() ? "" : ", ") + fmt::format("{:g}", v);
-    require(k >= 0, "--probe {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
+    require(k >= 0, "the probe level {} was not calibrated in {} (levels: {})", opt.probe, cal.file,
             levels.empty() ? "none" : levels);
     // the sensitivities must have been probed as this evaluation masks
     const ProbeRule rule = opt.guided_masking ? ProbeRule::Guided : ProbeRule::TopK;
@@ -104,9 +104,8 @@ Plan make_plan(const Calibration& cal, const MethodOptions& opt) {
         have += fmt::format("{}\n    {}", have.empty() ? "" : ";", s.describe());
       fail(
           "calibration file {} holds no sensitivities probed with this evaluation's settings ({}); "
-          "it holds:{}\n  calibrate with matching --delta / --wina-norms / --probe-masking / "
-          "--sensitivity-from, or evaluate with the settings of one of these (--delta, "
-          "--wina-norms, --masking, --sensitivity-from)",
+          "it holds:{}\n  calibrate with the same δ, WINA norms, probe masking and sensitivity "
+          "source, or evaluate with the settings of one of these",
           cal.file, want.describe(), have.empty() ? std::string(" none") : have);
     }
     plan.sensitivity = set;

@@ -237,12 +237,14 @@ Config plan_flap(const Config& full, const FlapScores& sc, const PruneOptions& o
         for (int g = 0; g < group; ++g) st.q_heads.push_back(static_cast<int>(u) * group + g);
     for (std::size_t f = 0; f < F; ++f)
       if (keep[na + l * F + f]) st.ffn.push_back(static_cast<int>(f));
-    require(!st.q_heads.empty(),
-            "flap --ratio {}: the global ranking removes every attention head of layer {}; a "
-            "smaller ratio keeps at least one",
-            opt.ratio, l);
+    require(
+        !st.q_heads.empty(),
+        "FLAP at pruning ratio {}: the global ranking removes every attention head of layer {}; a "
+        "smaller ratio keeps at least one",
+        opt.ratio, l);
     require(!st.ffn.empty(),
-            "flap --ratio {}: the global ranking removes every FFN channel of layer {}; a smaller "
+            "FLAP at pruning ratio {}: the global ranking removes every FFN channel of layer {}; a "
+            "smaller "
             "ratio keeps at least one",
             opt.ratio, l);
   }

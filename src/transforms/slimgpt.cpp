@@ -226,7 +226,7 @@ std::vector<double> inverse_of(const std::vector<double>& h, int cols,
   const int info = LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'L', m, a.data(), m);
   require(info == 0,
           "SlimGPT: the damped Hessian of {} inputs is not positive definite (minor {}); a larger "
-          "--slimgpt-damp or more calibration tokens",
+          "damping λ or more calibration tokens",
           m, info);
   require(LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'L', m, a.data(), m) == 0,
           "SlimGPT: the Hessian of {} inputs could not be inverted", m);
