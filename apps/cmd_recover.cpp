@@ -607,7 +607,7 @@ int run_recover(const RecoverArgs& a, const po::variables_map& vm, const Resolve
     io::RunFile rf(a.run);
     io::Group root = rf.root();
     write_run_header(root, argc, argv, backend, rt.threads(), smi, sc, DType::F32);
-    if (sc.pruned()) write_prune_group(root, sc);
+    if (sc.pruned() || sc.low_rank_kv()) write_prune_group(root, sc);
     io::Group tg = root.create_group("teacher");
     tg.set_attr("path", tmi.path);
     tg.set_attr("fingerprint", tmi.fingerprint);

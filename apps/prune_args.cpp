@@ -121,10 +121,12 @@ void PruneArgs::check(const po::variables_map& vm) {
     return;
   }
   if (low_rank) {
-    for (const char* o : {"score", "budget", "pair-score", "k-share", "kv-budget", "type",
-                          "flops-context", "ratio", "flap-windows", "flap-tokens"})
+    for (const char* o : {"score", "budget", "pair-score", "k-share", "kv-budget", "type", "ratio",
+                          "flap-windows", "flap-tokens"})
       require(vm[o].defaulted(),
               "--{} does not apply to --method {} (a RAP / KVPruner / FLAP option)", o, method);
+    require(flops_context >= 1, "--flops-context must be positive, got {}", flops_context);
+    lr.opt.flops_context = flops_context;
     lr.corpus_arg = corpus_arg;
     lr.text_field = text_field;
     lr.opt.method =

@@ -33,10 +33,11 @@ class CliLowRank : public TinyModelCli<CliLowRank> {
 TEST_F(CliLowRank, LowRankModelRunsEverywhere) {
   for (const std::string m : {"palu", "svd-llm"}) {
     const std::string out = dir_->file(m + ".gguf"), js = dir_->file(m + ".json");
-    const RunResult r = run_cmd(prune(m, "0.5", out, "--json " + js));
+    const RunResult r = run_cmd(prune(m, "0.5", out, "--json " + js + " --flops-context 64"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto j = read_json(js);
     EXPECT_EQ(j.at("method"), m);
+    EXPECT_EQ(j.at("flops_context").get<int>(), 64);  // the context the FLOP fractions are at
     EXPECT_DOUBLE_EQ(j.at("retain").get<double>(), 0.5);
     EXPECT_NEAR(j.at("kv_bytes_fraction").get<double>(), 0.5, 0.07);
     EXPECT_TRUE(j.at("whiten").get<bool>());

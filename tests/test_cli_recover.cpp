@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -45,12 +46,14 @@ class CliRecover : public ::testing::Test {
   void SetUp() override { fs::create_directories(work_.path() / "out"); }
 
   std::vector<std::string> args(const std::vector<std::string>& extra,
-                                const std::string& teacher = "") const {
-    std::vector<std::string> a = {
-        sparsim_bin(), "recover",     "--model",
-        student_,      "--teacher",   teacher.empty() ? teacher_ : teacher,
-        "--corpus",    corpus_,       "--progress",
-        "never",       "--log-level", "warn"};
+                                const std::string& teacher = "",
+                                const std::string& student = "") const {
+    std::vector<std::string> a = {sparsim_bin(), "recover",
+                                  "--model",     student.empty() ? student_ : student,
+                                  "--teacher",   teacher.empty() ? teacher_ : teacher,
+                                  "--corpus",    corpus_,
+                                  "--progress",  "never",
+                                  "--log-level", "warn"};
     a.insert(a.end(), extra.begin(), extra.end());
     // defaults of these tests, where `extra` does not set them
     for (const auto& [k, v] :
@@ -137,6 +140,41 @@ TEST_F(CliRecover, WritesARecoveredModelThatEveryCommandRuns) {
     const RunResult e = run_cmd(sparsim_bin() + cmd);
     EXPECT_EQ(e.exit_code, 0) << cmd << "\n" << e.output;
   }
+}
+
+// A low-rank student (SVD-LLM; PaLU's groups are the same code path): the K and V adapters
+// train the down factors, so the recovered model keeps the latent cache of the student (the same
+// tensor shapes, the up factors untouched) and every command runs it.
+TEST_F(CliRecover, LowRankStudentKeepsItsLatentCache) {
+  const std::string lr = out("svd.gguf");
+  RunResult r = run_cmd(sparsim_bin() + " prune --model " + teacher_ +
+                        " --method svd-llm --retain 0.5 --corpus " + corpus_ +
+                        " --whiten-seqs 3 --whiten-tokens 48 --out " + lr);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_cmd(join(
+      args({"--out", out("rec.gguf"), "--run", out("run.h5"), "--json", out("s.json")}, "", lr)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream jf(out("s.json"));
+  const auto j = nlohmann::json::parse(jf);
+  EXPECT_EQ(j.at("student").at("method"), "svd-llm");
+  EXPECT_LE(j.at("merge_check_rel_error").get<double>(), 1e-4);
+  gguf::File before = gguf::File::open(lr), after = gguf::File::open(out("rec.gguf"));
+  EXPECT_EQ(after.get_string("sparsim.prune.method").value_or(""), "svd-llm");
+  for (const std::string t : {"blk.0.attn_k.weight", "blk.1.attn_v.weight",
+                              "blk.0.attn_k_up.weight", "blk.1.attn_v_up.weight"})
+    EXPECT_EQ(after.require_tensor(t).ne, before.require_tensor(t).ne) << t;
+  const auto& ku0 = before.require_tensor("blk.1.attn_k_up.weight");
+  const auto& ku1 = after.require_tensor("blk.1.attn_k_up.weight");
+  ASSERT_EQ(ku0.nbytes, ku1.nbytes);
+  EXPECT_EQ(std::memcmp(ku0.data, ku1.data, ku0.nbytes), 0) << "the up factors are not trained";
+  EXPECT_EQ(after.require_tensor("blk.1.attn_k.weight").type, gguf::GGMLType::F32);
+  io::H5File h = io::H5File::open_read(out("run.h5"));
+  EXPECT_TRUE(h.root().has_group("low_rank"));
+  const RunResult e =
+      run_cmd(sparsim_bin() + " eval --model " + out("rec.gguf") + " --corpus " + corpus_ +
+              " --context 32 --stride 16 --max-windows 2 --progress never");
+  EXPECT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_NE(e.output.find("low-rank K/V (svd-llm"), std::string::npos) << e.output;
 }
 
 TEST_F(CliRecover, ThreadCountsGiveTheSameModel) {

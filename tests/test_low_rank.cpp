@@ -6,6 +6,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"
+#include "low_rank_helpers.hpp"
 #include "model/loader.hpp"
 #include "transforms/low_rank.hpp"
 
@@ -187,38 +188,6 @@ TEST(LowRank, RanksMeetTheBudgetUniformOrByFisherScore) {
     }
   }
   EXPECT_EQ(ptotal, total);
-}
-
-/// The full-width model whose W_k, W_v are the low-rank model's B·A (fp32).
-template <class E>
-std::shared_ptr<Weights<E>> rebuilt(const Weights<E>& lr, const Weights<E>& full) {
-  auto out = std::make_shared<Weights<E>>(lr);
-  out->cfg = full.cfg;
-  for (std::size_t l = 0; l < out->layers.size(); ++l) {
-    auto& lw = out->layers[l];
-    for (int which = 0; which < 2; ++which) {
-      const Matrix<E>& a = which == 0 ? lr.layers[l].wk : lr.layers[l].wv;
-      const Matrix<E>& b = which == 0 ? lr.layers[l].k_up : lr.layers[l].v_up;
-      auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a.f32);
-      auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b.f32);
-      Matrix<E> w;
-      w.rows = b.rows;
-      w.cols = a.cols;
-      w.f32 = decltype(w.f32)("rebuilt", w.rows, w.cols);
-      auto hw = Kokkos::create_mirror_view(w.f32);
-      for (int i = 0; i < w.rows; ++i)
-        for (int j = 0; j < w.cols; ++j) {
-          double s = 0;
-          for (int k = 0; k < a.rows; ++k) s += static_cast<double>(hb(i, k)) * ha(k, j);
-          hw(i, j) = static_cast<float>(s);
-        }
-      Kokkos::deep_copy(w.f32, hw);
-      (which == 0 ? lw.wk : lw.wv) = w;
-    }
-    lw.k_up = Matrix<E>{};
-    lw.v_up = Matrix<E>{};
-  }
-  return out;
 }
 
 double max_rel(const std::vector<float>& a, const std::vector<float>& b) {

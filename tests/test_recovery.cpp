@@ -9,11 +9,13 @@
 #include "engine/engine.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
+#include "low_rank_helpers.hpp"
 #include "model/loader.hpp"
 #include "model/synth_hf.hpp"
 #include "recovery/checkpoint.hpp"
 #include "recovery/recover.hpp"
 #include "transforms/kv_weight_pruning.hpp"
+#include "transforms/low_rank.hpp"
 
 #include <cmath>
 #include <filesystem>
@@ -155,6 +157,111 @@ TYPED_TEST(RecoveryTest, RotateHalfLoraGradientsMatchFiniteDifferences) {
                           "rotate_half pruned, q/k/v/o, T = 2");
 }
 
+/// A loss hook that keeps the float64 logits of a forward pass and returns 0.
+template <class E>
+struct CaptureLogits : LossHook<E, double> {
+  std::vector<double> z;
+  double loss_and_gradient(const E& exec, const MatT<E, double>& m, const IVec<E>&) override {
+    exec.fence();
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
+    z.assign(h.data(), h.data() + h.size());
+    return 0;
+  }
+};
+
+/// A low-rank K/V student of `full` by plain truncation at ρ = 0.5: KV heads `group` at a time
+/// (1: PaLU's groups of one head; every KV head: SVD-LLM's whole projection).
+template <class E>
+std::shared_ptr<Weights<E>> low_rank_student(const Weights<E>& full, int group) {
+  pruning::LowRankOptions o;
+  o.retain = 0.5;
+  o.group = group;
+  return pruning::factorise(full, pruning::plan_low_rank(full.cfg, o, nullptr), {});
+}
+
+// A low-rank student (PaLU, SVD-LLM): the K and V adapters act on the down factors A, whose
+// outputs the cache holds; their gradients through the rebuilt keys (B·(A·x), then RoPE) and
+// values agree with central differences, as do those of the q, o and MLP adapters.
+TYPED_TEST(RecoveryTest, LowRankStudentLoraGradientsMatchFiniteDifferences) {
+  using E = TypeParam;
+  TempDir dir;
+  auto full = load_model<E>(make_model(dir, "m.gguf", tiny_spec(25)), LoadOptions{});
+  DistillOptions d;
+  d.temperature = 2;
+  d.weight = 0.7;
+  for (int group : {1, full->cfg.n_kv_head}) {
+    auto student = low_rank_student(*full, group);
+    ASSERT_TRUE(student->cfg.low_rank_kv());
+    check_lora_gradients<E>(student, full, all_targets(2, 0.1), d, true, 13,
+                            "low-rank K/V, groups of " + std::to_string(group) + " KV heads");
+  }
+}
+
+// The backward pass through a low-rank model equals the one through the full-width model whose
+// W_k, W_v are the rebuilt B·A (float64): loss, input gradient and the K/V gate gradients.
+TYPED_TEST(RecoveryTest, LowRankBackwardEqualsRebuiltFullWidth) {
+  using E = TypeParam;
+  TempDir dir;
+  auto full = load_model<E>(make_model(dir, "m.gguf", tiny_spec(26)), LoadOptions{});
+  const int n = 14;
+  const auto toks = tokens(n, full->cfg.vocab, 3);
+  Backprop<E, double> dense(full, n);
+  const double l_dense = dense.forward(toks);
+  for (int group : {1, full->cfg.n_kv_head}) {
+    auto lr = low_rank_student(*full, group);
+    Backprop<E, double> a(lr, n), b(rebuilt(*lr, *full), n);
+    const double la = a.forward(toks), lb = b.forward(toks);
+    a.backward();
+    b.backward();
+    EXPECT_NEAR(la, lb, 1e-6 * std::fabs(lb)) << group;
+    EXPECT_GT(std::fabs(la - l_dense), 1e-4) << "the factorised model is not the dense one";
+    EXPECT_LE(rel_inf(a.input_grad(), b.input_grad()), 1e-6) << group;
+    for (int l = 0; l < full->cfg.n_layer; ++l) {
+      EXPECT_LE(rel_inf(a.gate_grad_k()[l], b.gate_grad_k()[l]), 1e-6) << group << " layer " << l;
+      EXPECT_LE(rel_inf(a.gate_grad_v()[l], b.gate_grad_v()[l]), 1e-6) << group << " layer " << l;
+    }
+  }
+}
+
+// Merging the adapters of a low-rank student keeps it low-rank at the same cache width (the K
+// and V updates go into the down factors), and the engine's latent-cache pass over the merged
+// model gives the adapted model's logits.
+TYPED_TEST(RecoveryTest, LowRankMergeKeepsTheLatentCache) {
+  using E = TypeParam;
+  TempDir dir;
+  auto full = load_model<E>(make_model(dir, "m.gguf", tiny_spec(27)), LoadOptions{});
+  auto student = low_rank_student(*full, 1);
+  LoraSpec spec = all_targets(3, 0.1);
+  spec.init_b_std = 0.2;
+  const std::vector<Adapter> ad = init_adapters(*student, spec);
+  const int n = 12;
+  const auto toks = tokens(n, full->cfg.vocab, 5);
+  CaptureLogits<E> unmerged;
+  {
+    LoraHook<E, double> hook(ad, student->cfg.n_layer, spec.scale(), spec.dropout, n);
+    hook.set_training(false);
+    Backprop<E, double> bp(student, n);
+    bp.set_projection_hook(&hook);
+    bp.set_loss_hook(&unmerged);
+    bp.forward(toks);
+  }
+  auto merged = merge_adapters(*student, ad, spec.scale());
+  ASSERT_TRUE(merged->cfg.low_rank_kv());
+  for (int l = 0; l < full->cfg.n_layer; ++l) {
+    EXPECT_EQ(merged->layers[l].wk.rows, student->cfg.k_cache_width(l));
+    EXPECT_EQ(merged->layers[l].wv.rows, student->cfg.v_cache_width(l));
+  }
+  Engine<E> eng(merged, 1, n);
+  const std::vector<float> z = to_host(eng.forward({toks}, 0, true));
+  ASSERT_EQ(z.size(), unmerged.z.size());
+  const double e = rel_err(z, unmerged.z);
+  EXPECT_LE(e, 1e-5);
+  Engine<E> plain(student, 1, n);
+  EXPECT_GT(rel_err(to_host(plain.forward({toks}, 0, true)), unmerged.z), 1e-3);
+  std::printf("[ %s ] low-rank merged (engine, fp32) vs unmerged (float64): %.2e relative\n",
+              E::name(), e);
+}
+
 // The fp32 production path (BLAS products) against float64: ≤ 1e-4 relative.
 TYPED_TEST(RecoveryTest, Float32GradientsAgreeWithFloat64) {
   using E = TypeParam;
@@ -201,15 +308,7 @@ TYPED_TEST(RecoveryTest, MergedForwardEqualsUnmerged) {
   const std::vector<Adapter> ad = init_adapters(*student, spec);
   const int n = 16;
   const auto toks = tokens(n, student->cfg.vocab, 8);
-  struct Capture : LossHook<E, double> {
-    std::vector<double> z;
-    double loss_and_gradient(const E& exec, const MatT<E, double>& m, const IVec<E>&) override {
-      exec.fence();
-      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m);
-      z.assign(h.data(), h.data() + h.size());
-      return 0;
-    }
-  };
+  using Capture = CaptureLogits<E>;
   Capture unmerged, merged;
   {
     LoraHook<E, double> hook(ad, student->cfg.n_layer, spec.scale(), spec.dropout, n);

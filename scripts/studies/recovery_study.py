@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Recovery after pruning on one model: RAP and KVPruner at one retain ratio, before and after
-a LoRA fine-tune distilled from the dense model (`sparsim recover`), and a LoRA-rank sweep.
+"""Recovery after pruning on one model: RAP, KVPruner (index-aware and naive), PaLU and SVD-LLM at
+one KV-cache budget ρ, before and after a LoRA fine-tune distilled from the dense model
+(`sparsim recover`; on the low-rank models the K and V adapters train the down factors, so the
+latent cache keeps its width), and a LoRA-rank sweep.
 
 Steps (every output is a file in --outdir; a step whose file exists is skipped, so the study can
 be stopped and resumed; --phase picks which steps run, so that training and evaluation can run
 side by side):
 
-  prune    `sparsim calibrate --fisher` on the training text, `sparsim prune` per method;
+  prune    `sparsim calibrate --fisher` on the training text, `sparsim prune` per method (PaLU
+           and SVD-LLM whitened by --whiten-seqs sequences of --whiten-tokens tokens of the
+           training text);
   recover  `sparsim recover` per method at --rank, and for --sweep-method at every --ranks;
   eval     `sparsim eval` of the dense, pruned and recovered models on the evaluation text:
            perplexity over non-overlapping windows, a generated multiple-choice cloze task
@@ -36,6 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib"))
 from study_steps import sh  # noqa: E402
+
+
+LOW_RANK = ("palu", "svd-llm")
 
 
 def run_all(jobs, n):
@@ -111,7 +118,9 @@ def main():
     ap.add_argument("--fisher-seqs", type=int, default=32)
     ap.add_argument("--fisher-tokens", type=int, default=1024)
     ap.add_argument("--retain", type=float, default=0.7)
-    ap.add_argument("--methods", default="rap,kvpruner")
+    ap.add_argument("--methods", default="rap,kvpruner,kvpruner-naive,palu,svd-llm")
+    ap.add_argument("--whiten-seqs", type=int, default=16)
+    ap.add_argument("--whiten-tokens", type=int, default=1024)
     ap.add_argument("--rank", type=int, default=8, help="LoRA rank of the method comparison")
     ap.add_argument("--sweep-method", default="rap")
     ap.add_argument("--ranks", default="4,8,16", help="LoRA ranks of the sweep")
@@ -158,8 +167,15 @@ def main():
         for m in methods:
             gg = os.path.join(a.outdir, f"{m}_{tag}.gguf")
             if not os.path.exists(gg):
-                sh([a.sparsim, "prune", "--model", a.model, "--method", m, "--retain", str(a.retain),
-                    "--calibration", fisher, "--out", gg, "--json", gg + ".json"] + thr, gg + ".log")
+                cmd = [a.sparsim, "prune", "--model", a.model, "--method", m, "--retain",
+                       str(a.retain), "--out", gg, "--json", gg + ".json",
+                       "--flops-context", str(a.context)] + thr
+                if m != "svd-llm":  # SVD-LLM's ranks are uniform: no Fisher scores
+                    cmd += ["--calibration", fisher]
+                if m in LOW_RANK:
+                    cmd += ["--corpus", a.train, "--whiten-seqs", str(a.whiten_seqs),
+                            "--whiten-tokens", str(a.whiten_tokens)]
+                sh(cmd, gg + ".log")
 
     # the recovered models: every method at --rank, the sweep method at every rank
     runs = [(m, a.rank) for m in methods]
@@ -224,7 +240,9 @@ def main():
                 p = json.load(open(pj))
                 row["prune"] = {k: p[k] for k in ("retain_realised", "orphan_ratio",
                                                   "kv_bytes_fraction", "attn_params_fraction",
-                                                  "attn_flops_fraction", "n_params")}
+                                                  "attn_flops_fraction",
+                                                  "attn_decode_flops_fraction", "n_params")
+                                if k in p}
         else:
             row["method"] = "dense"
         rj = path + ".json"
@@ -259,11 +277,10 @@ def main():
     for m in methods:
         compare(rec_name(m, a.rank), f"{m}_{tag}", f"{m}: recovered − pruned")
         compare(rec_name(m, a.rank), "dense", f"{m}: recovered − dense")
-    if len(methods) == 2:
-        compare(rec_name(methods[0], a.rank), rec_name(methods[1], a.rank),
-                f"recovered {methods[0]} − recovered {methods[1]}")
-        compare(f"{methods[0]}_{tag}", f"{methods[1]}_{tag}",
-                f"pruned {methods[0]} − pruned {methods[1]}")
+    for m in methods[1:]:  # the first method against each other one
+        compare(rec_name(methods[0], a.rank), rec_name(m, a.rank),
+                f"recovered {methods[0]} − recovered {m}")
+        compare(f"{methods[0]}_{tag}", f"{m}_{tag}", f"pruned {methods[0]} − pruned {m}")
     for r in ranks:
         if r != a.rank:
             compare(rec_name(a.sweep_method, r), rec_name(a.sweep_method, a.rank),
@@ -276,7 +293,7 @@ def main():
                            "model_fingerprint": str(f.attrs["model_fingerprint"]),
                            "corpus_fingerprint": str(f.attrs["corpus_fingerprint"])}
     settings = {k: getattr(a, k) for k in ("model", "train", "eval", "fisher_seqs", "fisher_tokens",
-                                           "retain", "methods", "rank", "sweep_method", "ranks",
+                                           "whiten_seqs", "whiten_tokens", "retain", "methods", "rank", "sweep_method", "ranks",
                                            "steps", "seq_len", "batch", "lr", "recover_extra",
                                            "context", "windows", "task_items",
                                            "task_context_lines", "passkey_length",
@@ -310,15 +327,24 @@ def write_page(a, s):
     P.append(f"- training text: WikiText-2 `{st['train']}` (Fisher scores: {fi.get('sequences')} "
              f"sequences of {fi.get('tokens')} tokens; recovery: sequences of {st['seq_len']} tokens "
              f"drawn in a seeded order); evaluation text: WikiText-2 `{st['eval']}`;")
-    P.append(f"- pruning: {', '.join(st['methods'].split(','))} at ρ = {st['retain']} "
-             "(`sparsim prune`, the same Fisher-proportional layer budgets);")
+    lowr = [m for m in st["methods"].split(",") if m in LOW_RANK]
+    P.append(f"- pruning: {', '.join(st['methods'].split(','))} at the KV-cache budget ρ = "
+             f"{st['retain']} (`sparsim prune`; the Fisher-proportional layer budgets of the same "
+             "scores for every method but SVD-LLM, whose ranks are equal"
+             + (f"; {' and '.join(lowr)} whitened by {st.get('whiten_seqs')} sequences of "
+                f"{st.get('whiten_tokens')} tokens of the training text" if lowr else "")
+             + "; methods and choices: [kv-weight-pruning.md](kv-weight-pruning.md), "
+             "[low-rank.md](low-rank.md));")
     P.append(f"- recovery (`sparsim recover`): LoRA on q, k, v, o, rank {st['rank']} (sweep: "
              f"{st['ranks']} on {st['sweep_method']}), α = 2r, dropout 0.05, loss CE + T²·KL"
              f"(student ‖ teacher) at T = 2 with the dense model as teacher, AdamW at peak "
              f"learning rate {st['lr']:g} (5 % warm-up, cosine), gradient norm clipped at 1, "
              f"{st['steps']} steps of {st['batch']} × {st['seq_len']} tokens "
              f"({st['steps'] * st['batch'] * st['seq_len']} training tokens per run)"
-             + (f", extra options `{st['recover_extra']}`" if st['recover_extra'] else "") + ";")
+             + (f", extra options `{st['recover_extra']}`" if st['recover_extra'] else "")
+             + ("; on the low-rank models the K and V adapters train the down factors A (x → "
+                "latent), so the recovered model caches latents of the same width and its up "
+                "factors B are those of the factorisation" if lowr else "") + ";")
     P.append(f"- perplexity: {st['windows']} non-overlapping windows of {st['context']} tokens from "
              "the start of the evaluation text (all but the first token of each scored), no BOS; "
              "spread over the per-window perplexities; A against B by the per-window "
@@ -332,14 +358,16 @@ def write_page(a, s):
              f"prompts of {st['passkey_length']} tokens, needle depths {st['passkey_depths']}, "
              f"{st['passkey_samples']} prompts per depth ({npk} prompts per model), exact match.\n")
     P.append("## Quality before and after recovery\n")
-    P.append("| model | KV bytes | attn params | perplexity | window ppl mean ± sd [min, max] | "
-             "acc | acc_norm | passkey |")
-    P.append("|---|---|---|---|---|---|---|---|")
+    P.append("| model | KV bytes | attn params | attn FLOPs per decode step | perplexity | "
+             "window ppl mean ± sd [min, max] | acc | acc_norm | passkey |")
+    P.append("|---|---|---|---|---|---|---|---|---|")
     for r in s["models"]:
         e = r.get("ppl")
         pr = r.get("prune", {})
         kv = f"{pr['kv_bytes_fraction']:.3f}" if pr else ("1" if r["method"] == "dense" else "")
         ap_ = f"{pr['attn_params_fraction']:.3f}" if pr else ("1" if r["method"] == "dense" else "")
+        df = (f"{pr['attn_decode_flops_fraction']:.3f}" if "attn_decode_flops_fraction" in pr
+              else ("1" if r["method"] == "dense" else ""))
         if e:
             w = e["window_perplexity"]
             sp = (f"{statistics.mean(w):.2f} ± {statistics.stdev(w):.2f} "
@@ -351,8 +379,12 @@ def write_page(a, s):
         acc = f"{t['acc']:.3f}" if t else "not run"
         accn = f"{t['acc_norm']:.3f}" if t else "not run"
         pk = f"{r['passkey']['accuracy']:.2f}" if "passkey" in r else "not run"
-        P.append(f"| {r['name']} | {kv} | {ap_} | {ppl} | {sp} | {acc} | {accn} | {pk} |")
+        P.append(f"| {r['name']} | {kv} | {ap_} | {df} | {ppl} | {sp} | {acc} | {accn} | {pk} |")
     P.append("")
+    P.append(f"KV bytes, attention parameters and the attention FLOPs of one decode step at "
+             f"{st['context']} tokens of context (the rebuilding of K and V included for the "
+             "low-rank models) are fractions of the dense model's, from `sparsim prune`'s JSON; "
+             "recovery changes none of them.\n")
     if s["comparisons"]:
         P.append("## Paired per-window differences\n")
         P.append("Mean over the windows of (mean NLL per token of A − that of B), its standard "
@@ -430,22 +462,43 @@ def discussion(s):
                       + (", and the recovered model stays measurably worse than dense."
                          if d["windows_lower"] == 0 else ".") if m == "rap" else ""))
     ms = st["methods"].split(",")
-    if len(ms) == 2:
-        a0, b0 = ppl(f"{ms[0]}_{tag}"), ppl(f"{ms[1]}_{tag}")
-        a1, b1 = ppl(f"{ms[0]}_{tag}_rec_r{st['rank']}"), ppl(f"{ms[1]}_{tag}_rec_r{st['rank']}")
-        c = cmp_.get(f"recovered {ms[0]} − recovered {ms[1]}")
-        if None not in (a0, b0, a1, b1, dense) and c:
-            out.append(f"- **{ms[0]} against {ms[1]}**: pruned {a0:.2f} against {b0:.2f} "
-                       f"(excess over dense {a0 - dense:.2f} against {b0 - dense:.2f}); recovered "
-                       f"{a1:.2f} against {b1:.2f} (excess {a1 - dense:.2f} against "
-                       f"{b1 - dense:.2f}); {ms[0]} lower in {c['windows_lower']} of {c['n']} "
-                       f"windows after recovery (mean Δ NLL {c['mean_nll_difference']:+.3f}, t = "
-                       f"{c['t']:.1f}). The paper finds KVPruner far behind RAP after the same "
-                       "recovery on Llama-3-8B (an index-aware KVPruner still trails by 10–84× in "
-                       "perplexity); on SmolLM2 the recovery closes most of KVPruner's gap as "
-                       "well, so the difference that remains is "
-                       f"{(b1 - dense) / max(a1 - dense, 1e-9):.1f}× in excess perplexity, "
-                       "not orders of magnitude.")
+    a1 = ppl(f"{ms[0]}_{tag}_rec_r{st['rank']}")
+    for m in ms[1:]:
+        p0, b0 = ppl(f"{ms[0]}_{tag}"), ppl(f"{m}_{tag}")
+        b1 = ppl(f"{m}_{tag}_rec_r{st['rank']}")
+        c = cmp_.get(f"recovered {ms[0]} − recovered {m}")
+        c0 = cmp_.get(f"pruned {ms[0]} − pruned {m}")
+        if None in (p0, b0, a1, b1, dense) or not c or not c0:
+            continue
+        better = lambda x: (f"{ms[0]} lower in {x['windows_lower']} of {x['n']} windows (mean "
+                            f"Δ NLL {x['mean_nll_difference']:+.3f}, t = {x['t']:.1f})")
+        line = (f"- **{ms[0]} against {m}**: pruned {p0:.2f} against {b0:.2f} (excess over "
+                f"dense {p0 - dense:.2f} against {b0 - dense:.2f}; {better(c0)}); recovered "
+                f"{a1:.2f} against {b1:.2f} (excess {a1 - dense:.2f} against {b1 - dense:.2f}; "
+                f"{better(c)}).")
+        if m == "kvpruner":
+            line += (" The paper finds KVPruner far behind RAP after the same recovery on "
+                     "Llama-3-8B (an index-aware KVPruner still trails by 10–84× in perplexity); "
+                     + ("on SmolLM2 the recovery closes most of KVPruner's gap as well, so the "
+                        "difference that remains is "
+                        f"{(b1 - dense) / max(a1 - dense, 1e-9):.1f}× in excess perplexity, not "
+                        "orders of magnitude." if b1 - dense < 10 * (a1 - dense) else
+                        "SmolLM2 agrees."))
+        elif m in LOW_RANK:
+            pr = by.get(f"{m}_{tag}", {}).get("prune", {})
+            pa = by.get(f"{ms[0]}_{tag}", {}).get("prune", {})
+            if "attn_decode_flops_fraction" in pr and "attn_decode_flops_fraction" in pa:
+                line += (f" At the same KV bytes {m} keeps {pr['attn_params_fraction']:.2f} of "
+                         f"the attention parameters and spends {pr['attn_decode_flops_fraction']:.2f}"
+                         f" of the attention FLOPs of a decode step ({ms[0]}: "
+                         f"{pa['attn_params_fraction']:.2f} and "
+                         f"{pa['attn_decode_flops_fraction']:.2f}).")
+            if m == "palu":
+                line += (" The paper finds PaLU slightly stronger than RAP on quality after the "
+                         "shared recovery, at a higher attention cost; on SmolLM2 PaLU is "
+                         + ("the stronger after recovery as well." if c["mean_nll_difference"] > 0
+                            else "the weaker after recovery."))
+        out.append(line)
     ranks = [int(x) for x in str(st["ranks"]).split(",")]
     sw = [(r, ppl(f"{st['sweep_method']}_{tag}_rec_r{r}")) for r in ranks]
     if all(p is not None for _, p in sw):

@@ -92,6 +92,7 @@ struct Backprop<E, T>::State {
   using CM = CMatT<E, T>;
   struct LayerW {
     CM wq, wk, wv, wo, wg, wu, wd;
+    CM ku, vu;  // a low-rank K/V layer's up factors B_k, B_v (wk, wv: the down factors A)
   };
   struct Acts {
     M x, xn, q, kpre, k, v, a, lse, x2, xn2, g, u;
@@ -103,6 +104,7 @@ struct Backprop<E, T>::State {
   std::vector<Acts> acts;
   M xL, hf, z;
   M dX, dh, dq, dk, dv, da, dm, dg, du, dsum, mid;
+  M lat;  // a low-rank layer's latent A·x (forward) or its gradient dy·B (backward)
   IVec<E> tok, pos;
   Kokkos::View<double*, DeviceOf<E>> nll, colsum;
   int n = 0;
@@ -127,6 +129,10 @@ Backprop<E, T>::Backprop(std::shared_ptr<const Weights<E>> w, int max_tokens, E 
     s.lw.push_back({as_t<E, T>(exec_, L.wq), as_t<E, T>(exec_, L.wk), as_t<E, T>(exec_, L.wv),
                     as_t<E, T>(exec_, L.wo), as_t<E, T>(exec_, L.w_gate), as_t<E, T>(exec_, L.w_up),
                     as_t<E, T>(exec_, L.w_down)});
+    if (c.low_rank_kv()) {
+      s.lw.back().ku = as_t<E, T>(exec_, L.k_up);
+      s.lw.back().vu = as_t<E, T>(exec_, L.v_up);
+    }
     s.rope.push_back(make_rope_map<E>(c.rope_units(l)));
   }
   s.out_w = as_t<E, T>(exec_, w_->output);
@@ -231,6 +237,12 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
     s.du = alloc<E, T>("sparsim::backprop::dup", n, F);
     s.dsum = alloc<E, T>("sparsim::backprop::dsum", n, H);
     s.mid = alloc<E, T>("sparsim::backprop::mid", n, std::max(D, F));
+    if (c.low_rank_kv()) {
+      int widest = 1;
+      for (int l = 0; l < L; ++l)
+        widest = std::max({widest, c.k_cache_width(l), c.v_cache_width(l)});
+      s.lat = alloc<E, T>("sparsim::backprop::latent", n, widest);
+    }
     s.tok = IVec<E>("sparsim::backprop::tokens", n);
     s.pos = IVec<E>("sparsim::backprop::positions", n);
     s.nll = Kokkos::View<double*, DeviceOf<E>>("sparsim::backprop::nll", n);
@@ -266,6 +278,14 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
     mm_nt<E, T>(exec_, CM(x), w, y);
     if (hook_ && hook_->active(l, p)) hook_->forward(exec_, l, p, CM(x), y);
   };
+  // K or V of a layer: y = x·Wᵀ, or for a low-rank layer y = (x·Aᵀ)·Bᵀ with the hook on the
+  // down factor A (the projection whose output the cache holds)
+  auto kv_proj = [&](int l, Proj p, const M& x, const CM& w, const CM& up, const M& y) {
+    if (!c.low_rank_kv()) return proj(l, p, x, w, y);
+    const M lat = part<E, T>(s.lat, n, static_cast<int>(w.extent(0)));
+    proj(l, p, x, w, lat);
+    mm_nt<E, T>(exec_, CM(lat), up, y);
+  };
 
   embed_t<E, T>(exec_, w_->tok_embd, s.tok, s.acts[0].x);
   if (probe && probe->x0_row >= 0) {
@@ -287,8 +307,8 @@ double Backprop<E, T>::forward(const std::vector<int>& tokens, const BackpropPro
     const LayerWeights<E>& lw = w_->layers[static_cast<std::size_t>(l)];
     rmsnorm_t<E, T>(exec_, CM(a.x), CVec<E>(lw.attn_norm), eps, a.xn);
     proj(l, Proj::Q, a.xn, W.wq, a.q);
-    proj(l, Proj::K, a.xn, W.wk, a.kpre);
-    proj(l, Proj::V, a.xn, W.wv, a.v);
+    kv_proj(l, Proj::K, a.xn, W.wk, W.ku, a.kpre);
+    kv_proj(l, Proj::V, a.xn, W.wv, W.vu, a.v);
     if (probe && !probe->k_gate.empty()) {
       scale_columns<E, T>(exec_, a.kpre, gate_view(probe->k_gate, l, c.k_dim(l)));
       s.gated = true;
@@ -357,6 +377,14 @@ void Backprop<E, T>::backward() {
     mm_nn<E, T>(exec_, CM(dy), w, dx, accumulate);
     if (hook_ && hook_->active(l, p)) hook_->backward(exec_, l, p, CM(x), CM(dy), dx);
   };
+  // the K or V projection's: through the up factor B of a low-rank layer first (dy·B)
+  auto kv_proj_back = [&](int l, Proj p, const M& x, const M& dy, const CM& w, const CM& up,
+                          const M& dx) {
+    if (!c.low_rank_kv()) return proj_back(l, p, x, dy, w, dx, true);
+    const M dl = part<E, T>(s.lat, n, static_cast<int>(w.extent(0)));
+    mm_nn<E, T>(exec_, CM(dy), up, dl, false);
+    proj_back(l, p, x, dl, w, dx, true);
+  };
   auto column_grad = [&](const M& g, const M& x, int width, std::vector<double>& out) {
     auto cs = Kokkos::subview(s.colsum, Kokkos::make_pair(0, width));
     column_products<E, T>(exec_, CM(g), CM(x), cs);
@@ -390,8 +418,8 @@ void Backprop<E, T>::backward() {
     column_grad(dk, a.kpre, c.k_dim(l), gk_[static_cast<std::size_t>(l)]);
     column_grad(dv, a.v, c.v_dim(l), gv_[static_cast<std::size_t>(l)]);
     proj_back(l, Proj::Q, a.xn, dq, W.wq, s.dh, false);
-    proj_back(l, Proj::K, a.xn, dk, W.wk, s.dh, true);
-    proj_back(l, Proj::V, a.xn, dv, W.wv, s.dh, true);
+    kv_proj_back(l, Proj::K, a.xn, dk, W.wk, W.ku, s.dh);
+    kv_proj_back(l, Proj::V, a.xn, dv, W.wv, W.vu, s.dh);
     rmsnorm_backward<E, T>(exec_, CM(a.x), CVec<E>(lw.attn_norm), eps, CM(s.dh), s.dX, true);
   }
   exec_.fence();

@@ -23,7 +23,9 @@
 /// (the weights widened to double, matrix products by a plain kernel). Everything else is the
 /// same code. Deterministic: every output element is owned by one thread with a fixed summation
 /// order (BLAS in fixed single-threaded tiles), so results are bitwise identical for any thread
-/// count. Pruned models (per-layer widths, RoPE units) are supported.
+/// count. Pruned models (per-layer widths, RoPE units) are supported, and low-rank K/V models
+/// (PaLU, SVD-LLM: keys and values rebuilt as B·(A·x), the cache's latent A·x the output of the
+/// K and V projections, so a ProjectionHook on K or V acts on the down factor A).
 #include "engine/backprop_hooks.hpp"
 #include "kernels/backward.hpp"
 #include "kernels/pointwise.hpp"
@@ -65,8 +67,6 @@ class Backprop {
   const std::vector<std::vector<double>>& gate_grad_v() const { return gv_; }
   /// dL/dx₀ [n][d_model] (the embedding output) of the last backward(), row-major.
   std::vector<double> input_grad() const;
-  /// Logits of the last forward() before the loss ([n][vocab], row-major; tests).
-  std::vector<double> logits() const;
 
   /// Trainable projection terms and their weight gradients (nullptr: none).
   void set_projection_hook(ProjectionHook<E, T>* h) { hook_ = h; }
