@@ -323,9 +323,8 @@ int bench_kv_prune(const E& exec, const MethodArgs& ma, std::shared_ptr<const We
                    const std::string& storage, const std::string& backend, int threads,
                    const std::string& json_out) {
   const Config& c = w->cfg;
-  require_uniform_key_width(c);
+  ma.validate(c);
   const AttnShape sh = attn_shape(c, 0);
-  check_as_options([&] { ma.kv.validate(sh.qk_dim); });
   require(ma.kv.window <= prompt, "--kv-window {} is longer than the prompt of {} tokens",
           ma.kv.window, prompt);
   const int ctx = prompt + (synthetic ? 1 : decode);

@@ -59,10 +59,8 @@ void check_against_model(EvalArgs& a, const Config& c, const Tokenizer& tok, boo
     if (a.ruo.lengths.empty()) a.ruo.lengths = RulerOptions::default_lengths(c.context_length);
     check_as_options([&] { a.ruo.validate(c.context_length); });
   }
-  if (a.ma.token_filter) check_as_options([&] { a.ma.tf.validate(c.n_layer); });
+  a.ma.validate(c);
   if (a.ma.kv_prune) {
-    require_uniform_key_width(c);
-    check_as_options([&] { a.ma.kv.validate(attn_shape(c, 0).qk_dim); });
     require(a.no_ppl || a.ma.kv.window <= a.ppl.context - a.ppl.score - 1,
             "--kv-window {}: the observation window is longer than the {} tokens prefilled "
             "before the {} scored ones of a window (--context {} − --score {} − 1)",

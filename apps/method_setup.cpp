@@ -106,6 +106,14 @@ void MethodArgs::add_options(po::options_description& d) {
       "residual norm");
 }
 
+void MethodArgs::validate(const Config& c) const {
+  if (token_filter) check_as_options([&] { tf.validate(c.n_layer); });
+  if (kv_prune) {
+    require_uniform_key_width(c);
+    check_as_options([&] { kv.validate(attn_shape(c, 0).qk_dim); });
+  }
+}
+
 void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   // --method: at most one activation method and token-filter, joined by '+'
   std::string act;

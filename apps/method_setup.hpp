@@ -60,6 +60,10 @@ struct MethodArgs {
   /// token-filter (think or grace) in --method, or an --evict-* option without --evict, is an
   /// error too.
   void resolve(const po::variables_map* vm = nullptr, bool read_calibration = true);
+  /// The model-dependent checks of the attention-side methods, as options: Token Filtering's
+  /// layers, ThinK / GRACE's one key width and their channel count against it. The factories
+  /// below run them when they build a policy; a command may run them early, before slow work.
+  void validate(const Config& c) const;
   bool sparse() const { return mopt.method != sparsity::Method::Dense; }
 };
 
@@ -70,7 +74,7 @@ std::unique_ptr<gating::TokenFilter<E>> make_token_filter(const MethodArgs& a, E
                                                           int seq_len) {
   if (!a.token_filter) return nullptr;
   const AttnShape sh = eng.cache().shape(0);
-  check_as_options([&] { a.tf.validate(eng.config().n_layer); });
+  a.validate(eng.config());
   require(a.tf.warmup < seq_len,
           "--tf-warmup {} is not shorter than the sequences of {} tokens: nothing would be decided",
           a.tf.warmup, seq_len);
@@ -99,9 +103,8 @@ template <class E>
 std::unique_ptr<pruning::KvChannelPruner<E>> make_kv_pruner(const MethodArgs& a, Engine<E>& eng,
                                                             int shortest_prefill) {
   if (!a.kv_prune) return nullptr;
-  require_uniform_key_width(eng.config());
+  a.validate(eng.config());
   const AttnShape sh = eng.cache().shape(0);
-  check_as_options([&] { a.kv.validate(sh.qk_dim); });
   require(a.kv.window <= shortest_prefill,
           "--kv-window {}: the observation window is longer than the prompt of {} tokens that is "
           "prefilled before decoding",
