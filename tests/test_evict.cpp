@@ -508,6 +508,86 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
   }
 }
 
+// A long prompt: the host path moves each head's kept tokens to its first slots and skips the
+// whole chunks no head uses (KVLayer::gap_begin … gap_end); decode and a multi-row call after
+// the prompt give the logits of the device path, which masks the evicted positions where they
+// are (≤ 1e-5: the sums run over other chunks), with and without GRACE's compact keys, and the
+// ledger counts the same attention work.
+TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
+  using E = TypeParam;
+  TempDir dir;
+  SynthSpec spec = tiny_spec(63);
+  spec.cfg.context_length = 1024;
+  const std::string path = make_model(dir, "m.gguf", spec);
+  auto w = load_model<E>(path, LoadOptions{});
+  const Config& c = w->cfg;
+  const int n_seq = 2, P = 600, D = 4, V = c.vocab, d = c.head_dim;
+  const auto s0 = tokens(P + D, V, 3), s1 = tokens(P + D, V, 4);
+  auto part = [](const std::vector<int>& s, int from, int to) {
+    return std::vector<int>(s.begin() + from, s.begin() + to);
+  };
+  struct Case {
+    EvictMethod m;
+    bool grace;
+  };
+  for (const Case cs : {Case{EvictMethod::SnapKV, false}, Case{EvictMethod::H2O, false},
+                        Case{EvictMethod::Streaming, false}, Case{EvictMethod::SnapKV, true}}) {
+    SCOPED_TRACE(std::string(pruning::to_string(cs.m)) + (cs.grace ? " + grace" : ""));
+    EvictOptions o;
+    o.method = cs.m;
+    o.budget = 0.25;  // 150 tokens per head: the chunks from 256 to 512 hold none
+    o.window = 16;
+    o.sinks = 4;
+    pruning::TokenEvictorPolicy<E> ev(o, c.n_layer, c.n_kv_head, n_seq),
+        ev2(o, c.n_layer, c.n_kv_head, n_seq), ev3(o, c.n_layer, c.n_kv_head, n_seq);
+    pruning::KvPruneOptions ko;
+    ko.method = pruning::KvMethod::Grace;
+    ko.lambda = 0.5;
+    ko.window = 16;
+    pruning::KvChannelPruner<E> sel(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq),
+        sel2(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq),
+        sel3(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq);
+    flops::Ledger la(c.n_layer), lb(c.n_layer);
+    Engine<E> a(w, n_seq, P + D, &la), b(w, n_seq, P + D, &lb), tf(w, n_seq, P + D);
+    b.set_device_path(true);
+    a.set_token_evictor(&ev);
+    b.set_token_evictor(&ev2);
+    tf.set_token_evictor(&ev3);
+    if (cs.grace) {
+      a.set_channel_selector(&sel);
+      b.set_channel_selector(&sel2);
+      tf.set_channel_selector(&sel3);
+    }
+    for (Engine<E>* e : {&a, &b, &tf}) e->forward({part(s0, 0, P), part(s1, 0, P)}, 0, false);
+    for (int l = 0; l < c.n_layer; ++l) {
+      const KVLayer<E>& ka = a.cache().layer(l);
+      EXPECT_EQ(a.cache().kept_tokens(l), b.cache().kept_tokens(l)) << l;
+      EXPECT_EQ(ka.gap_begin, 256) << l;
+      EXPECT_EQ(ka.gap_end, 512) << l;
+      EXPECT_FALSE(b.cache().layer(l).has_gap()) << "the device path masks in place";
+      EXPECT_EQ(ka.compacted(), cs.grace);
+    }
+    const auto many = to_host(tf.forward({part(s0, P, P + D), part(s1, P, P + D)}, P, true));
+    for (int t = P; t < P + D; ++t) {
+      const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
+      const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
+      EXPECT_LE(rel_err(x, y), 1e-5) << "position " << t;
+      for (int s = 0; s < n_seq; ++s) {
+        const int i = s * D + (t - P);
+        EXPECT_LE(rel_err(std::vector<float>(many.begin() + i * V, many.begin() + (i + 1) * V),
+                          std::vector<float>(x.begin() + s * V, x.begin() + (s + 1) * V)),
+                  1e-5)
+            << "rows after the prompt in one call, s " << s << " t " << t;
+      }
+    }
+    for (auto op : {flops::Op::AttnScore, flops::Op::AttnValue})
+      EXPECT_DOUBLE_EQ(la.by_op(op).flops_realised, lb.by_op(op).flops_realised);
+    // a new prompt starts from the dense layout
+    a.forward({part(s0, 0, 32), part(s1, 0, 32)}, 0, false);
+    EXPECT_FALSE(a.cache().layer(0).has_gap());
+  }
+}
+
 /// Hands the policy's inputs through and keeps a host copy of the observed queries per layer.
 template <class E>
 class RecordingEvictor final : public TokenEvictor<E> {

@@ -945,6 +945,27 @@ void Engine<E>::after_prefill(int l, int n_seq, int T, const CMat<E>& q, const i
                               int n_rows, flops::Phase ph) {
   if (evictor_) evict_tokens(l, n_seq, T, q, kept_rows, n_rows, ph);
   if (selector_) select_channels(l, n_seq, T, q, kept_rows, n_rows, ph);
+  // The host attention path reads only the kept tokens once they are moved together. Not done
+  // where something reads the prompt's cache by position afterwards (a token gate, the
+  // attention-mass record) or on the device path (its kernels mask the evicted positions).
+  const KVLayer<E>& kv = cache_.layer(l);
+  if (kOnHost<E> && !device_path_ && !tgate_ && !record_mass_ && kv.has_evictions() &&
+      !kv.has_drops() && !kv.token_compacted() && !kv.has_gap()) {
+    cache_.compact_evicted(exec_, l);
+    mark(flops::Op::TokenEvict);
+    if (ledger_) {  // each kept token's key and value read and written once
+      const AttnShape& sh = cache_.shape(l);
+      const auto& toks = cache_.kept_tokens(l);
+      const auto& chans = cache_.kept_counts(l);
+      double moved = 0;
+      for (std::size_t s = 0; s < toks.size(); ++s)
+        for (std::size_t h = 0; h < toks[s].size(); ++h) {
+          const int kw = kv.compacted() && s < chans.size() ? chans[s][h] : sh.qk_dim;
+          moved += 8.0 * static_cast<double>(toks[s][h].size()) * (kw + sh.v_dim);
+        }
+      ledger_->add(flops::Op::TokenEvict, l, ph, 0, 0, 0, moved);
+    }
+  }
   if (evictor_) {
     double dense = 0, kept = 0;
     cache_.prompt_bytes(l, n_seq, T, dense, kept);

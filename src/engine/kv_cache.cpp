@@ -241,9 +241,81 @@ void KVCache<E>::evict(const E& exec, int l, const KeptTokens& kept) {
 }
 
 template <class E>
+void KVCache<E>::compact_evicted(const E& exec, int l) {
+  KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
+  const AttnShape& sh = shape(l);
+  const auto& toks = kept_tokens_[static_cast<std::size_t>(l)];
+  const int P = evict_len_[static_cast<std::size_t>(l)];
+  require(kl.has_evictions() && !kl.has_drops() && !kl.tokens_compact && !kl.has_gap(),
+          "KV cache: layer {} cannot move its kept tokens together", l);
+  const int n_seq = static_cast<int>(toks.size()), nkv = sh.n_kv_head;
+  const int base = kl.k_base;
+  // the region whose tokens go to its first slots: the compact keys' when there are any (the
+  // full-width recent window after them keeps its own region), else the whole prompt
+  const int region = base > 0 ? std::min(base, P) : P;
+  int widest = 0, widest_in_region = 0;
+  for (const auto& seq : toks)
+    for (const auto& head : seq) {
+      widest = std::max(widest, static_cast<int>(head.size()));
+      widest_in_region = std::max(
+          widest_in_region,
+          static_cast<int>(std::lower_bound(head.begin(), head.end(), region) - head.begin()));
+    }
+  IMat3<E> pos("sparsim::kv_evict_kept", std::max(1, n_seq), nkv, std::max(1, widest));
+  IMat<E> cnt("sparsim::kv_evict_count", std::max(1, n_seq), nkv);
+  auto hp = Kokkos::create_mirror_view(pos);
+  auto hc = Kokkos::create_mirror_view(cnt);
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv; ++h) {
+      const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
+      hc(s, h) = static_cast<int>(kp.size());
+      for (std::size_t j = 0; j < kp.size(); ++j) hp(s, h, static_cast<int>(j)) = kp[j];
+    }
+  Kokkos::deep_copy(exec, pos, hp);
+  Kokkos::deep_copy(exec, cnt, hc);
+  const auto K = kl.k, V = kl.v, KC = kl.kc, koff = kl.koff;
+  const auto ev = kl.evicted;
+  const int qk = sh.qk_dim, vd = sh.v_dim;
+  // One thread per (sequence, head): its kept tokens in ascending order, each moved down to the
+  // next slot of its region (compact keys below k_base, full-width keys from k_base on; a slot
+  // is never after the token's position, so nothing is overwritten before it is moved); heads
+  // own disjoint columns of the rows.
+  Kokkos::parallel_for(
+      "sparsim::kv_cache::compact_evicted", Kokkos::RangePolicy<E>(exec, 0, n_seq * nkv),
+      KOKKOS_LAMBDA(const int i) {
+        const int s = i / nkv, h = i % nkv, n = cnt(s, h);
+        const int c0 = base > 0 ? koff(s, h) : 0, nc = base > 0 ? koff(s, h + 1) - c0 : 0;
+        int na = 0;  // kept tokens with compact keys
+        for (int j = 0; j < n; ++j) {
+          const int p = pos(s, h, j);
+          const int q = p < base ? na++ : base + (j - na);
+          if (p == q) continue;
+          for (int c = 0; c < vd; ++c) V(s, q, h * vd + c) = V(s, p, h * vd + c);
+          if (p < base) {
+            const float* src = compact_key_row(KC, s, base, c0, nc, p);
+            float* dst = compact_key_row(KC, s, base, c0, nc, q);
+            for (int c = 0; c < nc; ++c) dst[c] = src[c];
+          } else {
+            for (int c = 0; c < qk; ++c) K(s, q - base, h * qk + c) = K(s, p - base, h * qk + c);
+          }
+        }
+        for (int q = 0; q < P; ++q)
+          ev(s, h, q) = q < base ? (q >= na ? 1 : 0) : (q >= base + n - na ? 1 : 0);
+      });
+  exec.fence();
+  constexpr int C = detail::kAttnChunk;
+  const int g0 = (widest_in_region + C - 1) / C * C, g1 = region / C * C;
+  if (g1 > g0) {
+    kl.gap_begin = g0;
+    kl.gap_end = g1;
+  }
+}
+
+template <class E>
 void KVCache<E>::clear_evicted(int l) {
   KVLayer<E>& kl = layers_[static_cast<std::size_t>(l)];
   kl.evicts = false;
+  kl.gap_begin = kl.gap_end = 0;
   kept_tokens_[static_cast<std::size_t>(l)].clear();
   evict_len_[static_cast<std::size_t>(l)] = 0;
 }

@@ -138,6 +138,13 @@ class KVCache {
   void evict(const E& exec, int l, const KeptTokens& kept);
   /// Ends the evictions of layer `l` (a new prompt starts at position 0).
   void clear_evicted(int l);
+  /// Moves the kept prompt tokens of every head of evicting layer `l` to the first slots of their
+  /// key region (compact keys below k_base, full-width keys from k_base on; values alike), marks
+  /// the other prompt slots evicted and records the whole chunks no head uses as the layer's gap
+  /// (KVLayer), so that decode reads the kept tokens only. kept_tokens(l) keeps the positions.
+  /// Needs no dropped positions; the attention after it differs from the masked cache's by
+  /// rounding only (its sums run over other chunks).
+  void compact_evicted(const E& exec, int l);
   /// Kept prompt positions [seq][head] of an evicting layer (empty otherwise), and the
   /// prompt length the eviction covered.
   const std::vector<std::vector<std::vector<int>>>& kept_tokens(int l) const {

@@ -56,13 +56,20 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
     // and every operation is that of attention_host_decode.
     const int nkv = sh.n_kv_head;
     const std::size_t kw = K.stride(1), vw = V.stride(1);
+    // A layer whose evicted tokens were moved out (KVLayer::gap_begin): a row after the gap
+    // reads the slots before it and after it as one run of positions; its chunk starting at
+    // logical position pb ≥ gap_begin reads the slots from pb + gap on (the gap is whole chunks,
+    // so no chunk straddles it).
+    const int g0 = kv.gap_begin, g1 = kv.gap_end, gap = g1 - g0;
+    const auto skips = [=](int r) { return gap > 0 && row_pos(r) + 1 > g1; };
+    const auto slot = [=](int r, int pb) { return pb >= g0 && skips(r) ? pb + gap : pb; };
     detail::decode_chunks_host(
         exec, "sparsim::kernels::cached_attention_host", n, nh, nkv, vd, max_pos, group * qk,
-        [=](int r) { return row_pos(r) + 1; },
-        [=](int r, int pb, int len, bool values) {
+        [=](int r) { return row_pos(r) + 1 - (skips(r) ? gap : 0); },
+        [=](int r, int lpb, int len, bool values) {
           // The value rows, or the full-width key rows, of the chunk: one block each (a compacted
           // head's keys are one contiguous block of their own).
-          const int s = row_seq(r);
+          const int s = row_seq(r), pb = slot(r, lpb);
           if (values)
             return host::Ahead{V.data() + s * V.stride(0) + pb * vw, len * vw * sizeof(float)};
           const int nb = base < row_pos(r) + 1 ? base : row_pos(r) + 1;
@@ -71,8 +78,8 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
           return host::Ahead{K.data() + s * K.stride(0) + (fb - base) * kw,
                              static_cast<std::size_t>(pb + len - fb) * kw * sizeof(float)};
         },
-        [=](int r, int kvh, int pb, int len, float* S, float* qg, const host::Ahead& ahead) {
-          const int s = row_seq(r), npos = row_pos(r) + 1;
+        [=](int r, int kvh, int lpb, int len, float* S, float* qg, const host::Ahead& ahead) {
+          const int s = row_seq(r), npos = row_pos(r) + 1, pb = slot(r, lpb);
           const int nb = base < npos ? base : npos;
           const int cend = nb < pb + len ? nb : pb + len;  // end of the compacted part
           const std::size_t ls = static_cast<std::size_t>(len);
@@ -111,8 +118,9 @@ void cached_attention(const E& exec, const CMat<E>& q, const IVec<E>& row_seq,
               if (evicted(s, kvh, pb + p))
                 for (int g = 0; g < group; ++g) S[g * ls + p] = detail::kDroppedScore;
         },
-        [=](int r, int kvh, int pb, int) {
-          return detail::RowBand{V.data() + row_seq(r) * V.stride(0) + pb * vw + kvh * vd, vw};
+        [=](int r, int kvh, int lpb, int) {
+          return detail::RowBand{V.data() + row_seq(r) * V.stride(0) + slot(r, lpb) * vw + kvh * vd,
+                                 vw};
         },
         out);
     return;

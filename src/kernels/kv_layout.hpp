@@ -53,7 +53,15 @@ struct KVLayer {
   /// `evicts`, so the buffer outlives the prompts that used it)
   IMat3<E> evicted;
   bool evicts = false;
+  /// Evicted tokens moved out (KVCache::compact_evicted): each head's kept prompt tokens sit at
+  /// the first slots of their key region (compact, full-width) in position order, its other
+  /// prompt slots are marked evicted, and slots
+  /// gap_begin … gap_end − 1 (whole kAttnChunk chunks) hold no kept token of any head, so the
+  /// host kernel skips them. Keys are cached after RoPE: queries after the prompt need no
+  /// positions of the prompt's keys, only the slots.
+  int gap_begin = 0, gap_end = 0;
   bool compacted() const { return k_base > 0; }
+  bool has_gap() const { return gap_end > gap_begin; }
   bool has_drops() const { return dropped.extent(0) > 0; }
   bool has_evictions() const { return evicts; }
   bool token_compacted() const { return tokens_compact; }
