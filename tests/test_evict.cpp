@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <numeric>
 
 namespace sparsim::test {
@@ -508,11 +509,12 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
   }
 }
 
-// A long prompt: the host path moves each head's kept tokens to its first slots and skips the
-// whole chunks no head uses (KVLayer::gap_begin … gap_end); decode and a multi-row call after
-// the prompt give the logits of the device path, which masks the evicted positions where they
-// are (≤ 1e-5: the sums run over other chunks), with and without GRACE's compact keys, and the
-// ledger counts the same attention work.
+// A long prompt: the cache moves each head's kept tokens to its first slots and the kernels skip
+// the whole chunks no head uses (KVLayer::gap_begin … gap_end). Decode on the host path and on
+// the device path (its split-K kernel), and a multi-row call after the prompt, give the logits
+// of a cache that keeps the evicted positions in place, masked (an engine recording attention
+// mass does not move them), to ≤ 1e-5 (the sums run over other chunks), with and without
+// GRACE's compact keys, and the ledger counts the same attention work.
 TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
   using E = TypeParam;
   TempDir dir;
@@ -538,40 +540,45 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
     o.budget = 0.25;  // 150 tokens per head: the chunks from 256 to 512 hold none
     o.window = 16;
     o.sinks = 4;
-    pruning::TokenEvictorPolicy<E> ev(o, c.n_layer, c.n_kv_head, n_seq),
-        ev2(o, c.n_layer, c.n_kv_head, n_seq), ev3(o, c.n_layer, c.n_kv_head, n_seq);
+    std::vector<std::unique_ptr<pruning::TokenEvictorPolicy<E>>> evs;
+    std::vector<std::unique_ptr<pruning::KvChannelPruner<E>>> sels;
     pruning::KvPruneOptions ko;
     ko.method = pruning::KvMethod::Grace;
     ko.lambda = 0.5;
     ko.window = 16;
-    pruning::KvChannelPruner<E> sel(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq),
-        sel2(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq),
-        sel3(ko, c.n_layer, c.n_kv_head, d, n_seq, n_seq);
-    flops::Ledger la(c.n_layer), lb(c.n_layer);
-    Engine<E> a(w, n_seq, P + D, &la), b(w, n_seq, P + D, &lb), tf(w, n_seq, P + D);
+    flops::Ledger la(c.n_layer), lm(c.n_layer);
+    Engine<E> a(w, n_seq, P + D, &la), b(w, n_seq, P + D), m(w, n_seq, P + D, &lm),
+        tf(w, n_seq, P + D);
     b.set_device_path(true);
-    a.set_token_evictor(&ev);
-    b.set_token_evictor(&ev2);
-    tf.set_token_evictor(&ev3);
-    if (cs.grace) {
-      a.set_channel_selector(&sel);
-      b.set_channel_selector(&sel2);
-      tf.set_channel_selector(&sel3);
+    m.record_attention_mass(true);
+    for (Engine<E>* e : {&a, &b, &m, &tf}) {
+      evs.push_back(
+          std::make_unique<pruning::TokenEvictorPolicy<E>>(o, c.n_layer, c.n_kv_head, n_seq));
+      e->set_token_evictor(evs.back().get());
+      if (cs.grace) {
+        sels.push_back(std::make_unique<pruning::KvChannelPruner<E>>(ko, c.n_layer, c.n_kv_head,
+                                                                     d, n_seq, n_seq));
+        e->set_channel_selector(sels.back().get());
+      }
+      e->forward({part(s0, 0, P), part(s1, 0, P)}, 0, false);
     }
-    for (Engine<E>* e : {&a, &b, &tf}) e->forward({part(s0, 0, P), part(s1, 0, P)}, 0, false);
     for (int l = 0; l < c.n_layer; ++l) {
-      const KVLayer<E>& ka = a.cache().layer(l);
-      EXPECT_EQ(a.cache().kept_tokens(l), b.cache().kept_tokens(l)) << l;
-      EXPECT_EQ(ka.gap_begin, 256) << l;
-      EXPECT_EQ(ka.gap_end, 512) << l;
-      EXPECT_FALSE(b.cache().layer(l).has_gap()) << "the device path masks in place";
-      EXPECT_EQ(ka.compacted(), cs.grace);
+      EXPECT_EQ(a.cache().kept_tokens(l), m.cache().kept_tokens(l)) << l;
+      EXPECT_EQ(b.cache().kept_tokens(l), m.cache().kept_tokens(l)) << l;
+      for (Engine<E>* e : {&a, &b}) {
+        EXPECT_EQ(e->cache().layer(l).gap_begin, 256) << l;
+        EXPECT_EQ(e->cache().layer(l).gap_end, 512) << l;
+      }
+      EXPECT_FALSE(m.cache().layer(l).has_gap()) << "recording attention mass: kept in place";
+      EXPECT_EQ(a.cache().layer(l).compacted(), cs.grace);
     }
     const auto many = to_host(tf.forward({part(s0, P, P + D), part(s1, P, P + D)}, P, true));
     for (int t = P; t < P + D; ++t) {
       const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
       const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
-      EXPECT_LE(rel_err(x, y), 1e-5) << "position " << t;
+      const auto z = to_host(m.forward({{s0[t]}, {s1[t]}}, t, false));
+      EXPECT_LE(rel_err(x, z), 1e-5) << "host path, position " << t;
+      EXPECT_LE(rel_err(y, z), 1e-5) << "device path, position " << t;
       for (int s = 0; s < n_seq; ++s) {
         const int i = s * D + (t - P);
         EXPECT_LE(rel_err(std::vector<float>(many.begin() + i * V, many.begin() + (i + 1) * V),
@@ -581,7 +588,7 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
       }
     }
     for (auto op : {flops::Op::AttnScore, flops::Op::AttnValue})
-      EXPECT_DOUBLE_EQ(la.by_op(op).flops_realised, lb.by_op(op).flops_realised);
+      EXPECT_DOUBLE_EQ(la.by_op(op).flops_realised, lm.by_op(op).flops_realised);
     // a new prompt starts from the dense layout
     a.forward({part(s0, 0, 32), part(s1, 0, 32)}, 0, false);
     EXPECT_FALSE(a.cache().layer(0).has_gap());

@@ -71,6 +71,11 @@ STUDIES = {
         "eviction_bench.json": ("decode time of each evictor against dense, selection time",
                                 "scripts/bench/eviction_bench.py --outdir runs/evict-bench --json "
                                 "docs/results/eviction/eviction_bench.json --page docs/eviction.md"),
+        "eviction_bench_masked_snapkv_b0.5.json": (
+            "SnapKV at half the prompt with the evicted positions masked in place (the binary of "
+            "acdf803, before the kept tokens were moved together): the comparison of docs/eviction.md",
+            "sparsim bench --model smollm2 --prompt 4096 --decode 32 --reps 3 --threads 1 --clock cpu "
+            "--evict snapkv --evict-budget 0.5 --json eviction_bench_masked_snapkv_b0.5.json"),
     }),
     "rap": (["rap-results.md", "kv-weight-pruning.md"], {
         "rap_smollm2.json": ("RAP against KVPruner on SmolLM2-135M: every model of the study",

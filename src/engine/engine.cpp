@@ -945,12 +945,11 @@ void Engine<E>::after_prefill(int l, int n_seq, int T, const CMat<E>& q, const i
                               int n_rows, flops::Phase ph) {
   if (evictor_) evict_tokens(l, n_seq, T, q, kept_rows, n_rows, ph);
   if (selector_) select_channels(l, n_seq, T, q, kept_rows, n_rows, ph);
-  // The host attention path reads only the kept tokens once they are moved together. Not done
-  // where something reads the prompt's cache by position afterwards (a token gate, the
-  // attention-mass record) or on the device path (its kernels mask the evicted positions).
+  // Decode reads only the kept tokens once they are moved together. Not done where something
+  // reads the prompt's cache by position afterwards (a token gate, the attention-mass record).
   const KVLayer<E>& kv = cache_.layer(l);
-  if (kOnHost<E> && !device_path_ && !tgate_ && !record_mass_ && kv.has_evictions() &&
-      !kv.has_drops() && !kv.token_compacted() && !kv.has_gap()) {
+  if (!tgate_ && !record_mass_ && kv.has_evictions() && !kv.has_drops() && !kv.token_compacted() &&
+      !kv.has_gap()) {
     cache_.compact_evicted(exec_, l);
     mark(flops::Op::TokenEvict);
     if (ledger_) {  // each kept token's key and value read and written once

@@ -262,45 +262,52 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
           static_cast<int>(std::lower_bound(head.begin(), head.end(), region) - head.begin()));
     }
   IMat3<E> pos("sparsim::kv_evict_kept", std::max(1, n_seq), nkv, std::max(1, widest));
-  IMat<E> cnt("sparsim::kv_evict_count", std::max(1, n_seq), nkv);
+  IMat<E> cnt("sparsim::kv_evict_count", std::max(1, n_seq),
+              2 * nkv);  // [s][h]: kept, [s][nkv + h]: compact
   auto hp = Kokkos::create_mirror_view(pos);
   auto hc = Kokkos::create_mirror_view(cnt);
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < nkv; ++h) {
       const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
       hc(s, h) = static_cast<int>(kp.size());
+      hc(s, nkv + h) = static_cast<int>(std::lower_bound(kp.begin(), kp.end(), base) - kp.begin());
       for (std::size_t j = 0; j < kp.size(); ++j) hp(s, h, static_cast<int>(j)) = kp[j];
     }
   Kokkos::deep_copy(exec, pos, hp);
   Kokkos::deep_copy(exec, cnt, hc);
   const auto K = kl.k, V = kl.v, KC = kl.kc, koff = kl.koff;
   const auto ev = kl.evicted;
-  const int qk = sh.qk_dim, vd = sh.v_dim;
-  // One thread per (sequence, head): its kept tokens in ascending order, each moved down to the
-  // next slot of its region (compact keys below k_base, full-width keys from k_base on; a slot
-  // is never after the token's position, so nothing is overwritten before it is moved); heads
-  // own disjoint columns of the rows.
+  const int qk = sh.qk_dim, vd = sh.v_dim, width = std::max(qk, vd);
+  using R2 = Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>;
+  // One thread per (sequence, head, channel): the head's kept tokens in ascending order, each
+  // moved down to the next slot of its region (compact keys below k_base, full-width keys from
+  // k_base on; a slot is never after the token's position, so nothing is overwritten before it
+  // is moved). Threads own disjoint columns.
   Kokkos::parallel_for(
-      "sparsim::kv_cache::compact_evicted", Kokkos::RangePolicy<E>(exec, 0, n_seq * nkv),
-      KOKKOS_LAMBDA(const int i) {
-        const int s = i / nkv, h = i % nkv, n = cnt(s, h);
+      "sparsim::kv_cache::compact_evicted", R2(exec, {0, 0}, {n_seq * nkv, width}),
+      KOKKOS_LAMBDA(const int i, const int c) {
+        const int s = i / nkv, h = i % nkv, n = cnt(s, h), na = cnt(s, nkv + h);
         const int c0 = base > 0 ? koff(s, h) : 0, nc = base > 0 ? koff(s, h + 1) - c0 : 0;
-        int na = 0;  // kept tokens with compact keys
         for (int j = 0; j < n; ++j) {
           const int p = pos(s, h, j);
-          const int q = p < base ? na++ : base + (j - na);
+          const int q = j < na ? j : base + (j - na);
           if (p == q) continue;
-          for (int c = 0; c < vd; ++c) V(s, q, h * vd + c) = V(s, p, h * vd + c);
+          if (c < vd) V(s, q, h * vd + c) = V(s, p, h * vd + c);
           if (p < base) {
-            const float* src = compact_key_row(KC, s, base, c0, nc, p);
-            float* dst = compact_key_row(KC, s, base, c0, nc, q);
-            for (int c = 0; c < nc; ++c) dst[c] = src[c];
-          } else {
-            for (int c = 0; c < qk; ++c) K(s, q - base, h * qk + c) = K(s, p - base, h * qk + c);
+            if (c < nc)
+              compact_key_row(KC, s, base, c0, nc, q)[c] =
+                  compact_key_row(KC, s, base, c0, nc, p)[c];
+          } else if (c < qk) {
+            K(s, q - base, h * qk + c) = K(s, p - base, h * qk + c);
           }
         }
-        for (int q = 0; q < P; ++q)
-          ev(s, h, q) = q < base ? (q >= na ? 1 : 0) : (q >= base + n - na ? 1 : 0);
+      });
+  // the head's other prompt slots are evicted
+  Kokkos::parallel_for(
+      "sparsim::kv_cache::compact_evicted_mask", R2(exec, {0, 0}, {n_seq * nkv, P}),
+      KOKKOS_LAMBDA(const int i, const int q) {
+        const int s = i / nkv, h = i % nkv, n = cnt(s, h), na = cnt(s, nkv + h);
+        ev(s, h, q) = q < base ? (q >= na ? 1 : 0) : (q >= base + n - na ? 1 : 0);
       });
   exec.fence();
   constexpr int C = detail::kAttnChunk;

@@ -106,9 +106,8 @@ inline int prefill_block(int head_dim) {
 /// for the cache's size.
 template <class E>
 void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& kv,
-                            const IVec<E>& pos, const Mat<E>& out, int n_seq,
-                            const AttnShape& sh, attn::DecodeWorkspace<E>& ws,
-                            const int* skip = nullptr) {
+                            const IVec<E>& pos, const Mat<E>& out, int n_seq, const AttnShape& sh,
+                            attn::DecodeWorkspace<E>& ws, const int* skip = nullptr) {
   using Policy = Kokkos::TeamPolicy<E>;
   using Member = typename Policy::member_type;
   constexpr int C = attn::kChunk;
@@ -135,6 +134,7 @@ void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& k
   const int* evicted = kv.has_evictions() ? kv.evicted.data() : nullptr;
   const std::size_t ev_st0 = kv.has_evictions() ? kv.evicted.stride(0) : 0;
   const std::size_t ev_st1 = kv.has_evictions() ? kv.evicted.stride(1) : 0;
+  const int gap0 = kv.gap_begin, gap1 = kv.gap_end;
   const int* pp = pos.data();
   float* op = out.data();
   float* po = ws.o.data();
@@ -165,7 +165,11 @@ void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& k
         const bool skipped = skip && skip[s];
         const int npos = pp[s] + 1;
         const int p0 = sp * C;
-        const int len = skipped ? 0 : (npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C);
+        // a split inside the gap of moved-out evicted tokens (KVLayer::gap_begin, whole chunks
+        // of a multiple of C) holds nothing: its partials are neutral (no weight, no value)
+        const bool in_gap = gap1 > gap0 && npos > gap1 && p0 >= gap0 && p0 + C <= gap1;
+        const int len =
+            skipped || in_gap ? 0 : (npos - p0 < C ? (npos - p0 > 0 ? npos - p0 : 0) : C);
         float* qs = static_cast<float*>(team.team_scratch(0).get_shmem_aligned(
             static_cast<std::ptrdiff_t>(words * sizeof(float)), 16));
         float* sc = qs + group * hd;
@@ -319,6 +323,17 @@ void attention_decode_split(const E& exec, const CMat<E>& q, const KVLayer<E>& k
             const std::size_t part =
                 (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
             po[part * vh + e] = acc;
+          });
+        } else if (in_gap) {
+          Kokkos::parallel_for(Kokkos::TeamVectorRange(team, group * vh), [&](const int x) {
+            const int g = x / vh, e = x % vh;
+            const std::size_t part =
+                (static_cast<std::size_t>(s) * n_head + kvh * group + g) * ns + sp;
+            po[part * vh + e] = 0.0f;
+            if (e == 0) {
+              pml[part * 2] = -3.0e38f;
+              pml[part * 2 + 1] = 0.0f;
+            }
           });
         }
         // the last team of this (sequence, KV head) combines the splits: every thread makes
