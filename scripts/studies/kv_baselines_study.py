@@ -297,6 +297,9 @@ def write_page(a, s):
     L.extend(bench_section(a, st))
     L.append("")
     L.append("## Against the paper\n")
+    L.append("This page compares the methods without recovery; the paper's numbers are after LoRA-KD. "
+             "The same methods at ρ = 0.7 after `sparsim recover` are in "
+             "[recovery-results.md](recovery-results.md).\n")
     words = []
     for m in ("palu", "svd-llm", "kvpruner-naive", "kvpruner"):
         r = next((r for r in main if r["method"] == m), None)
