@@ -398,6 +398,17 @@ TYPED_TEST(EvictEngine, BudgetCoveringPromptIsBitwiseDense) {
       }
 }
 
+/// Tokens from .. to of a sequence.
+std::vector<int> part(const std::vector<int>& s, int from, int to) {
+  return std::vector<int>(s.begin() + from, s.begin() + to);
+}
+
+/// An evictor, with or without GRACE after it.
+struct EvictCase {
+  EvictMethod m;
+  bool grace;
+};
+
 // Prefill with each policy (and with SnapKV ∘ GRACE), then decode: against the reference model
 // that leaves each head's evicted tokens (and GRACE's pruned channels) out of every later score,
 // and the device path against the op-by-op path; teacher-forced scoring of the decoded tokens
@@ -410,16 +421,10 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
   const Config& c = w->cfg;
   const int n_seq = 2, P = 40, D = 6, V = c.vocab, d = c.head_dim;
   const auto s0 = tokens(P + D, V, 1), s1 = tokens(P + D, V, 2);
-  auto part = [](const std::vector<int>& s, int from, int to) {
-    return std::vector<int>(s.begin() + from, s.begin() + to);
-  };
-  struct Case {
-    EvictMethod m;
-    bool grace;
-  };
-  for (const Case cs : {Case{EvictMethod::Streaming, false}, Case{EvictMethod::H2O, false},
-                        Case{EvictMethod::SnapKV, false}, Case{EvictMethod::PyramidKV, false},
-                        Case{EvictMethod::SnapKV, true}, Case{EvictMethod::H2O, true}}) {
+  for (const EvictCase cs :
+       {EvictCase{EvictMethod::Streaming, false}, EvictCase{EvictMethod::H2O, false},
+        EvictCase{EvictMethod::SnapKV, false}, EvictCase{EvictMethod::PyramidKV, false},
+        EvictCase{EvictMethod::SnapKV, true}, EvictCase{EvictMethod::H2O, true}}) {
     SCOPED_TRACE(std::string(pruning::to_string(cs.m)) + (cs.grace ? " + grace" : ""));
     EvictOptions o;
     o.method = cs.m;
@@ -525,15 +530,9 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
   const Config& c = w->cfg;
   const int n_seq = 2, P = 600, D = 4, V = c.vocab, d = c.head_dim;
   const auto s0 = tokens(P + D, V, 3), s1 = tokens(P + D, V, 4);
-  auto part = [](const std::vector<int>& s, int from, int to) {
-    return std::vector<int>(s.begin() + from, s.begin() + to);
-  };
-  struct Case {
-    EvictMethod m;
-    bool grace;
-  };
-  for (const Case cs : {Case{EvictMethod::SnapKV, false}, Case{EvictMethod::H2O, false},
-                        Case{EvictMethod::Streaming, false}, Case{EvictMethod::SnapKV, true}}) {
+  for (const EvictCase cs :
+       {EvictCase{EvictMethod::SnapKV, false}, EvictCase{EvictMethod::H2O, false},
+        EvictCase{EvictMethod::Streaming, false}, EvictCase{EvictMethod::SnapKV, true}}) {
     SCOPED_TRACE(std::string(pruning::to_string(cs.m)) + (cs.grace ? " + grace" : ""));
     EvictOptions o;
     o.method = cs.m;
@@ -556,8 +555,8 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
           std::make_unique<pruning::TokenEvictorPolicy<E>>(o, c.n_layer, c.n_kv_head, n_seq));
       e->set_token_evictor(evs.back().get());
       if (cs.grace) {
-        sels.push_back(std::make_unique<pruning::KvChannelPruner<E>>(ko, c.n_layer, c.n_kv_head,
-                                                                     d, n_seq, n_seq));
+        sels.push_back(std::make_unique<pruning::KvChannelPruner<E>>(ko, c.n_layer, c.n_kv_head, d,
+                                                                     n_seq, n_seq));
         e->set_channel_selector(sels.back().get());
       }
       e->forward({part(s0, 0, P), part(s1, 0, P)}, 0, false);
@@ -589,6 +588,21 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
     }
     for (auto op : {flops::Op::AttnScore, flops::Op::AttnValue})
       EXPECT_DOUBLE_EQ(la.by_op(op).flops_realised, lm.by_op(op).flops_realised);
+    // the move: every kept key (at its region's width) and value read and written once
+    double moved = 0;
+    for (int l = 0; l < c.n_layer; ++l) {
+      const auto& kept = m.cache().kept_tokens(l);
+      const int base = m.cache().layer(l).k_base;
+      for (int s = 0; s < n_seq; ++s)
+        for (int h = 0; h < c.n_kv_head; ++h)
+          for (int p : kept[s][h]) {
+            const int kw = p < base ? m.cache().kept_counts(l)[s][h] : d;
+            moved += 8.0 * (kw + d);
+          }
+    }
+    EXPECT_DOUBLE_EQ(la.by_op(flops::Op::TokenEvict).bytes_realised -
+                         lm.by_op(flops::Op::TokenEvict).bytes_realised,
+                     moved);
     // a new prompt starts from the dense layout
     a.forward({part(s0, 0, 32), part(s1, 0, 32)}, 0, false);
     EXPECT_FALSE(a.cache().layer(0).has_gap());

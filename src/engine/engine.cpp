@@ -947,29 +947,16 @@ void Engine<E>::after_prefill(int l, int n_seq, int T, const CMat<E>& q, const i
   if (selector_) select_channels(l, n_seq, T, q, kept_rows, n_rows, ph);
   // Decode reads only the kept tokens once they are moved together. Not done where something
   // reads the prompt's cache by position afterwards (a token gate, the attention-mass record).
+  double dense = 0, kept = 0;
+  if (evictor_) cache_.prompt_bytes(l, n_seq, T, dense, kept);
   const KVLayer<E>& kv = cache_.layer(l);
-  if (!tgate_ && !record_mass_ && kv.has_evictions() && !kv.has_drops() && !kv.token_compacted() &&
-      !kv.has_gap()) {
+  if (!tgate_ && !record_mass_ && kv.has_evictions() && !kv.has_drops()) {
     cache_.compact_evicted(exec_, l);
     mark(flops::Op::TokenEvict);
-    if (ledger_) {  // each kept token's key and value read and written once
-      const AttnShape& sh = cache_.shape(l);
-      const auto& toks = cache_.kept_tokens(l);
-      const auto& chans = cache_.kept_counts(l);
-      double moved = 0;
-      for (std::size_t s = 0; s < toks.size(); ++s)
-        for (std::size_t h = 0; h < toks[s].size(); ++h) {
-          const int kw = kv.compacted() && s < chans.size() ? chans[s][h] : sh.qk_dim;
-          moved += 8.0 * static_cast<double>(toks[s][h].size()) * (kw + sh.v_dim);
-        }
-      ledger_->add(flops::Op::TokenEvict, l, ph, 0, 0, 0, moved);
-    }
+    // each kept token's key and value read and written once: twice the kept prompt's bytes
+    if (ledger_) ledger_->add(flops::Op::TokenEvict, l, ph, 0, 0, 0, 2.0 * kept);
   }
-  if (evictor_) {
-    double dense = 0, kept = 0;
-    cache_.prompt_bytes(l, n_seq, T, dense, kept);
-    evictor_->account(l, dense, kept);
-  }
+  if (evictor_) evictor_->account(l, dense, kept);
 }
 
 template <class E>

@@ -250,17 +250,22 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
           "KV cache: layer {} cannot move its kept tokens together", l);
   const int n_seq = static_cast<int>(toks.size()), nkv = sh.n_kv_head;
   const int base = kl.k_base;
+  // per head: its kept tokens, and of those the ones with compact keys (below k_base)
+  std::vector<int> kept(static_cast<std::size_t>(n_seq * nkv)), compact(kept.size());
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv; ++h) {
+      const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
+      const std::size_t i = static_cast<std::size_t>(s * nkv + h);
+      kept[i] = static_cast<int>(kp.size());
+      compact[i] = static_cast<int>(std::lower_bound(kp.begin(), kp.end(), base) - kp.begin());
+    }
   // the region whose tokens go to its first slots: the compact keys' when there are any (the
   // full-width recent window after them keeps its own region), else the whole prompt
+  const std::vector<int>& in_region = base > 0 ? compact : kept;
   const int region = base > 0 ? std::min(base, P) : P;
-  int widest = 0, widest_in_region = 0;
-  for (const auto& seq : toks)
-    for (const auto& head : seq) {
-      widest = std::max(widest, static_cast<int>(head.size()));
-      widest_in_region = std::max(
-          widest_in_region,
-          static_cast<int>(std::lower_bound(head.begin(), head.end(), region) - head.begin()));
-    }
+  const int widest = kept.empty() ? 0 : *std::max_element(kept.begin(), kept.end());
+  const int widest_in_region =
+      in_region.empty() ? 0 : *std::max_element(in_region.begin(), in_region.end());
   IMat3<E> pos("sparsim::kv_evict_kept", std::max(1, n_seq), nkv, std::max(1, widest));
   IMat<E> cnt("sparsim::kv_evict_count", std::max(1, n_seq),
               2 * nkv);  // [s][h]: kept, [s][nkv + h]: compact
@@ -269,8 +274,9 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < nkv; ++h) {
       const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
-      hc(s, h) = static_cast<int>(kp.size());
-      hc(s, nkv + h) = static_cast<int>(std::lower_bound(kp.begin(), kp.end(), base) - kp.begin());
+      const std::size_t i = static_cast<std::size_t>(s * nkv + h);
+      hc(s, h) = kept[i];
+      hc(s, nkv + h) = compact[i];
       for (std::size_t j = 0; j < kp.size(); ++j) hp(s, h, static_cast<int>(j)) = kp[j];
     }
   Kokkos::deep_copy(exec, pos, hp);
