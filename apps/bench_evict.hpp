@@ -2,7 +2,9 @@
 // sparsim bench --evict: what token eviction costs at prefill and saves at decode. A dense
 // engine and one with the evictor (and ThinK / GRACE when --method names them) run the same
 // prompts, alternating within each repetition: prefill time, the evictor's own selection time
-// against the prefill, the median decode step of each and the decode attention kernels' time.
+// (for H2O: the sums inside the prefill attention and the top-k) and the method's prefill over
+// the dense one of the same repetition, both against the dense prefill, the median decode step
+// of each and the decode attention kernels' time.
 #include "bench_decode.hpp"
 #include "common.hpp"
 #include "core/timer.hpp"
@@ -41,7 +43,7 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
     dec = t.step;
     att = t.attention_per_step() / decode;
   };
-  std::vector<double> d_pre, d_dec, d_att, m_pre, m_dec, m_att, sel, att_ratio;
+  std::vector<double> d_pre, d_dec, d_att, m_pre, m_dec, m_att, sel, att_ratio, pre_extra;
   for (int r = 0; r < reps; ++r) {
     double a = 0, b = 0, t = 0;
     run(dense, a, b, t);
@@ -54,6 +56,8 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
     m_dec.push_back(b);
     m_att.push_back(t);
     sel.push_back(evp->select_seconds() - s0);
+    // the method's prefill over the dense one of the same repetition (paired)
+    pre_extra.push_back(d_pre.back() > 0 ? m_pre.back() / d_pre.back() - 1.0 : 0.0);
     att_ratio.push_back(d_att.back() > 0 ? m_att.back() / d_att.back() : 0.0);
   }
   const double dp = median_of(d_pre), dd = median_of(d_dec), mp = median_of(m_pre),
@@ -62,12 +66,13 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
   const nlohmann::json ej = evict_json(*evp);
   std::cout << fmt::format(
       "token eviction {} (budget {}), {} × {} prompt tokens, {} decode steps, {} reps\n"
-      "  prefill      dense {:.4f} s   method {:.4f} s   selection {:.4f} s ({:.2f}% of the "
-      "dense prefill)\n"
+      "  prefill      dense {:.4f} s   method {:.4f} s (paired: {:+.2f}%)   selection {:.4f} s "
+      "({:.2f}% of the dense prefill)\n"
       "  decode step  dense {:.5f} s   method {:.5f} s   ratio {:.3f}\n"
       "  decode attention (per step)  dense {:.5f} s   method {:.5f} s   ratio {:.3f}\n"
       "  prompt tokens kept {:.4f}; prompt KV bytes / dense {:.4f}\n",
-      ej["method"].get<std::string>(), ma.ev.budget, batch, prompt, decode, reps, dp, mp, ms,
+      ej["method"].get<std::string>(), ma.ev.budget, batch, prompt, decode, reps, dp, mp,
+      100.0 * median_of(pre_extra), ms,
       dp > 0 ? 100.0 * ms / dp : 0.0, dd, md, dd > 0 ? md / dd : 0.0, da, ma_, ar,
       ej["kept_fraction"].get<double>(), ej["kv_bytes_fraction"].get<double>());
   if (!json_out.empty()) {
@@ -83,6 +88,8 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
                         {"prefill_seconds_method", mp},
                         {"select_seconds", ms},
                         {"select_fraction_of_prefill", dp > 0 ? ms / dp : 0.0},
+                        {"prefill_extra_fraction", median_of(pre_extra)},
+                        {"prefill_extra_fraction_reps", pre_extra},
                         {"decode_step_seconds_dense", dd},
                         {"decode_step_seconds_method", md},
                         {"decode_step_ratio", dd > 0 ? md / dd : 0.0},

@@ -10,6 +10,7 @@
 #include "engine/engine.hpp"
 #include "eval/perplexity.hpp"
 #include "io/hdf5.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/cached_attention.hpp"
 #include "model/loader.hpp"
 #include "policies/k_channel_selector.hpp"
@@ -265,6 +266,75 @@ TYPED_TEST(EvictEngine, VotesMatchDirectComputation) {
     }
     EXPECT_EQ(ev.selections(), static_cast<std::uint64_t>(n_seq * nkv));
     EXPECT_NEAR(ev.kept_fraction(), 12.0 / T, 1e-12);
+  }
+}
+
+// H2O's votes summed inside the host prefill attention (KeyMass): against the softmax weights
+// recomputed here in double precision, with and without earlier cached positions (p0), over a
+// partial last tile; the attention's output is bitwise the same with and without the sums.
+TYPED_TEST(EvictEngine, PrefillKeyMassEqualsDirectSums) {
+  using E = TypeParam;
+  if constexpr (!Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                            typename E::memory_space>::accessible) {
+    GTEST_SKIP() << "the key mass is summed by the host attention";
+  } else {
+    const int n_seq = 2, nh = 4, nkv = 2, d = 8, g = nh / nkv, kw = nkv * d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (const int p0 : {0, 20}) {
+      SCOPED_TRACE("p0 " + std::to_string(p0));
+      const int T = 150, ctx = p0 + T;
+      const auto K = random_vec(n_seq * ctx * kw, 51, 1.5f), V = random_vec(n_seq * ctx * kw, 52);
+      const auto Q = random_vec(n_seq * T * nh * d, 53, 1.5f);
+      Cache<E> kc("k", n_seq, ctx, kw), vc("v", n_seq, ctx, kw);
+      {
+        auto hk = Kokkos::create_mirror_view(kc);
+        auto hv = Kokkos::create_mirror_view(vc);
+        for (int s = 0; s < n_seq; ++s)
+          for (int p = 0; p < ctx; ++p)
+            for (int i = 0; i < kw; ++i) {
+              hk(s, p, i) = K[(s * ctx + p) * kw + i];
+              hv(s, p, i) = V[(s * ctx + p) * kw + i];
+            }
+        Kokkos::deep_copy(kc, hk);
+        Kokkos::deep_copy(vc, hv);
+      }
+      const auto q = to_device<E>(Q, n_seq * T, nh * d);
+      Mat<E> plain("plain", n_seq * T, nh * d), fused("fused", n_seq * T, nh * d);
+      KeyMass<E> mass;
+      mass.votes = Kokkos::View<double***, Layout, DeviceOf<E>>("votes", n_seq, nkv, ctx + 7);
+      attention(E(), CMat<E>(q), kc, vc, plain, n_seq, T, p0, nh, nkv, d, d, scale);
+      attention(E(), CMat<E>(q), kc, vc, fused, n_seq, T, p0, nh, nkv, d, d, scale, &mass);
+      EXPECT_TRUE(same_bits(to_host(plain), to_host(fused)));
+      EXPECT_GT(mass.seconds, 0.0);
+      auto hm = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), mass.votes);
+      double worst = 0, total = 0;
+      for (int s = 0; s < n_seq; ++s)
+        for (int h = 0; h < nkv; ++h) {
+          std::vector<double> want(static_cast<std::size_t>(ctx), 0.0);
+          for (int gg = 0; gg < g; ++gg)
+            for (int t = 0; t < T; ++t) {
+              const int hq = h * g + gg, np = p0 + t + 1;
+              std::vector<double> sc(static_cast<std::size_t>(np));
+              double mx = -1e300, z = 0;
+              for (int p = 0; p < np; ++p) {
+                double a = 0;
+                for (int j = 0; j < d; ++j)
+                  a += double(Q[(s * T + t) * nh * d + hq * d + j]) * K[(s * ctx + p) * kw + h * d + j];
+                sc[p] = a * scale;
+                mx = std::max(mx, sc[p]);
+              }
+              for (int p = 0; p < np; ++p) z += std::exp(sc[p] - mx);
+              for (int p = 0; p < np; ++p) want[p] += std::exp(sc[p] - mx) / z;
+            }
+          for (int p = 0; p < ctx; ++p) {
+            worst = std::max(worst, std::abs(hm(s, h, p) - want[p]) / std::max(1.0, want[p]));
+            total += hm(s, h, p);
+          }
+        }
+      EXPECT_LT(worst, 1e-5);
+      // every row's weights sum to one: the votes add up to rows × query heads
+      EXPECT_NEAR(total, double(n_seq) * T * nh, 1e-3);
+    }
   }
 }
 
@@ -810,6 +880,26 @@ TEST_F(CliEvict, EvalRecordsKeptTokensAndBytes) {
   EXPECT_GT(bj.at("decode_attention_seconds_method").get<double>(), 0.0);
   EXPECT_LT(bj.at("decode_attention_seconds_dense").get<double>(),
             bj.at("decode_step_seconds_dense").get<double>());
+}
+
+// H2O's votes come from the prefill attention's tiles (KeyMass): the run is the same with one
+// OpenMP thread and with two, to the bit.
+TEST_F(CliEvict, H2OIsTheSameForAnyThreadCount) {
+  std::vector<std::vector<double>> kept;
+  std::vector<double> ppl;
+  for (const char* n : {"1", "2"}) {
+    const std::string js = dir_->file(std::string("h2o") + n + ".json"),
+                      out = dir_->file(std::string("h2o") + n + ".h5");
+    const RunResult r = run_cmd(eval("--backend openmp --threads " + std::string(n) +
+                                     " --evict h2o --evict-budget 0.4 --evict-window 8 --json " +
+                                     js + " --out " + out));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    ppl.push_back(read_json(js).at("perplexity").get<double>());
+    io::H5File f = io::H5File::open_read(out);
+    kept.push_back(f.root().open_group("evict").read<double>("kept_tokens"));
+  }
+  EXPECT_EQ(std::memcmp(&ppl[0], &ppl[1], sizeof(double)), 0) << ppl[0] << " vs " << ppl[1];
+  EXPECT_TRUE(same_bits(kept[0], kept[1]));
 }
 
 TEST_F(CliEvict, BadInputFailsWithoutOutput) {

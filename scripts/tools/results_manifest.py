@@ -76,6 +76,12 @@ STUDIES = {
             "acdf803, before the kept tokens were moved together): the comparison of docs/eviction.md",
             "sparsim bench --model smollm2 --prompt 4096 --decode 32 --reps 3 --threads 1 --clock cpu "
             "--evict snapkv --evict-budget 0.5 --json eviction_bench_masked_snapkv_b0.5.json"),
+        "eviction_bench_h2o_separate_pass.json": (
+            "the H2O rows of the benchmark with the binary of 296a106, where H2O's selection was a "
+            "separate pass over every prompt query (before its votes were summed inside the prefill "
+            "attention): the comparison of docs/eviction.md",
+            "scripts/bench/eviction_bench.py --policies h2o --threads 1 --clock cpu (binary of 296a106; "
+            "the rows copied from the eviction_bench.json of that commit)"),
     }),
     "rap": (["rap-results.md", "kv-weight-pruning.md"], {
         "rap_smollm2.json": ("RAP against KVPruner on SmolLM2-135M: every model of the study",

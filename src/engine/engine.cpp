@@ -759,7 +759,26 @@ void Engine<E>::rope_qk(int l, const Mat<E>& q, const Mat<E>& k, const IVec<E>& 
 }
 
 template <class E>
+KeyMass<E>* Engine<E>::key_mass(int l, int n_seq, int T, int p0) {
+  // H2O's votes are the weights of this prompt's attention: summed by its kernel as it goes
+  if (!kOnHost<E> || p0 != 0 || T < 2 || !evictor_ || !evictor_->votes_are_key_mass() ||
+      !evictor_->evicts(T))
+    return nullptr;
+  const int nkv = cache_.shape(l).n_kv_head;
+  if (key_mass_.votes.extent(0) < static_cast<std::size_t>(n_seq) ||
+      key_mass_.votes.extent(1) != static_cast<std::size_t>(nkv) ||
+      key_mass_.votes.extent(2) < static_cast<std::size_t>(T))
+    key_mass_.votes = Kokkos::View<double***, Layout, DeviceOf<E>>(
+        Kokkos::view_alloc(std::string("sparsim::evictor::key_mass"), Kokkos::WithoutInitializing),
+        max_seqs_, nkv, max_ctx_);
+  key_mass_.seconds = 0;
+  key_mass_layer_ = l;
+  return &key_mass_;
+}
+
+template <class E>
 void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, int T, int p0) {
+  key_mass_layer_ = -1;
   const KVLayer<E>& kv = cache_.layer(l);
   const AttnShape& sh = cache_.shape(l);
   const int hd = w_->cfg.head_dim;
@@ -787,7 +806,7 @@ void Engine<E>::attend(int l, const CMat<E>& q, const Mat<E>& out, int n_seq, in
                               sh.qk_dim);
     else
       attention(exec_, q, kv.k, kv.v, out, n_seq, T, p0, sh.n_head, sh.n_kv_head, sh.qk_dim,
-                sh.v_dim, sh.scale);
+                sh.v_dim, sh.scale, key_mass(l, n_seq, T, p0));
   } else {
     const int n = n_seq * T;
     cached_attention(exec_, q, IVec<E>(seq_.data(), n), IVec<E>(pos_.data(), n), kv, sh, out,
@@ -970,6 +989,14 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
       qevict_.extent(1) != static_cast<std::size_t>(qw))
     qevict_ = Mat<E>("sparsim::evictor::q_obs", std::max(nw, max_seqs_ * w), qw);
   const Mat<E> qo = rows(qevict_, n_seq * w);
+  KeptTokens kept;
+  if (key_mass_layer_ == l) {  // the prefill attention summed the votes
+    key_mass_layer_ = -1;
+    kept = evictor_->select_voted(exec_, l, cache_.layer(l), sh, key_mass_.votes,
+                                  key_mass_.seconds, n_seq, T);
+    finish_eviction(l, kept, ph);
+    return;
+  }
   IVec<E> ok("sparsim::evictor::q_ok", nw);
   if (w > 0) {
     Kokkos::deep_copy(exec_, qo, 0.0f);
@@ -993,8 +1020,13 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
     Kokkos::deep_copy(exec_, dst, hd);
     copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
   }
-  const KeptTokens kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo),
-                                           IVec<E>(ok.data(), n_seq * w), n_seq, T);
+  kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo),
+                          IVec<E>(ok.data(), n_seq * w), n_seq, T);
+  finish_eviction(l, kept, ph);
+}
+
+template <class E>
+void Engine<E>::finish_eviction(int l, const KeptTokens& kept, flops::Phase ph) {
   if (!kept.empty()) {
     cache_.evict(exec_, l, kept);
     graphs_ = std::make_unique<Graphs>();  // captured decode graphs read no eviction mask

@@ -188,6 +188,10 @@ class Engine {
                      flops::Phase ph);
   void evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows, int n_rows,
                     flops::Phase ph);
+  /// Evicts a layer's tokens (when `kept` holds any) and counts the selection in the ledger.
+  void finish_eviction(int l, const KeptTokens& kept, flops::Phase ph);
+  /// The key-mass output the prefill attention of layer l fills for H2O (nullptr: none).
+  KeyMass<E>* key_mass(int l, int n_seq, int T, int p0);
   /// One transformer block over the call's rows: attention (one of the paths below), then the
   /// MLP, each added to the residual stream x.
   void block(int l, const Mat<E>& x, int n_seq, int T, int p0, flops::Phase ph);
@@ -255,6 +259,8 @@ class Engine {
   Mat<E> x_, xn_, q_, k_, v_, att_, tmp_, rx_, gate_, up_, logits_, last_;
   Mat<E> kpre_, xg_, og_, qobs_;  // token gate: pre-RoPE keys, kept rows in and out
   Mat<E> qevict_;                 // token evictor: observed queries
+  KeyMass<E> key_mass_;           // token evictor: votes summed by the prefill attention
+  int key_mass_layer_ = -1;       // the layer key_mass_ holds (-1: none)
   IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
   typename IVec<E>::HostMirror sparse_flags_host_;
   IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;

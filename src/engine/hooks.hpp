@@ -10,6 +10,7 @@
 #include "model/weights.hpp"
 
 #include <functional>
+#include <stdexcept>
 #include <vector>
 
 namespace sparsim {
@@ -164,6 +165,21 @@ class TokenEvictor {
   virtual KeptTokens select(const E& exec, int layer, const KVLayer<E>& cache,
                             const AttnShape& shape, const CMat<E>& q_obs, const IVec<E>& q_ok,
                             int n_seq, int T) = 0;
+  /// Whether the votes are the weight every prompt query gives each key (H2O's accumulated
+  /// attention). The engine's host prefill attention then sums them as it computes the weights
+  /// (KeyMass) and calls select_voted() instead of select().
+  virtual bool votes_are_key_mass() const { return false; }
+  /// select() with the votes summed by the prefill attention: votes [n_seq][n_kv_head][≥ T]
+  /// over every row of the prompt (no token gate, no dropped positions); `seconds`: the time
+  /// the sums took, counted as the selection's.
+  virtual KeptTokens select_voted(const E& exec, int layer, const KVLayer<E>& cache,
+                                  const AttnShape& shape,
+                                  const Kokkos::View<double***, Layout, DeviceOf<E>>& votes,
+                                  double seconds, int n_seq, int T) {
+    (void)exec, (void)layer, (void)cache, (void)shape, (void)votes, (void)seconds, (void)n_seq,
+        (void)T;
+    throw std::logic_error("this token evictor does not take summed attention as its votes");
+  }
   /// After the layer's eviction and channel selection: the bytes of the prompt's keys and
   /// values, dense and as held by a cache of only the kept tokens (KVCache::prompt_bytes).
   virtual void account(int layer, double dense_bytes, double kept_bytes) {

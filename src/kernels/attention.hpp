@@ -15,7 +15,10 @@
 #include <Kokkos_Core.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <memory>
+#include <stdexcept>
+#include <vector>
 
 namespace sparsim {
 
@@ -253,6 +256,60 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
       out);
 }
 
+/// Optional output of the host prefill attention (attention_host): the softmax weight each key
+/// position receives, summed over the call's query rows and over the query heads of its KV
+/// group — H2O's accumulated attention, taken from the weights the kernel computes anyway instead
+/// of a second pass over the prompt. votes [n_seq][n_kv_head][≥ p0 + T] (double) is written at
+/// p < p0 + T; `seconds` receives the time the sums took, summed over the work items (the CPU
+/// time of the fusion, whatever the thread count). Each tile's sums are one thread's (a float
+/// axpy per row, rows in order) and the tiles and heads are added in a fixed order in double, so
+/// the votes do not depend on the thread count.
+template <class E>
+struct KeyMass {
+  Kokkos::View<double***, Layout, DeviceOf<E>> votes;
+  double seconds = 0;
+};
+
+namespace detail {
+/// votes(s, kvh, p) = Σ over the group's query heads, then the tiles in order, of the tiles'
+/// partial sums (tile i holds positions < p0 + its last row + 1).
+template <class E>
+void key_mass_reduce(const E& exec, const Kokkos::View<float**, Layout, DeviceOf<E>>& part,
+                     KeyMass<E>& mass, std::vector<double>& busy, int n_seq, int T, int p0,
+                     int n_head, int n_kv_head) {
+  constexpr int R = kAttnTileRows, kChunk = 256;
+  const int tiles = (T + R - 1) / R, ctx = p0 + T, group = n_head / n_kv_head;
+  const int chunks = (ctx + kChunk - 1) / kChunk;
+  const auto votes = mass.votes;
+  Kokkos::Experimental::UniqueToken<E> token(exec);
+  if (busy.size() < static_cast<std::size_t>(token.size()))
+    busy.resize(static_cast<std::size_t>(token.size()), 0.0);
+  double* const busy_at = busy.data();
+  Kokkos::parallel_for(
+      "sparsim::kernels::key_mass", light(Kokkos::RangePolicy<E>(exec, 0, n_seq * n_kv_head * chunks)),
+      [=](const int it) {
+        const auto c0 = std::chrono::steady_clock::now();
+        const int c = it % chunks, sh = it / chunks, s = sh / n_kv_head, kvh = sh % n_kv_head;
+        const int q0 = c * kChunk, q1 = q0 + kChunk < ctx ? q0 + kChunk : ctx;
+        double acc[kChunk];
+        for (int p = 0; p < kChunk; ++p) acc[p] = 0.0;
+        for (int g = 0; g < group; ++g)
+          for (int tile = 0; tile < tiles; ++tile) {
+            const int top = p0 + (tile * R + R < T ? tile * R + R : T);  // positions it holds
+            const float* pr = &part((s * n_head + kvh * group + g) * tiles + tile, 0);
+            for (int p = q0; p < (top < q1 ? top : q1); ++p) acc[p - q0] += pr[p];
+          }
+        for (int p = q0; p < q1; ++p) votes(s, kvh, p) = acc[p - q0];
+        const int slot = token.acquire();
+        busy_at[slot] +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        token.release(slot);
+      });
+  exec.fence();
+  for (const double b : busy) mass.seconds += b;
+}
+}  // namespace detail
+
 /// Host attention, tiled for the vendor BLAS (decode calls go to attention_host_decode). A work
 /// item is one (sequence, query head, tile of up to kAttnTileRows consecutive rows): S =
 /// scale·Q·Kᵀ over the positions the tile needs (one GEMM), a max-shifted softmax per row with
@@ -263,8 +320,8 @@ void attention_host_decode(const E& exec, const CMat<E>& q, const Cache<E>& kc, 
 template <class E>
 void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                     const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head,
-                    int qk_dim, int v_dim, float scale) {
-  if (T == 1) {
+                    int qk_dim, int v_dim, float scale, KeyMass<E>* mass = nullptr) {
+  if (T == 1 && !mass) {
     attention_host_decode(exec, q, kc, vc, out, n_seq, p0, n_head, n_kv_head, qk_dim, v_dim, scale);
     return;
   }
@@ -287,6 +344,16 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
   Kokkos::View<float**, Layout, DeviceOf<E>> scratch(
       Kokkos::view_alloc(std::string("sparsim::attention::scores"), Kokkos::WithoutInitializing),
       token.size(), ctx * R + R);
+  // key mass: one row of partial sums per (sequence, query head, tile), and each slot's time
+  Kokkos::View<float**, Layout, DeviceOf<E>> part;
+  std::vector<double> busy;
+  if (mass) {
+    part = Kokkos::View<float**, Layout, DeviceOf<E>>(
+        Kokkos::view_alloc(std::string("sparsim::attention::key_mass"), Kokkos::WithoutInitializing),
+        n_seq * n_head * tiles, ctx);
+    busy.assign(static_cast<std::size_t>(token.size()), 0.0);
+  }
+  double* const busy_at = busy.data();
   Kokkos::parallel_for(
       "sparsim::kernels::attention_host", light(Dyn(exec, 0, n_seq * n_head * tiles).set_chunk_size(1)),
       [=](const int it) {
@@ -319,6 +386,18 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
           for (int p = valid; p < npe; ++p) col[p] = 0.0f;
           inv[j] = 1.0f / detail::sum_lanes(col, valid);
         }
+        if (busy_at) {  // the tile's weights, Σ over its rows in order
+          const auto c0 = std::chrono::steady_clock::now();
+          float* pr = &part((s * n_head + h) * tiles + tile, 0);
+          for (int p = 0; p < npe; ++p) pr[p] = 0.0f;
+          for (int j = 0; j < nr; ++j) {
+            const float* col = sc + static_cast<std::ptrdiff_t>(j) * npe;
+            const float a = inv[j];
+            for (int p = 0; p < npe; ++p) pr[p] += col[p] * a;
+          }
+          busy_at[slot] +=
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        }
         const auto O = Kokkos::subview(Oall, Kokkos::make_pair(h * v_dim, (h + 1) * v_dim), Rw);
         KokkosBlas::gemm("N", "N", 1.0f,
                          Kokkos::subview(V, Kokkos::make_pair(kvh * v_dim, (kvh + 1) * v_dim), P),
@@ -328,20 +407,24 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
         token.release(slot);
       });
   exec.fence();
+  if (mass) detail::key_mass_reduce(exec, part, *mass, busy, n_seq, T, p0, n_head, n_kv_head);
 }
 
 /// out[r][h·dv + i] = Σ_p softmax_p(scale · q_h·k_p) v_p[i] over p ≤ p0 + t, with query/key
 /// heads `qk_dim` wide and value/output heads `v_dim` wide (a pruned layer keeps the full
 /// model's scale 1/√head_dim).
+/// `mass`: the key mass (KeyMass), host backends only.
 template <class E>
 void attention(const E& exec, const CMat<E>& q, const Cache<E>& kc, const Cache<E>& vc,
                const Mat<E>& out, int n_seq, int T, int p0, int n_head, int n_kv_head, int qk_dim,
-               int v_dim, float scale) {
+               int v_dim, float scale, KeyMass<E>* mass = nullptr) {
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
-    attention_host(exec, q, kc, vc, out, n_seq, T, p0, n_head, n_kv_head, qk_dim, v_dim, scale);
+    attention_host(exec, q, kc, vc, out, n_seq, T, p0, n_head, n_kv_head, qk_dim, v_dim, scale,
+                   mass);
     return;
   }
+  if (mass) throw std::logic_error("attention: the key mass is summed on host backends only");
   using Policy = Kokkos::TeamPolicy<E>;
   using Team = typename Policy::member_type;
   using ScratchVec = Kokkos::View<float*, typename E::scratch_memory_space,

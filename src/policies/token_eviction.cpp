@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "core/timer.hpp"
 #include "io/hdf5.hpp"
+#include "kernels/attention.hpp"
 #include "kernels/linear.hpp"
 
 #include <algorithm>
@@ -181,34 +182,43 @@ bool TokenEvictorPolicy<E>::evicts(int T) const {
 }
 
 template <class E>
-KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer<E>& cache,
-                                         const AttnShape& sh, const CMat<E>& q_obs,
-                                         const IVec<E>& q_ok, int n_seq, int T) {
+int TokenEvictorPolicy<E>::begin(int layer, const KVLayer<E>& cache, const AttnShape& sh,
+                                 int n_seq, int T) {
   require(sh.n_kv_head == nkv_ && n_seq <= max_seqs_ && layer >= 0 && layer < n_layer_ &&
               !cache.compacted() && !cache.has_evictions(),
           "token eviction: layer {} does not match the evictor ({} KV heads)", layer, nkv_);
-  Stopwatch sw;
   ++calls_;
-  const int C = layer_budget(opt_, layer, n_layer_, T);
+  return layer_budget(opt_, layer, n_layer_, T);
+}
+
+template <class E>
+void TokenEvictorPolicy<E>::keep_all(int layer, int n_seq, int T, int C) {
+  for (int h = 0; h < nkv_; ++h) {
+    EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
+    r.selections += static_cast<std::uint64_t>(n_seq);
+    r.kept += static_cast<double>(n_seq) * T;
+    r.budget += static_cast<double>(n_seq) * C;
+    r.prompt += static_cast<double>(n_seq) * T;
+  }
+}
+
+template <class E>
+std::vector<double> TokenEvictorPolicy<E>::host_votes(
+    const Kokkos::View<double***, Layout, DeviceOf<E>>& v, int n_seq, int T) const {
+  auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  std::vector<double> out(static_cast<std::size_t>(n_seq) * nkv_ * T);
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv_; ++h)
+      for (int p = 0; p < T; ++p) out[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
+  return out;
+}
+
+template <class E>
+KeptTokens TokenEvictorPolicy<E>::choose(int layer, const KVLayer<E>& cache, int n_seq, int T,
+                                         int C, const std::vector<double>& hvotes) {
   KeptTokens out;
   out.positions = T;
   out.budget = C;
-  const int w = observation_window(T);
-  auto record = [&](int s, int h, int kept) {
-    (void)s;
-    EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
-    ++r.selections;
-    r.evicting += kept < T ? 1 : 0;
-    r.kept += kept;
-    r.budget += C;
-    r.prompt += T;
-  };
-  if (C >= T) {  // the whole prompt fits: the layer stays as it is
-    for (int s = 0; s < n_seq; ++s)
-      for (int h = 0; h < nkv_; ++h) record(s, h, T);
-    select_s_ += sw.seconds();
-    return KeptTokens{};
-  }
   // positions a token gate dropped cannot be kept
   std::vector<std::vector<char>> cands(static_cast<std::size_t>(n_seq));
   if (cache.has_drops()) {
@@ -219,6 +229,79 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
       for (int p = 0; p < T; ++p) c[static_cast<std::size_t>(p)] = hd(s, p) ? 0 : 1;
     }
   }
+  out.idx.resize(static_cast<std::size_t>(n_seq));
+  std::vector<double> v;
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv_; ++h) {
+      v.clear();
+      if (!hvotes.empty())
+        v.assign(hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h) * T),
+                 hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h + 1) * T));
+      std::vector<int> keep = choose_tokens(opt_, T, C, v, cands[static_cast<std::size_t>(s)]);
+      EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
+      const int kept = static_cast<int>(keep.size());
+      ++r.selections;
+      r.evicting += kept < T ? 1 : 0;
+      r.kept += kept;
+      r.budget += C;
+      r.prompt += T;
+      out.idx[static_cast<std::size_t>(s)].push_back(std::move(keep));
+    }
+  // pooling and top-k on the host
+  out.flops += static_cast<double>(n_seq) * nkv_ * T * (opt_.kernel + std::log2(T + 1.0));
+  return out;
+}
+
+template <class E>
+KeptTokens TokenEvictorPolicy<E>::select_voted(
+    const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& sh,
+    const Kokkos::View<double***, Layout, DeviceOf<E>>& votes, double seconds, int n_seq, int T) {
+  (void)exec;
+  require(opt_.method == EvictMethod::H2O && !cache.has_drops() &&
+              votes.extent(0) >= static_cast<std::size_t>(n_seq) &&
+              votes.extent(1) == static_cast<std::size_t>(nkv_) &&
+              votes.extent(2) >= static_cast<std::size_t>(T),
+          "token eviction: summed attention votes ({}×{}×{}) for {} sequences, {} KV heads and "
+          "{} tokens of an H2O layer without dropped positions",
+          votes.extent(0), votes.extent(1), votes.extent(2), n_seq, nkv_, T);
+  Stopwatch sw;
+  const int C = begin(layer, cache, sh, n_seq, T);
+  if (C >= T) {
+    keep_all(layer, n_seq, T, C);
+    select_s_ += sw.seconds() + seconds;
+    return KeptTokens{};
+  }
+  KeptTokens out = choose(layer, cache, n_seq, T, C, host_votes(votes, n_seq, T));
+  // own cost: inside the prefill attention, each (row, position) weight of every query head
+  // added to its tile's sums (a multiply-add; the tiles cover their causal triangle in whole
+  // tiles of kAttnTileRows rows), the tiles' sums written and read back once, the votes written
+  constexpr int R = detail::kAttnTileRows;
+  double tile_pairs = 0, tile_len = 0;
+  for (int t0 = 0; t0 < T; t0 += R) {
+    const int nr = std::min(R, T - t0);
+    tile_pairs += static_cast<double>(nr) * (t0 + nr);
+    tile_len += t0 + nr;
+  }
+  const int nh = sh.n_head;
+  out.flops += n_seq * nh * (2.0 * tile_pairs + tile_len);
+  out.bytes += 2.0 * 4.0 * n_seq * nh * tile_len + 8.0 * n_seq * nkv_ * T;
+  select_s_ += sw.seconds() + seconds;
+  return out;
+}
+
+template <class E>
+KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer<E>& cache,
+                                         const AttnShape& sh, const CMat<E>& q_obs,
+                                         const IVec<E>& q_ok, int n_seq, int T) {
+  Stopwatch sw;
+  const int C = begin(layer, cache, sh, n_seq, T);
+  if (C >= T) {  // the whole prompt fits: the layer stays as it is
+    keep_all(layer, n_seq, T, C);
+    select_s_ += sw.seconds();
+    return KeptTokens{};
+  }
+  const int w = observation_window(T);
+  double own_flops = 0, own_bytes = 0;
   std::vector<double> hvotes;  // [seq][head][position] of this call
   if (opt_.scores() && w > 0) {
     require(static_cast<int>(q_obs.extent(0)) == n_seq * w &&
@@ -322,34 +405,18 @@ KeptTokens TokenEvictorPolicy<E>::select(const E& exec, int layer, const KVLayer
               if (!(drops && dropped(s, p))) votes(s, h, p) += acc[p - p0];
           });
     }
-    auto hv = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), votes_);
-    hvotes.resize(static_cast<std::size_t>(n_seq) * nkv_ * T);
-    for (int s = 0; s < n_seq; ++s)
-      for (int h = 0; h < nkv_; ++h)
-        for (int p = 0; p < T; ++p)
-          hvotes[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
+    hvotes = host_votes(votes_, n_seq, T);
     // own cost: every observed (row, position) pair of every query head scored once (dot,
     // exp), then its weight added to the votes
     const double pairs = static_cast<double>(w) * T - 0.5 * w * (w - 1.0);
-    out.flops = n_seq * pairs * nh * (2.0 * qk + 6.0);
-    out.bytes = 4.0 * n_seq * static_cast<double>(T) * sh.k_width() +
+    own_flops = n_seq * pairs * nh * (2.0 * qk + 6.0);
+    own_bytes = 4.0 * n_seq * static_cast<double>(T) * sh.k_width() +
                 4.0 * n_seq * w * sh.q_width() + 3.0 * 4.0 * n_seq * pairs * nh +
                 8.0 * n_seq * nkv_ * T;
   }
-  out.idx.resize(static_cast<std::size_t>(n_seq));
-  std::vector<double> v;
-  for (int s = 0; s < n_seq; ++s)
-    for (int h = 0; h < nkv_; ++h) {
-      v.clear();
-      if (!hvotes.empty())
-        v.assign(hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h) * T),
-                 hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h + 1) * T));
-      std::vector<int> keep = choose_tokens(opt_, T, C, v, cands[static_cast<std::size_t>(s)]);
-      record(s, h, static_cast<int>(keep.size()));
-      out.idx[static_cast<std::size_t>(s)].push_back(std::move(keep));
-    }
-  // pooling and top-k on the host
-  out.flops += static_cast<double>(n_seq) * nkv_ * T * (opt_.kernel + std::log2(T + 1.0));
+  KeptTokens out = choose(layer, cache, n_seq, T, C, hvotes);
+  out.flops += own_flops;
+  out.bytes += own_bytes;
   select_s_ += sw.seconds();
   return out;
 }
