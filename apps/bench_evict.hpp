@@ -72,9 +72,9 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
       "  decode attention (per step)  dense {:.5f} s   method {:.5f} s   ratio {:.3f}\n"
       "  prompt tokens kept {:.4f}; prompt KV bytes / dense {:.4f}\n",
       ej["method"].get<std::string>(), ma.ev.budget, batch, prompt, decode, reps, dp, mp,
-      100.0 * median_of(pre_extra), ms,
-      dp > 0 ? 100.0 * ms / dp : 0.0, dd, md, dd > 0 ? md / dd : 0.0, da, ma_, ar,
-      ej["kept_fraction"].get<double>(), ej["kv_bytes_fraction"].get<double>());
+      100.0 * median_of(pre_extra), ms, dp > 0 ? 100.0 * ms / dp : 0.0, dd, md,
+      dd > 0 ? md / dd : 0.0, da, ma_, ar, ej["kept_fraction"].get<double>(),
+      ej["kv_bytes_fraction"].get<double>());
   if (!json_out.empty()) {
     nlohmann::json j = {{"model", {{"path", mi.path}, {"fingerprint", mi.fingerprint}}},
                         {"backend", backend},

@@ -319,7 +319,8 @@ TYPED_TEST(EvictEngine, PrefillKeyMassEqualsDirectSums) {
               for (int p = 0; p < np; ++p) {
                 double a = 0;
                 for (int j = 0; j < d; ++j)
-                  a += double(Q[(s * T + t) * nh * d + hq * d + j]) * K[(s * ctx + p) * kw + h * d + j];
+                  a += double(Q[(s * T + t) * nh * d + hq * d + j]) *
+                       K[(s * ctx + p) * kw + h * d + j];
                 sc[p] = a * scale;
                 mx = std::max(mx, sc[p]);
               }

@@ -992,8 +992,8 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
   KeptTokens kept;
   if (key_mass_layer_ == l) {  // the prefill attention summed the votes
     key_mass_layer_ = -1;
-    kept = evictor_->select_voted(exec_, l, cache_.layer(l), sh, key_mass_.votes,
-                                  key_mass_.seconds, n_seq, T);
+    kept = evictor_->select_voted(exec_, l, cache_.layer(l), sh, key_mass_.votes, key_mass_.seconds,
+                                  n_seq, T);
     finish_eviction(l, kept, ph);
     return;
   }
@@ -1020,8 +1020,8 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
     Kokkos::deep_copy(exec_, dst, hd);
     copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
   }
-  kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo),
-                          IVec<E>(ok.data(), n_seq * w), n_seq, T);
+  kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo), IVec<E>(ok.data(), n_seq * w),
+                          n_seq, T);
   finish_eviction(l, kept, ph);
 }
 

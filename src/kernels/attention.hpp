@@ -286,8 +286,8 @@ void key_mass_reduce(const E& exec, const Kokkos::View<float**, Layout, DeviceOf
     busy.resize(static_cast<std::size_t>(token.size()), 0.0);
   double* const busy_at = busy.data();
   Kokkos::parallel_for(
-      "sparsim::kernels::key_mass", light(Kokkos::RangePolicy<E>(exec, 0, n_seq * n_kv_head * chunks)),
-      [=](const int it) {
+      "sparsim::kernels::key_mass",
+      light(Kokkos::RangePolicy<E>(exec, 0, n_seq * n_kv_head * chunks)), [=](const int it) {
         const auto c0 = std::chrono::steady_clock::now();
         const int c = it % chunks, sh = it / chunks, s = sh / n_kv_head, kvh = sh % n_kv_head;
         const int q0 = c * kChunk, q1 = q0 + kChunk < ctx ? q0 + kChunk : ctx;
@@ -349,7 +349,8 @@ void attention_host(const E& exec, const CMat<E>& q, const Cache<E>& kc, const C
   std::vector<double> busy;
   if (mass) {
     part = Kokkos::View<float**, Layout, DeviceOf<E>>(
-        Kokkos::view_alloc(std::string("sparsim::attention::key_mass"), Kokkos::WithoutInitializing),
+        Kokkos::view_alloc(std::string("sparsim::attention::key_mass"),
+                           Kokkos::WithoutInitializing),
         n_seq * n_head * tiles, ctx);
     busy.assign(static_cast<std::size_t>(token.size()), 0.0);
   }

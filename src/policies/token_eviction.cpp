@@ -182,8 +182,8 @@ bool TokenEvictorPolicy<E>::evicts(int T) const {
 }
 
 template <class E>
-int TokenEvictorPolicy<E>::begin(int layer, const KVLayer<E>& cache, const AttnShape& sh,
-                                 int n_seq, int T) {
+int TokenEvictorPolicy<E>::begin(int layer, const KVLayer<E>& cache, const AttnShape& sh, int n_seq,
+                                 int T) {
   require(sh.n_kv_head == nkv_ && n_seq <= max_seqs_ && layer >= 0 && layer < n_layer_ &&
               !cache.compacted() && !cache.has_evictions(),
           "token eviction: layer {} does not match the evictor ({} KV heads)", layer, nkv_);
@@ -209,7 +209,8 @@ std::vector<double> TokenEvictorPolicy<E>::host_votes(
   std::vector<double> out(static_cast<std::size_t>(n_seq) * nkv_ * T);
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < nkv_; ++h)
-      for (int p = 0; p < T; ++p) out[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
+      for (int p = 0; p < T; ++p)
+        out[(static_cast<std::size_t>(s) * nkv_ + h) * T + p] = hv(s, h, p);
   return out;
 }
 

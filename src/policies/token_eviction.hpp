@@ -95,10 +95,9 @@ class TokenEvictorPolicy final : public TokenEvictor<E> {
   KeptTokens select(const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& shape,
                     const CMat<E>& q_obs, const IVec<E>& q_ok, int n_seq, int T) override;
   bool votes_are_key_mass() const override { return opt_.method == EvictMethod::H2O; }
-  KeptTokens select_voted(const E& exec, int layer, const KVLayer<E>& cache,
-                          const AttnShape& shape,
-                          const Kokkos::View<double***, Layout, DeviceOf<E>>& votes,
-                          double seconds, int n_seq, int T) override;
+  KeptTokens select_voted(const E& exec, int layer, const KVLayer<E>& cache, const AttnShape& shape,
+                          const Kokkos::View<double***, Layout, DeviceOf<E>>& votes, double seconds,
+                          int n_seq, int T) override;
   void account(int layer, double dense_bytes, double kept_bytes) override;
 
   const EvictOptions& options() const { return opt_; }
@@ -133,8 +132,8 @@ class TokenEvictorPolicy final : public TokenEvictor<E> {
   KeptTokens choose(int layer, const KVLayer<E>& cache, int n_seq, int T, int C,
                     const std::vector<double>& hvotes);
   /// votes [seq][head][≥ T] on the host as [seq][head][T].
-  std::vector<double> host_votes(const Kokkos::View<double***, Layout, DeviceOf<E>>& v,
-                                 int n_seq, int T) const;
+  std::vector<double> host_votes(const Kokkos::View<double***, Layout, DeviceOf<E>>& v, int n_seq,
+                                 int T) const;
   EvictOptions opt_;
   int n_layer_, nkv_, max_seqs_;
   Kokkos::View<double***, Layout, DeviceOf<E>> votes_;  // [seq][kv head][pos]
