@@ -9,6 +9,7 @@
 #include "io/run_guard.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
+#include "policies/probe_pruning.hpp"
 #include "records.hpp"
 #include "sparsity/calibrate.hpp"
 #include "sparsity/rotation.hpp"
@@ -30,8 +31,8 @@ namespace {
 struct CalibrateArgs {
   CommonOptions co;
   std::string model_arg, corpus_arg, text_field, out, storage, variants, progress_mode_arg;
-  bool strict = false, fisher = false;
-  int fisher_seqs = 32, fisher_tokens = 1024;
+  bool strict = false, fisher = false, pp_history = false;
+  int fisher_seqs = 32, fisher_tokens = 1024, pp_seqs = 32, pp_tokens = 128;
   CalibrateCli cc;
   // Set by check():
   bool do_plain = false, do_rot = false;  ///< the activation-sparsity variants to calibrate
@@ -56,8 +57,15 @@ struct CalibrateArgs {
         "fisher-seqs", po::value(&fisher_seqs)->default_value(32),
         "calibration sequences for --fisher (consecutive, from the start of the corpus)")(
         "fisher-tokens", po::value(&fisher_tokens)->default_value(1024),
-        "tokens per --fisher sequence")("storage", po::value(&storage)->default_value("f32"),
-                                        "weight storage: f32, bf16 or f16")(
+        "tokens per --fisher sequence")(
+        "pp-history", po::bool_switch(&pp_history),
+        "Probe Pruning's historical states: the mean x² per position and input channel of W_o "
+        "and W_down over --pp-history-seqs sequences of --pp-history-tokens tokens")(
+        "pp-history-seqs", po::value(&pp_seqs)->default_value(32),
+        "calibration sequences for --pp-history (consecutive, from the start of the corpus)")(
+        "pp-history-tokens", po::value(&pp_tokens)->default_value(128),
+        "tokens per --pp-history sequence: the positions the history covers")(
+        "storage", po::value(&storage)->default_value("f32"), "weight storage: f32, bf16 or f16")(
         "strict", po::bool_switch(&strict), "NaN/Inf in the weights is an error, not a warning")(
         "progress", po::value(&progress_mode_arg)->default_value("auto"),
         "progress on stderr, per stage with its ETA: auto (a bar on a terminal, else a line per "
@@ -70,17 +78,22 @@ struct CalibrateArgs {
   void check(const po::variables_map& vm) {
     require(!out.empty(), "calibrate: --out FILE is required");
     cc.finish();
-    if (fisher && vm["variants"].defaulted()) variants = "none";
+    if ((fisher || pp_history) && vm["variants"].defaulted()) variants = "none";
     for (const auto& v : split_list(variants)) {
       require(v == "plain" || v == "rotated" || v == "both" || v == "none",
               "--variants: '{}' is not plain, rotated, both or none", v);
       do_plain = do_plain || v == "plain" || v == "both";
       do_rot = do_rot || v == "rotated" || v == "both";
     }
-    require(do_plain || do_rot || fisher,
-            "calibrate: nothing to do (--variants none without --fisher)");
+    require(do_plain || do_rot || fisher || pp_history,
+            "calibrate: nothing to do (--variants none without --fisher or --pp-history)");
     require(!fisher || (fisher_seqs >= 1 && fisher_tokens >= 2),
             "--fisher-seqs must be >= 1 and --fisher-tokens >= 2");
+    require(!pp_history || (pp_seqs >= 1 && pp_tokens >= 1),
+            "--pp-history-seqs and --pp-history-tokens must be >= 1");
+    for (const char* name : {"pp-history-seqs", "pp-history-tokens"})
+      require(pp_history || vm[name].defaulted(), "--{} is a setting of --pp-history: add it",
+              name);
     pmode = progress_mode(progress_mode_arg, ProgressBar::Mode::Lines);
     lo.storage = parse_dtype(storage);
     require(co.threads >= 0 && co.threads <= 4096, "--threads {} is out of range", co.threads);
@@ -99,6 +112,12 @@ struct CalibrateArgs {
             c.context_length);
     require(!fisher || !c.pruned(), "--fisher needs the full model; {} is already pruned ({})",
             mi.path, c.prune.method);
+    require(!pp_history || pp_tokens <= c.context_length,
+            "--pp-history-tokens {} exceeds the model's context of {}", pp_tokens,
+            c.context_length);
+    require(!pp_history || !c.pruned(),
+            "--pp-history needs the full model; {} is already pruned ({})", mi.path,
+            c.prune.method);
   }
 };
 
@@ -189,6 +208,29 @@ void calibrate_fisher(const CalibrateArgs& a, std::shared_ptr<const Weights<E>> 
   cal.timings.push_back({"fisher", sc.wall(), sc.cpu()});
 }
 
+/// --pp-history: Probe Pruning's historical states over the first sequences of the corpus.
+template <class E>
+void calibrate_pp_history(const CalibrateArgs& a, std::shared_ptr<const Weights<E>> w,
+                          const std::vector<int>& stream, CalibrationProgress& prog,
+                          sparsity::Calibration& cal) {
+  const std::size_t need = static_cast<std::size_t>(a.pp_seqs) * a.pp_tokens;
+  require(stream.size() >= need,
+          "calibrate --pp-history: the corpus has {} tokens, {} sequences of {} need {}",
+          stream.size(), a.pp_seqs, a.pp_tokens, need);
+  std::vector<std::vector<int>> seqs;
+  for (int i = 0; i < a.pp_seqs; ++i) {
+    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * a.pp_tokens;
+    seqs.emplace_back(b, b + a.pp_tokens);
+  }
+  log().info("Probe Pruning history: {} sequences of {} tokens", a.pp_seqs, a.pp_tokens);
+  StageClock sc;
+  const auto cb = prog.callback("");
+  cal.probe_history = pruning::collect_probe_history<E>(
+      w, seqs, 8, [&](int done, int total) { cb("pp-history", done, total); });
+  prog.finish();
+  cal.timings.push_back({"pp-history", sc.wall(), sc.cpu()});
+}
+
 /// Each variant's greedy rows and block sensitivities per layer.
 std::string sensitivity_tables(const sparsity::Calibration& cal,
                                const sparsity::CalibrateOptions& opt, int n_layer) {
@@ -258,6 +300,12 @@ std::string calibration_report(const CalibrateArgs& a, const sparsity::Calibrati
   }
   s += sensitivity_tables(cal, a.cc.opt, n_layer);
   if (cal.fisher) s += fisher_table(*cal.fisher);
+  if (cal.probe_history)
+    s += fmt::format(
+        "\n  Probe Pruning history: {} sequences of {} tokens ({} positions × ({} W_o + "
+        "{} W_down inputs) per layer)\n",
+        cal.probe_history->sequences, cal.probe_history->tokens, cal.probe_history->tokens,
+        cal.probe_history->o_width, cal.probe_history->down_width);
   s += fmt::format("\n  {:<28} {:>10} {:>10}\n", "stage", "wall s", "CPU s");
   for (const auto& t : cal.timings)
     s += fmt::format("  {:<28} {:>10.1f} {:>10.1f}\n", t.stage, t.wall_seconds, t.cpu_seconds);
@@ -298,6 +346,7 @@ int cmd_calibrate(int argc, char** argv) {
     CalibrationProgress prog(a.pmode);
     calibrate_variants(a, w, stream, prog, cal);
     if (a.fisher) calibrate_fisher(a, w, stream, prog, cal);
+    if (a.pp_history) calibrate_pp_history(a, w, stream, prog, cal);
     interruption_point("write");
     sparsity::write_calibration(a.out, cal);
 

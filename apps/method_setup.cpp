@@ -219,9 +219,16 @@ void MethodArgs::resolve(const po::variables_map* vm, bool read_calibration) {
   check_as_options([&] { mopt.validate(); });
   require(!mopt.needs_calibration() || !calib_path.empty(),
           "--method {} needs --calibration FILE (made by sparsim calibrate)", method);
-  require(mopt.needs_calibration() || calib_path.empty(),
-          "--calibration is only used by the sparse methods (--method teal, wina, topk-guided)");
-  if (!calib_path.empty() && read_calibration) cal = sparsity::read_calibration(calib_path);
+  require(mopt.needs_calibration() || probe_pruning || calib_path.empty(),
+          "--calibration is only used by the sparse methods (--method teal, wina, topk-guided) "
+          "and by probe-pruning (its historical states)");
+  if (!calib_path.empty() && read_calibration) {
+    cal = sparsity::read_calibration(calib_path);
+    require(!probe_pruning || cal->probe_history.has_value(),
+            "--calibration {} holds no Probe Pruning history (make one with sparsim calibrate "
+            "--pp-history)",
+            calib_path);
+  }
 }
 
 }  // namespace sparsim::app

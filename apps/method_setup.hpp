@@ -148,7 +148,8 @@ std::unique_ptr<pruning::TokenEvictorPolicy<E>> make_token_evictor(const MethodA
 template <class E>
 std::unique_ptr<pruning::ProbePruner<E>> make_probe_pruner(const MethodArgs& a, Engine<E>& eng) {
   if (!a.probe_pruning) return nullptr;
-  auto p = std::make_unique<pruning::ProbePruner<E>>(a.pp, eng.weights());
+  auto p = std::make_unique<pruning::ProbePruner<E>>(
+      a.pp, eng.weights(), a.cal && a.cal->probe_history ? &*a.cal->probe_history : nullptr);
   eng.set_structured_pruner(p.get());
   return p;
 }
@@ -171,7 +172,7 @@ nlohmann::json probe_pruning_json(const pruning::ProbePruner<E>& p) {
                        {"channels_kept", b.channels_kept}});
   return {{"ratio", p.options().ratio},
           {"probe", p.options().probe},
-          {"history", "none"},
+          {"history", p.history_description()},
           {"units_per_layer", p.units()},
           {"d_ff", p.d_ff()},
           {"head_ratio", p.head_ratio()},
@@ -425,8 +426,8 @@ sparsity::Plan prepare_method(const MethodArgs& a, const ModelInfo& mi,
                               std::shared_ptr<const Weights<E>>& w, DType storage) {
   sparsity::Plan plan;
   plan.opt = a.mopt;
-  if (a.cal) {
-    a.cal->check_model(mi.fingerprint, w->cfg, mi.path);
+  if (a.cal) a.cal->check_model(mi.fingerprint, w->cfg, mi.path);
+  if (a.cal && a.mopt.needs_calibration()) {
     plan = sparsity::make_plan(*a.cal, a.mopt);
     if (plan.rotated) {
       Stopwatch sw;

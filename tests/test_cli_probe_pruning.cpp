@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -80,6 +81,69 @@ TEST_F(CliProbePruning, BenchAndGenerateTakeTheSameOptions) {
               " --prompt 'abc def ghi' -n 10 --method probe-pruning --pp-ratio 0.5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("probe-pruning: ratio 0.5"), std::string::npos) << r.output;
+}
+
+// calibrate --pp-history writes the historical states; eval fuses them (the JSON and run file
+// say so) and refuses a calibration file without them or of another model.
+TEST_F(CliProbePruning, HistoryFromCalibrateIsFusedAndChecked) {
+  const std::string cal = dir_->file("pp_cal.h5"), js = dir_->file("pph.json"),
+                    out = dir_->file("pph.h5");
+  RunResult r = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ +
+                        " --pp-history --pp-history-seqs 4 --pp-history-tokens 48 --progress "
+                        "never --out " +
+                        cal);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Probe Pruning history: 4 sequences of 48 tokens"), std::string::npos)
+      << r.output;
+  {
+    io::H5File f = io::H5File::open_read(cal);
+    io::Group g = f.root().open_group("probe_history");
+    std::vector<hsize_t> dims;
+    const auto o = g.read<float>("o", &dims);
+    ASSERT_EQ(dims.size(), 3u);
+    EXPECT_EQ(dims[0], 2u);   // layers
+    EXPECT_EQ(dims[1], 48u);  // positions
+    EXPECT_GT(*std::max_element(o.begin(), o.end()), 0.0f);
+  }
+  r = run_cmd(eval("--method probe-pruning --pp-ratio 0.5 --calibration " + cal + " --json " + js +
+                   " --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = read_json(js);
+  const std::string hist = j.at("probe_pruning").at("history").get<std::string>();
+  EXPECT_NE(hist.find("4 sequences of 48 tokens"), std::string::npos) << hist;
+  EXPECT_DOUBLE_EQ(j.at("probe_pruning").at("channel_ratio").get<double>(), 0.5);
+  io::H5File f = io::H5File::open_read(out);
+  EXPECT_NE(
+      f.root().open_group("probe_pruning").get_attr<std::string>("history").find("calibration"),
+      std::string::npos);
+  // a calibration file without the history, and a history of another model
+  const std::string fisher_only = dir_->file("no_pp.h5"), other_cal = dir_->file("other_cal.h5");
+  r = calibrate_fisher(model_, fisher_only, 2, 16);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  make_other(42);
+  r = run_cmd(sparsim_bin() + " calibrate --model " + other_ + " --corpus " + corpus_ +
+              " --pp-history --pp-history-seqs 2 --pp-history-tokens 16 --progress never --out " +
+              other_cal);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bad_js = dir_->file("bad_pp.json"), bad_out = dir_->file("bad_pp.h5");
+  const std::string sink = " --json " + bad_js + " --out " + bad_out;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--method probe-pruning --calibration " + fisher_only, "holds no Probe Pruning history"},
+      {"--method probe-pruning --calibration " + other_cal, "fingerprint"},
+  };
+  expect_each_fails(cases, [&](const std::string& a) { return eval(a + sink); }, {bad_js, bad_out});
+  // calibrate's own checks
+  for (const auto& [args, says] : std::vector<std::pair<std::string, std::string>>{
+           {"--pp-history-seqs 4", "--pp-history"},
+           {"--pp-history --pp-history-tokens 100000", "exceeds the model's context"},
+           {"--pp-history --pp-history-seqs 0", "--pp-history-seqs"}}) {
+    const std::string o = dir_->file("bad_cal.h5");
+    r = run_cmd(sparsim_bin() + " calibrate --model " + model_ + " --corpus " + corpus_ + " " +
+                args + " --progress never --out " + o);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << ": " << r.output;
+    EXPECT_FALSE(fs::exists(o)) << args;
+  }
 }
 
 TEST_F(CliProbePruning, BadInputFailsWithoutOutput) {

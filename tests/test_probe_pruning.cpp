@@ -243,5 +243,115 @@ TYPED_TEST(ProbePruningTest, ScoresKeptSetsAndHandZeroedModel) {
   EXPECT_EQ(pp.batches().size(), 2u);
 }
 
+// The history from collect_probe_history (three sequences, two per call) against the mean of x²
+// over the sequences run one by one; then the pruner with that history: per position of its
+// probe rows the probe's mean square fused with the history's (0 beyond the 16 positions it
+// covers) by the dynamic ratio, summed over the positions, written out here; the kept units
+// are the top of the scores it gives. Without history the statistic is the probe's mean.
+TYPED_TEST(ProbePruningTest, HistoryIsTheMeanSquareAndIsFusedPerPosition) {
+  using E = TypeParam;
+  TempDir dir;
+  auto w = pp_model<E>(dir, 2, 33);
+  const Config& c = w->cfg;
+  const int H = 16, Q = c.q_dim(), F = c.d_ff, L = c.n_layer;
+  std::vector<std::vector<int>> cal;
+  for (int i = 0; i < 3; ++i) cal.push_back(pp_tokens(H, c.vocab, 10 + i));
+  const calibration::ProbeHistory h = pruning::collect_probe_history<E>(w, cal, 2);
+  ASSERT_EQ(h.tokens, H);
+  ASSERT_EQ(h.sequences, 3);
+  {
+    std::vector<double> want_o(static_cast<std::size_t>(L) * H * Q, 0.0),
+        want_d(static_cast<std::size_t>(L) * H * F, 0.0);
+    for (const auto& s : cal) {
+      Engine<E> one(w, 1, H);
+      one.set_observer([&](int l, Site site, const CMat<E>& x) {
+        if (site != Site::O && site != Site::Down) return;
+        const auto hx = to_host(x);
+        const int width = site == Site::O ? Q : F;
+        auto& want = site == Site::O ? want_o : want_d;
+        for (int t = 0; t < H; ++t)
+          for (int j = 0; j < width; ++j)
+            want[(static_cast<std::size_t>(l) * H + t) * width + j] +=
+                double(hx[t * width + j]) * hx[t * width + j] / 3.0;
+      });
+      one.forward({s}, 0, false);
+    }
+    double worst = 0;
+    for (std::size_t i = 0; i < want_o.size(); ++i)
+      worst = std::max(worst, std::abs(h.o[i] - want_o[i]) / (1e-6 + want_o[i]));
+    for (std::size_t i = 0; i < want_d.size(); ++i)
+      worst = std::max(worst, std::abs(h.down[i] - want_d[i]) / (1e-6 + want_d[i]));
+    EXPECT_LT(worst, 1e-5);
+  }
+
+  const int T = 24, S = 2, n = S * T;
+  const auto s0 = pp_tokens(T, c.vocab, 5), s1 = pp_tokens(T, c.vocab, 6);
+  ProbePruningOptions o;
+  o.ratio = 0.5;
+  o.probe = 0.25;
+  ProbePruner<E> pp(o, *w, &h), plain(o, *w);
+  EXPECT_TRUE(pp.has_history());
+  Engine<E> eng(w, S, T), eng_plain(w, S, T);
+  eng.set_structured_pruner(&pp);
+  eng_plain.set_structured_pruner(&plain);
+  std::map<std::pair<int, int>, std::vector<float>> seen;
+  eng.set_observer([&](int l, Site s, const CMat<E>& x) {
+    if (s == Site::O || s == Site::Down) seen[{l, static_cast<int>(s)}] = to_host(x);
+  });
+  eng.forward({s0, s1}, 0, false);
+  eng_plain.forward({s0, s1}, 0, false);
+  const int k = pruning::probe_rows(n, o.probe);
+  bool beyond = false;
+  for (int l = 0; l < L; ++l)
+    for (const Site site : {Site::O, Site::Down}) {
+      const bool down = site == Site::Down;
+      const int width = down ? F : Q;
+      const auto& in = seen[{l, static_cast<int>(site)}];
+      const std::vector<int>& rows = pp.last_probe(l, site);
+      ASSERT_EQ(static_cast<int>(rows.size()), k);
+      std::map<int, std::vector<int>> at;  // position → probe rows
+      for (int r : rows) at[r % T].push_back(r);
+      beyond = beyond || at.rbegin()->first >= H;
+      std::vector<double> stat(width, 0.0);
+      for (const auto& [t, rs] : at)
+        for (int j = 0; j < width; ++j) {
+          double p = 0;
+          for (int r : rs) p += double(in[r * width + j]) * in[r * width + j];
+          p /= static_cast<double>(rs.size());
+          const double hv = t < H ? h.row(l, down, t)[j] : 0.0;
+          const double ratio = p / (p + hv + 1e-6);
+          stat[j] += (1 - ratio) * hv + ratio * p;
+        }
+      const auto& got = pp.last_stat(l, site);
+      ASSERT_EQ(got.size(), stat.size());
+      for (int j = 0; j < width; ++j)
+        EXPECT_NEAR(got[j], stat[j], 1e-9 * (1 + stat[j])) << l << " " << j << " " << down;
+      EXPECT_EQ(pp.last_kept(l, site),
+                brute_top(pp.last_unit_scores(l, site),
+                          pruning::kept_units(static_cast<int>(pp.last_unit_scores(l, site).size()),
+                                              o.ratio)));
+      // layer 0's block input is the same in both engines: the same probe, the probe's own
+      // statistic without history
+      if (l == 0 && !down) {
+        EXPECT_EQ(plain.last_probe(l, site), rows);
+        for (int j = 0; j < width; ++j) {
+          double p = 0;
+          for (int r : rows) p += double(in[r * width + j]) * in[r * width + j];
+          EXPECT_NEAR(plain.last_stat(l, site)[j], p / k, 1e-12 * (1 + p / k));
+        }
+      }
+    }
+  EXPECT_TRUE(beyond) << "some probe row lies beyond the history's positions";
+  // ratio 0 with history: still bitwise dense
+  ProbePruningOptions z;
+  z.ratio = 0.0;
+  ProbePruner<E> zero(z, *w, &h);
+  Engine<E> ez(w, S, T), dense(w, S, T);
+  ez.set_structured_pruner(&zero);
+  const auto a = to_host(ez.forward({s0, s1}, 0, true)),
+             b = to_host(dense.forward({s0, s1}, 0, true));
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+}
+
 }  // namespace
 }  // namespace sparsim::test

@@ -3,6 +3,7 @@
 #include "core/backends.hpp"
 #include "core/error.hpp"
 #include "core/timer.hpp"
+#include "engine/engine.hpp"
 #include "io/hdf5.hpp"
 
 #include <algorithm>
@@ -75,11 +76,19 @@ std::vector<double> column_norms2(const Matrix<E>& m) {
 }  // namespace
 
 template <class E>
-ProbePruner<E>::ProbePruner(const ProbePruningOptions& o, const Weights<E>& w) : o_(o) {
+ProbePruner<E>::ProbePruner(const ProbePruningOptions& o, const Weights<E>& w,
+                            const calibration::ProbeHistory* history)
+    : o_(o), history_(history) {
   o_.validate();
   const Config& c = w.cfg;
   require(!c.structured() && !c.low_rank_kv(),
           "Probe Pruning needs a dense model, not a pruned or low-rank one ({})", c.prune.method);
+  require(!history || (history->n_layer == c.n_layer && history->o_width == c.q_dim() &&
+                       history->down_width == c.d_ff),
+          "Probe Pruning's history covers {} layers of {} W_o and {} W_down inputs, the model "
+          "has {} of {} and {}",
+          history ? history->n_layer : 0, history ? history->o_width : 0,
+          history ? history->down_width : 0, c.n_layer, c.q_dim(), c.d_ff);
   n_layer_ = c.n_layer;
   n_head_ = c.n_head;
   n_kv_head_ = c.n_kv_head;
@@ -149,21 +158,27 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
       for (int i = 0; i < k; ++i) hr(i) = s.rows[static_cast<std::size_t>(i)];
       Kokkos::deep_copy(exec, rows, hr);
     }
-    if (stat_.extent(0) < static_cast<std::size_t>(width))
-      stat_ = Kokkos::View<double*, DeviceOf<E>>("sparsim::pp::stat", width);
-    const Kokkos::View<double*, DeviceOf<E>> stat(stat_.data(), width);
-    Kokkos::parallel_for(
-        "sparsim::pp::probe_stat", Kokkos::RangePolicy<E>(exec, 0, width),
-        KOKKOS_LAMBDA(const int j) {
-          double a = 0;
-          for (int i = 0; i < k; ++i) {
-            const double x = in(rows(i), j);
-            a += x * x;
-          }
-          stat(j) = a / k;
-        });
-    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), stat);
-    s.stat.assign(hs.data(), hs.data() + width);
+    if (!history_) {
+      if (stat_.extent(0) < static_cast<std::size_t>(width))
+        stat_ = Kokkos::View<double*, DeviceOf<E>>("sparsim::pp::stat", width);
+      const Kokkos::View<double*, DeviceOf<E>> stat(stat_.data(), width);
+      Kokkos::parallel_for(
+          "sparsim::pp::probe_stat", Kokkos::RangePolicy<E>(exec, 0, width),
+          KOKKOS_LAMBDA(const int j) {
+            double a = 0;
+            for (int i = 0; i < k; ++i) {
+              const double x = in(rows(i), j);
+              a += x * x;
+            }
+            stat(j) = a / k;
+          });
+      auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), stat);
+      s.stat.assign(hs.data(), hs.data() + width);
+    } else {
+      s.stat = fused_stat(exec, layer, site == Site::Down, in, rows, s.rows, width);
+      cost.flops += 8.0 * k * width;  // the fusion: at most one position per probe row
+      cost.bytes += 8.0 * k * width + 4.0 * k * width;
+    }
     // 3. PPsp scores and the kept units
     const std::vector<double>& wn =
         (attn ? o_norm2_ : down_norm2_)[static_cast<std::size_t>(layer)];
@@ -207,6 +222,53 @@ void ProbePruner<E>::prune(const E& exec, int layer, Site site, const CMat<E>& r
 }
 
 template <class E>
+std::vector<double> ProbePruner<E>::fused_stat(const E& exec, int layer, bool down_site,
+                                               const Mat<E>& in, const IVec<E>& rows,
+                                               const std::vector<int>& h_rows, int width) {
+  // the probe rows' squares, on the host
+  const int k = static_cast<int>(h_rows.size());
+  Kokkos::View<double**, Layout, DeviceOf<E>> sq(
+      Kokkos::view_alloc(std::string("sparsim::pp::probe_squares"), Kokkos::WithoutInitializing), k,
+      width);
+  Kokkos::parallel_for(
+      "sparsim::pp::probe_squares",
+      Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {k, width}),
+      KOKKOS_LAMBDA(const int i, const int j) {
+        const double x = in(rows(i), j);
+        sq(i, j) = x * x;
+      });
+  auto hq = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sq);
+  // per position the probe rows there (rows ascending: positions within a sequence ascending,
+  // sequences in turn), their mean square fused with the history's, summed over the positions
+  const Batch& b = batches_.back();
+  std::vector<std::vector<int>> at;  // probe row indices i, grouped by position
+  std::vector<int> pos;
+  for (int i = 0; i < k; ++i) {
+    const int t = b.p0 + h_rows[static_cast<std::size_t>(i)] % b.T;
+    auto it = std::lower_bound(pos.begin(), pos.end(), t);
+    const auto g = static_cast<std::size_t>(it - pos.begin());
+    if (it == pos.end() || *it != t) {
+      pos.insert(it, t);
+      at.insert(at.begin() + static_cast<std::ptrdiff_t>(g), std::vector<int>{});
+    }
+    at[g].push_back(i);
+  }
+  std::vector<double> stat(static_cast<std::size_t>(width), 0.0);
+  for (std::size_t g = 0; g < pos.size(); ++g) {
+    // positions the history does not cover count as a history of 0 (the probe's own value)
+    const float* h = pos[g] < history_->tokens ? history_->row(layer, down_site, pos[g]) : nullptr;
+    const double n = static_cast<double>(at[g].size());
+    for (int j = 0; j < width; ++j) {
+      double p = 0;
+      for (int i : at[g]) p += hq(i, j);
+      stat[static_cast<std::size_t>(j)] +=
+          calibration::fuse_probe_history(p / n, h ? static_cast<double>(h[j]) : 0.0);
+    }
+  }
+  return stat;
+}
+
+template <class E>
 double ProbePruner<E>::head_ratio(int layer) const {
   double kept = 0, n = 0;
   for (const Batch& b : batches_)
@@ -243,12 +305,21 @@ double ProbePruner<E>::channel_ratio() const {
 }
 
 template <class E>
+std::string ProbePruner<E>::history_description() const {
+  if (!history_) return "none (probe-only statistics)";
+  return fmt::format(
+      "calibration: mean x^2 per position over {} sequences of {} tokens, fused per position "
+      "and channel by the dynamic ratio",
+      history_->sequences, history_->tokens);
+}
+
+template <class E>
 void ProbePruner<E>::write(io::Group& g) const {
   g.set_attr("ratio", o_.ratio);
   g.set_attr("probe", o_.probe);
   g.set_attr("units_per_layer", n_kv_head_);
   g.set_attr("d_ff", d_ff_);
-  g.set_attr("history", "none (probe-only statistics)");
+  g.set_attr("history", history_description());
   g.set_attr("reused_calls", static_cast<std::int64_t>(reused_));
   const auto nb = static_cast<hsize_t>(batches_.size());
   std::vector<std::int32_t> heads, channels, probe;
@@ -274,7 +345,79 @@ void ProbePruner<E>::write(io::Group& g) const {
   g.write<double>("channel_ratio", cr, {"1", "realised pruned fraction of FFN channels [layer]"});
 }
 
-#define SPARSIM_INSTANTIATE_PROBE_PRUNER(E) template class ProbePruner<E>;
+template <class E>
+calibration::ProbeHistory collect_probe_history(std::shared_ptr<const Weights<E>> w,
+                                                const std::vector<std::vector<int>>& seqs,
+                                                int batch,
+                                                const std::function<void(int, int)>& progress) {
+  const Config& c = w->cfg;
+  require(!seqs.empty() && batch >= 1, "Probe Pruning history: {} sequences, batch {}", seqs.size(),
+          batch);
+  const int T = static_cast<int>(seqs.front().size());
+  for (const auto& s : seqs)
+    require(static_cast<int>(s.size()) == T && T >= 1 && T <= c.context_length,
+            "Probe Pruning history: sequences of {} and {} tokens (one length, at most the "
+            "model's context of {})",
+            T, s.size(), c.context_length);
+  require(!c.structured() && !c.low_rank_kv(),
+          "Probe Pruning history needs the dense model, not a pruned or low-rank one ({})",
+          c.prune.method);
+  const int L = c.n_layer, wo = c.q_dim(), wd = c.d_ff;
+  using Acc = Kokkos::View<double***, Layout, DeviceOf<E>>;
+  const Acc acc_o("sparsim::pp::history_o", L, T, wo), acc_d("sparsim::pp::history_down", L, T, wd);
+  const E exec;
+  const int B = std::min<int>(batch, static_cast<int>(seqs.size()));
+  Engine<E> eng(w, B, T, nullptr, exec);
+  int n_seq = 0;
+  eng.set_observer([&](int l, Site site, const CMat<E>& x) {
+    if (site != Site::O && site != Site::Down) return;
+    const Acc acc = site == Site::O ? acc_o : acc_d;
+    const int width = static_cast<int>(x.extent(1)), ns = n_seq;
+    Kokkos::parallel_for(
+        "sparsim::pp::history_add",
+        Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {T, width}),
+        KOKKOS_LAMBDA(const int t, const int j) {
+          double a = acc(l, t, j);
+          for (int s = 0; s < ns; ++s) {
+            const double v = x(s * T + t, j);
+            a += v * v;
+          }
+          acc(l, t, j) = a;
+        });
+  });
+  const int total = static_cast<int>(seqs.size());
+  for (int i = 0; i < total; i += B) {
+    n_seq = std::min(B, total - i);
+    eng.forward(std::vector<std::vector<int>>(seqs.begin() + i, seqs.begin() + i + n_seq), 0,
+                false);
+    if (progress) progress(i + n_seq, total);
+  }
+  exec.fence();
+  calibration::ProbeHistory h;
+  h.sequences = total;
+  h.tokens = T;
+  h.n_layer = L;
+  h.o_width = wo;
+  h.down_width = wd;
+  for (const auto& [acc, out] : {std::pair<Acc, std::vector<float>*>{acc_o, &h.o},
+                                 std::pair<Acc, std::vector<float>*>{acc_d, &h.down}}) {
+    auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), acc);
+    out->resize(ha.size());
+    std::size_t i = 0;
+    for (int l = 0; l < L; ++l)
+      for (int t = 0; t < T; ++t)
+        for (std::size_t j = 0; j < ha.extent(2); ++j)
+          (*out)[i++] = static_cast<float>(ha(l, t, j) / total);
+  }
+  h.validate();
+  return h;
+}
+
+#define SPARSIM_INSTANTIATE_PROBE_PRUNER(E)                                         \
+  template class ProbePruner<E>;                                                    \
+  template calibration::ProbeHistory collect_probe_history<E>(                      \
+      std::shared_ptr<const Weights<E>>, const std::vector<std::vector<int>>&, int, \
+      const std::function<void(int, int)>&);
 SPARSIM_FOR_EACH_BACKEND(SPARSIM_INSTANTIATE_PROBE_PRUNER)
 
 }  // namespace sparsim::pruning

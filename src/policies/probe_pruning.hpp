@@ -9,8 +9,10 @@
 ///   norm of the residual stream feeding the module (ties: the earlier row).
 /// - Probe states: the probe rows of the module's input to W_o (each row's attention over the
 ///   call on the full model) and to W_down (act(gate)·up on the full MLP).
-/// - Statistic of input channel j: the mean over the probe rows of x_j² (no calibration
-///   history: the fused statistic is the probe's own).
+/// - Statistic of input channel j: without history, the mean over the probe rows of x_j². With
+///   the calibration's history (calibration::ProbeHistory), per position t of the probe rows the
+///   mean of x_j² over the probe rows at t is fused with the history's mean square at t by the
+///   reference's dynamic ratio, and the fused values are summed over the positions.
 /// - Score (PPsp): ‖W[:, j]‖² × statistic_j, W = W_o or W_down. An attention unit is one KV head
 ///   with its group of query heads (whole groups are pruned under GQA); its score is the sum of
 ///   its W_o channels' scores.
@@ -21,12 +23,16 @@
 /// the last selection (the prefill of the batch); every other call selects anew.
 ///
 /// Ratio 0 leaves every layer inactive: the engine runs the dense kernels, bit for bit.
+#include "calibration/probe_history.hpp"
 #include "engine/hooks.hpp"
 #include "model/weights.hpp"
 
 #include <Kokkos_Core.hpp>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace sparsim::io {
@@ -49,11 +55,25 @@ int kept_units(int units, double ratio);
 /// Indices of the k largest values (ties: the lower index), ascending.
 std::vector<int> top_indices(const std::vector<double>& v, int k);
 
+/// `calibrate --pp-history`: runs `seqs` (all of one length, at most the model's context)
+/// through the dense model, `batch` sequences per forward call, and returns per layer, position
+/// and input channel of W_o and W_down the mean of x² over the sequences (the reference's
+/// calibration-stage `scaler_inp`). Sums in double, each element by one thread in sequence
+/// order. `progress(done, total)` after each call.
+template <class E>
+calibration::ProbeHistory collect_probe_history(std::shared_ptr<const Weights<E>> w,
+                                                const std::vector<std::vector<int>>& seqs,
+                                                int batch,
+                                                const std::function<void(int, int)>& progress = {});
+
 template <class E>
 class ProbePruner final : public StructuredPruner<E> {
  public:
-  /// `w`: the (dense) model whose W_o and W_down column norms score the channels.
-  ProbePruner(const ProbePruningOptions& o, const Weights<E>& w);
+  /// `w`: the (dense) model whose W_o and W_down column norms score the channels. `history`
+  /// (may be null; must outlive the pruner): the calibration's historical states, fused with the
+  /// probe's per position (calibration::fuse_probe_history).
+  ProbePruner(const ProbePruningOptions& o, const Weights<E>& w,
+              const calibration::ProbeHistory* history = nullptr);
 
   void begin_call(int n_seq, int T, int p0) override;
   bool active(int layer) const override {
@@ -101,6 +121,9 @@ class ProbePruner final : public StructuredPruner<E> {
 
   /// The run-file group: settings, per batch and layer the kept heads and channels.
   void write(io::Group& g) const;
+  bool has_history() const { return history_ != nullptr; }
+  /// "none (probe-only statistics)" or the history's sequences, tokens and fusion.
+  std::string history_description() const;
 
  private:
   struct Slot {
@@ -116,7 +139,13 @@ class ProbePruner final : public StructuredPruner<E> {
     return slots_[static_cast<std::size_t>(2 * layer + (site == Site::Down ? 1 : 0))];
   }
 
+  /// The statistic with history: per position of the probe rows, the mean of x_j² over the
+  /// probe rows there fused with the history's (0 beyond the positions it covers), summed over
+  /// the positions.
+  std::vector<double> fused_stat(const E& exec, int layer, bool down_site, const Mat<E>& in,
+                                 const IVec<E>& rows, const std::vector<int>& h_rows, int width);
   ProbePruningOptions o_;
+  const calibration::ProbeHistory* history_ = nullptr;
   int n_layer_, n_head_, n_kv_head_, v_dim_, d_ff_;
   std::vector<std::vector<double>> o_norm2_, down_norm2_;  ///< [layer][column] ‖W[:, j]‖²
   std::vector<Slot> slots_;                                ///< [layer][O, Down]

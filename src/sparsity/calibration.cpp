@@ -332,8 +332,19 @@ void Calibration::validate() const {
   for (std::size_t k = 0; k < probe_levels.size(); ++k)
     require(probe_levels[k] >= 0.0 && probe_levels[k] < 1.0,
             "calibration: probe level {} = {} not in [0, 1)", k, probe_levels[k]);
-  require(plain.has_value() || rotated.has_value() || fisher.has_value(),
-          "calibration: neither the plain nor the rotated variant nor Fisher scores are present");
+  require(
+      plain.has_value() || rotated.has_value() || fisher.has_value() || probe_history.has_value(),
+      "calibration: neither the plain nor the rotated variant, Fisher scores nor Probe "
+      "Pruning's history are present");
+  if (probe_history) {
+    probe_history->validate();
+    require(probe_history->n_layer == n_layer && probe_history->o_width == q_dim &&
+                probe_history->down_width == d_ff,
+            "calibration: Probe Pruning's history covers {} layers of {} W_o and {} W_down "
+            "inputs, the model has {} of {} and {}",
+            probe_history->n_layer, probe_history->o_width, probe_history->down_width, n_layer,
+            q_dim, d_ff);
+  }
   if (plain) validate_variant(*this, *plain, "plain");
   if (rotated) validate_variant(*this, *rotated, "rotated");
   if (fisher) {
@@ -497,6 +508,21 @@ void write_fisher(io::Group g, const calibration::FisherScores& f) {
                    "(G_c + G_c')^2 over the pair's two K channels"});
 }
 
+void write_probe_history(io::Group g, const calibration::ProbeHistory& h) {
+  const auto L = static_cast<hsize_t>(h.n_layer), T = static_cast<hsize_t>(h.tokens);
+  g.set_attr("sequences", h.sequences);
+  g.set_attr("tokens", h.tokens);
+  g.set_attr("fusion", std::string("dynamic ratio: r = p / (p + h + 1e-6), (1 - r) h + r p"));
+  g.write<float>("o", h.o.data(), {L, T, static_cast<hsize_t>(h.o_width)},
+                 {"1",
+                  "[layer][position][W_o input channel] mean over the calibration sequences "
+                  "of x^2"});
+  g.write<float>("down", h.down.data(), {L, T, static_cast<hsize_t>(h.down_width)},
+                 {"1",
+                  "[layer][position][W_down input channel] mean over the calibration "
+                  "sequences of x^2"});
+}
+
 }  // namespace
 
 void write_calibration(const std::string& path, const Calibration& cal) {
@@ -534,6 +560,8 @@ void write_calibration(const std::string& path, const Calibration& cal) {
   if (cal.plain) write_variant(root.create_group("plain"), cal, *cal.plain);
   if (cal.rotated) write_variant(root.create_group("rotated"), cal, *cal.rotated);
   if (cal.fisher) write_fisher(root.create_group("fisher"), *cal.fisher);
+  if (cal.probe_history)
+    write_probe_history(root.create_group("probe_history"), *cal.probe_history);
   if (!cal.timings.empty()) {
     io::Group tg = root.create_group("timings");
     std::vector<std::string> names;
@@ -575,7 +603,8 @@ std::vector<T> read_shaped(const io::Group& g, const std::string& name, const Di
   return v;
 }
 
-void require_finite(const std::vector<double>& v, const io::Group& g, const std::string& name) {
+template <class T>
+void require_finite(const std::vector<T>& v, const io::Group& g, const std::string& name) {
   for (std::size_t i = 0; i < v.size(); ++i)
     require(std::isfinite(v[i]), "dataset '{}' holds a non-finite value ({}) at flat index {}",
             obj_path(g, name), v[i], i);
@@ -715,6 +744,23 @@ calibration::FisherScores read_fisher(const io::Group& g, const Calibration& c) 
   return f;
 }
 
+calibration::ProbeHistory read_probe_history(const io::Group& g, const Calibration& c) {
+  calibration::ProbeHistory h;
+  h.sequences = int_attr(g, "sequences");
+  h.tokens = int_attr(g, "tokens");
+  h.n_layer = c.n_layer;
+  h.o_width = c.q_dim;
+  h.down_width = c.d_ff;
+  require(h.sequences >= 1 && h.tokens >= 1, "'{}': {} sequences of {} tokens", g.path(),
+          h.sequences, h.tokens);
+  const auto L = static_cast<hsize_t>(c.n_layer), T = static_cast<hsize_t>(h.tokens);
+  h.o = read_shaped<float>(g, "o", {L, T, static_cast<hsize_t>(c.q_dim)});
+  h.down = read_shaped<float>(g, "down", {L, T, static_cast<hsize_t>(c.d_ff)});
+  require_finite(h.o, g, "o");
+  require_finite(h.down, g, "down");
+  return h;
+}
+
 Calibration read_impl(const std::string& path) {
   io::H5File f = io::H5File::open_read(path);
   const io::Group root = f.root();
@@ -774,6 +820,10 @@ Calibration read_impl(const std::string& path) {
   if (root.has("fisher")) {
     require(root.has_group("fisher"), "'/fisher' is not a group");
     c.fisher = read_fisher(root.open_group("fisher"), c);
+  }
+  if (root.has("probe_history")) {
+    require(root.has_group("probe_history"), "'/probe_history' is not a group");
+    c.probe_history = read_probe_history(root.open_group("probe_history"), c);
   }
   if (root.has_group("timings")) {
     const io::Group tg = root.open_group("timings");

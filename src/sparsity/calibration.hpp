@@ -4,6 +4,7 @@
 /// the calibration file `sparsim calibrate` writes (layout: docs/run-file-schema.md, "Calibration
 /// file"). Plain host code; the model enums come from model/weights.hpp.
 #include "calibration/fisher_scores.hpp"
+#include "calibration/probe_history.hpp"
 #include "model/config.hpp"
 #include "model/weights.hpp"
 #include "sparsity/histogram.hpp"
@@ -199,6 +200,9 @@ struct Calibration {
   std::optional<CalibrationVariant> rotated;
   /// Fisher scores of the K and V channels (RAP, KVPruner). Absent = not calibrated.
   std::optional<calibration::FisherScores> fisher;
+  /// Probe Pruning's historical states (mean x² of the W_o / W_down inputs per position). Absent =
+  /// not calibrated.
+  std::optional<calibration::ProbeHistory> probe_history;
 
   /// Set by read_calibration to the path read (not stored in the file); used in messages.
   std::string file;
