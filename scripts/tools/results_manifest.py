@@ -135,6 +135,13 @@ STUDIES = {
                                  "scripts/studies/flap_study.py --outdir out/slimgpt --ratios 0.2,0.5 --slimgpt-ratios 0.2,0.5 "
                                  "--tf-ratios '' --json docs/results/slimgpt/slimgpt_smollm2.json --page docs/slimgpt.md"),
     }),
+    "probe_pruning": (["probe-pruning.md"], {
+        "pp_history_smollm2.json": ("Probe Pruning with and without the calibration history on SmolLM2: "
+                                    "perplexity at 128 tokens and paired per-window differences",
+                                    "scripts/studies/pp_history_study.py --calib-text valid.txt --outdir out/pp-history "
+                                    "--threads 1 --json docs/results/probe_pruning/pp_history_smollm2.json "
+                                    "--page docs/probe-pruning.md"),
+    }),
     "tf_baselines": (["tf-baselines.md"], {
         "tf_baselines_smollm2.json": ("Token Filtering against FLAP, SlimGPT and Probe Pruning on SmolLM2", None),
     }),
