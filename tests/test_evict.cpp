@@ -15,6 +15,7 @@
 #include "model/loader.hpp"
 #include "policies/k_channel_selector.hpp"
 #include "policies/token_eviction.hpp"
+#include "policies/token_filter.hpp"
 #include "reference_llama.hpp"
 
 #include <nlohmann/json.hpp>
@@ -677,6 +678,66 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
     // a new prompt starts from the dense layout
     a.forward({part(s0, 0, 32), part(s1, 0, 32)}, 0, false);
     EXPECT_FALSE(a.cache().layer(0).has_gap());
+  }
+}
+
+// With Token Filtering gating the prompt (skipped tokens dropped from the cache, or kept and
+// masked only in the similarity test), eviction still moves the kept tokens together: decode and
+// the gate's later calls over the moved cache equal those over the cache that keeps the evicted
+// (and dropped) positions in place, on the host and the device path.
+TYPED_TEST(EvictEngine, MovedTokensWithATokenGateDecodeAsTheMaskedCache) {
+  using E = TypeParam;
+  TempDir dir;
+  SynthSpec spec = tiny_spec(64);
+  spec.cfg.context_length = 1024;
+  const std::string path = make_model(dir, "m.gguf", spec);
+  auto w = load_model<E>(path, LoadOptions{});
+  const Config& c = w->cfg;
+  const int n_seq = 2, P = 600, D = 4, d = c.head_dim;
+  const auto s0 = tokens(P + D, c.vocab, 5), s1 = tokens(P + D, c.vocab, 6);
+  for (const bool drop : {true, false}) {
+    SCOPED_TRACE(drop ? "dropping gate" : "masking gate");
+    EvictOptions o;
+    o.method = EvictMethod::SnapKV;
+    o.budget = 0.25;
+    o.window = 16;
+    gating::TokenFilterOptions to;
+    to.ratio = 0.3;
+    to.num_layers = c.n_layer;
+    to.drop_skipped = drop;
+    Engine<E> a(w, n_seq, P + D), b(w, n_seq, P + D), m(w, n_seq, P + D);
+    b.set_device_path(true);
+    m.record_attention_mass(true);  // keeps the evicted positions in place
+    std::vector<std::unique_ptr<pruning::TokenEvictorPolicy<E>>> evs;
+    std::vector<std::unique_ptr<gating::TokenFilter<E>>> gates;
+    for (Engine<E>* e : {&a, &b, &m}) {
+      evs.push_back(
+          std::make_unique<pruning::TokenEvictorPolicy<E>>(o, c.n_layer, c.n_kv_head, n_seq));
+      gates.push_back(
+          std::make_unique<gating::TokenFilter<E>>(to, c.n_layer, c.n_kv_head, d, d, n_seq));
+      e->set_token_evictor(evs.back().get());
+      e->set_token_gate(gates.back().get());
+      e->forward({part(s0, 0, P), part(s1, 0, P)}, 0, false);
+    }
+    bool moved = false;
+    for (int l = 0; l < c.n_layer; ++l) {
+      EXPECT_EQ(a.cache().kept_tokens(l), m.cache().kept_tokens(l)) << l;
+      EXPECT_EQ(a.cache().layer(l).has_drops(), drop) << l;
+      moved = moved || a.cache().layer(l).has_gap();
+      EXPECT_FALSE(m.cache().layer(l).has_gap());
+    }
+    EXPECT_TRUE(moved) << "the kept tokens were moved together";
+    for (int t = P; t < P + D; ++t) {
+      const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
+      const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
+      const auto z = to_host(m.forward({{s0[t]}, {s1[t]}}, t, false));
+      EXPECT_LE(rel_err(x, z), 1e-5) << "host path, position " << t;
+      EXPECT_LE(rel_err(y, z), 1e-5) << "device path, position " << t;
+    }
+    for (int l = 0; l < c.n_layer; ++l) {
+      EXPECT_EQ(gates[0]->skipped(l), gates[2]->skipped(l)) << l;
+      if (l > 0) EXPECT_GT(gates[0]->skipped(l), 0u) << l;
+    }
   }
 }
 

@@ -964,12 +964,13 @@ void Engine<E>::after_prefill(int l, int n_seq, int T, const CMat<E>& q, const i
                               int n_rows, flops::Phase ph) {
   if (evictor_) evict_tokens(l, n_seq, T, q, kept_rows, n_rows, ph);
   if (selector_) select_channels(l, n_seq, T, q, kept_rows, n_rows, ph);
-  // Decode reads only the kept tokens once they are moved together. Not done where something
-  // reads the prompt's cache by position afterwards (a token gate, the attention-mass record).
+  // Decode reads only the kept tokens once they are moved together (with a token gate too: its
+  // anchor is its own state, and its dropped prompt positions are left behind). Not done where
+  // the prompt's cache is read by position afterwards (the attention-mass record).
   double dense = 0, kept = 0;
   if (evictor_) cache_.prompt_bytes(l, n_seq, T, dense, kept);
   const KVLayer<E>& kv = cache_.layer(l);
-  if (!tgate_ && !record_mass_ && kv.has_evictions() && !kv.has_drops()) {
+  if (!record_mass_ && kv.has_evictions() && !kv.tokens_compact) {
     cache_.compact_evicted(exec_, l);
     mark(flops::Op::TokenEvict);
     // each kept token's key and value read and written once: twice the kept prompt's bytes

@@ -246,18 +246,26 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
   const AttnShape& sh = shape(l);
   const auto& toks = kept_tokens_[static_cast<std::size_t>(l)];
   const int P = evict_len_[static_cast<std::size_t>(l)];
-  require(kl.has_evictions() && !kl.has_drops() && !kl.tokens_compact && !kl.has_gap(),
+  require(kl.has_evictions() && !kl.tokens_compact && !kl.has_gap(),
           "KV cache: layer {} cannot move its kept tokens together", l);
   const int n_seq = static_cast<int>(toks.size()), nkv = sh.n_kv_head;
   const int base = kl.k_base;
-  // per head: its kept tokens, and of those the ones with compact keys (below k_base)
-  std::vector<int> kept(static_cast<std::size_t>(n_seq * nkv)), compact(kept.size());
+  // per head: the kept tokens it attends to (a token gate's dropped positions left out: the
+  // evictor's recent window and sinks keep positions whatever the gate did), and of those the
+  // ones with compact keys (below k_base)
+  const auto& hdrop = h_dropped_[static_cast<std::size_t>(l)];
+  std::vector<std::vector<int>> moved(static_cast<std::size_t>(n_seq * nkv));
+  std::vector<int> kept(moved.size()), compact(moved.size());
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < nkv; ++h) {
       const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
       const std::size_t i = static_cast<std::size_t>(s * nkv + h);
-      kept[i] = static_cast<int>(kp.size());
-      compact[i] = static_cast<int>(std::lower_bound(kp.begin(), kp.end(), base) - kp.begin());
+      for (int p : kp)
+        if (hdrop.empty() || !hdrop[static_cast<std::size_t>(s) * max_ctx_ + p])
+          moved[i].push_back(p);
+      kept[i] = static_cast<int>(moved[i].size());
+      compact[i] = static_cast<int>(std::lower_bound(moved[i].begin(), moved[i].end(), base) -
+                                    moved[i].begin());
     }
   // the region whose tokens go to its first slots: the compact keys' when there are any (the
   // full-width recent window after them keeps its own region), else the whole prompt
@@ -273,8 +281,8 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
   auto hc = Kokkos::create_mirror_view(cnt);
   for (int s = 0; s < n_seq; ++s)
     for (int h = 0; h < nkv; ++h) {
-      const auto& kp = toks[static_cast<std::size_t>(s)][static_cast<std::size_t>(h)];
       const std::size_t i = static_cast<std::size_t>(s * nkv + h);
+      const auto& kp = moved[i];
       hc(s, h) = kept[i];
       hc(s, nkv + h) = compact[i];
       for (std::size_t j = 0; j < kp.size(); ++j) hp(s, h, static_cast<int>(j)) = kp[j];
@@ -315,6 +323,15 @@ void KVCache<E>::compact_evicted(const E& exec, int l) {
         const int s = i / nkv, h = i % nkv, n = cnt(s, h), na = cnt(s, nkv + h);
         ev(s, h, q) = q < base ? (q >= na ? 1 : 0) : (q >= base + n - na ? 1 : 0);
       });
+  // After the move every slot below a head's count holds a token it attends to and the rest are
+  // evicted: the prompt's dropped flags (per position, not per head) no longer describe the
+  // slots and are cleared. Later calls set the flags of their own positions, past the prompt.
+  if (kl.has_drops()) {
+    const auto dropped = kl.dropped;
+    Kokkos::parallel_for(
+        "sparsim::kv_cache::compact_evicted_drops", R2(exec, {0, 0}, {n_seq, P}),
+        KOKKOS_LAMBDA(const int s, const int q) { dropped(s, q) = 0; });
+  }
   exec.fence();
   constexpr int C = detail::kAttnChunk;
   const int g0 = (widest_in_region + C - 1) / C * C, g1 = region / C * C;

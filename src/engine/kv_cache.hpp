@@ -142,8 +142,9 @@ class KVCache {
   /// key region (compact keys below k_base, full-width keys from k_base on; values alike), marks
   /// the other prompt slots evicted and records the whole chunks no head uses as the layer's gap
   /// (KVLayer), so that decode reads the kept tokens only. kept_tokens(l) keeps the positions.
-  /// Needs no dropped positions; the attention after it differs from the masked cache's by
-  /// rounding only (its sums run over other chunks).
+  /// A token gate's dropped positions are not moved (the head does not attend to them) and the
+  /// prompt's dropped flags are cleared. The attention after it differs from the masked cache's
+  /// by rounding only (its sums run over other chunks).
   void compact_evicted(const E& exec, int l);
   /// Kept prompt positions [seq][head] of an evicting layer (empty otherwise), and the
   /// prompt length the eviction covered.

@@ -238,8 +238,8 @@ std::vector<double> ProbePruner<E>::fused_stat(const E& exec, int layer, bool do
         sq(i, j) = x * x;
       });
   auto hq = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sq);
-  // per position the probe rows there (rows ascending: positions within a sequence ascending,
-  // sequences in turn), their mean square fused with the history's, summed over the positions
+  // the probe rows grouped by position (positions ascending, rows ascending within one); per
+  // position their mean square fused with the history's, summed over the positions in order
   const Batch& b = batches_.back();
   std::vector<std::vector<int>> at;  // probe row indices i, grouped by position
   std::vector<int> pos;
