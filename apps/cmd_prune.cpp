@@ -79,7 +79,7 @@ int prune_flap(int argc, char** argv, FlapArgs& a) {
         "s)\n  recipe {}\n  output fingerprint {}, {} parameters (full: {})\n\n",
         out, mi.path, mi.fingerprint, po.calibration, st.tokens, stats_s, pc.prune.recipe,
         mo.fingerprint, pc.n_params(), c.n_params());
-    std::cout << rep.table() << written.text();
+    std::cout << rep.table() << written_model_text(written);
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
     if (!a.files.json_out.empty()) {
       nlohmann::json j = rep.json();
@@ -137,7 +137,7 @@ int prune_slimgpt(int argc, char** argv, SlimGptArgs& a) {
         "parameters (full: {})\n\n",
         out, mi.path, mi.fingerprint, so.calibration, tokens, stats_s, prune_s, pc.prune.recipe,
         mo.fingerprint, pc.n_params(), c.n_params());
-    std::cout << rep.table() << written.text();
+    std::cout << rep.table() << written_model_text(written);
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
     if (!a.files.json_out.empty()) {
       nlohmann::json j = rep.json();
@@ -202,7 +202,7 @@ int prune_kv_channels(int argc, char** argv, PruneArgs& a) {
         pruning::method_name(a.kv.method), a.out, mi.path, mi.fingerprint,
         a.fisher ? a.calib_path : std::string("magnitude"), a.kv.calibration, a.kv.recipe(),
         mo.fingerprint, pc.n_params(), c.n_params());
-    std::cout << rep.table() << written.text();
+    std::cout << rep.table() << written_model_text(written);
     std::cout << fmt::format("  wall seconds {:.1f}\n", wall.seconds());
     if (!a.json_out.empty()) {
       nlohmann::json j = rep.json();
@@ -245,22 +245,31 @@ int cmd_prune(int argc, char** argv) {
     return 0;
   // Everything a user can get wrong is checked before anything is written.
   check_as_options([&] { a.check(vm); });
-  switch (a.family) {
-    case PruneArgs::Family::SlimGpt: {
-      SlimGptArgs s{a.corpus_files, a.cut, a.slim, a.co};
-      return prune_slimgpt(argc, argv, s);
+  // the writers' checks of settings (the tensor type against the kept row lengths) name the
+  // option too
+  int rc = 0;
+  check_as_options([&] {
+    switch (a.family) {
+      case PruneArgs::Family::SlimGpt: {
+        SlimGptArgs s{a.corpus_files, a.cut, a.slim, a.co};
+        rc = prune_slimgpt(argc, argv, s);
+        return;
+      }
+      case PruneArgs::Family::LowRank:
+        a.lr.command = command_line(argc, argv);
+        rc = prune_low_rank(a.lr);
+        return;
+      case PruneArgs::Family::Flap: {
+        FlapArgs f{a.corpus_files, a.cut, a.kv, a.co};
+        rc = prune_flap(argc, argv, f);
+        return;
+      }
+      case PruneArgs::Family::KvChannels:
+        break;
     }
-    case PruneArgs::Family::LowRank:
-      a.lr.command = command_line(argc, argv);
-      return prune_low_rank(a.lr);
-    case PruneArgs::Family::Flap: {
-      FlapArgs f{a.corpus_files, a.cut, a.kv, a.co};
-      return prune_flap(argc, argv, f);
-    }
-    case PruneArgs::Family::KvChannels:
-      break;
-  }
-  return prune_kv_channels(argc, argv, a);
+    rc = prune_kv_channels(argc, argv, a);
+  });
+  return rc;
 }
 
 }  // namespace sparsim::app

@@ -308,6 +308,7 @@ const std::string* option_of_setting(const std::string& key) {
       {"activation.sensitivity_from", "--sensitivity-from"},
       {"activation.rotation_storage", "--rotation-storage"},
       {"prune.ratio", "--ratio"},
+      {"prune.type", "--type"},
       {"prune.flap_windows", "--flap-windows"},
       {"prune.flap_tokens", "--flap-tokens"},
       {"prune.retain", "--retain"},

@@ -2,10 +2,14 @@
 
 #include "io/run_file.hpp"
 #include "io/run_guard.hpp"
+#include "model/gguf.hpp"
 #include "model/loader.hpp"
 #include "model_io.hpp"
 
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
 
 namespace sparsim::app {
 
@@ -89,6 +93,74 @@ void write_prune_json(nlohmann::json j, const PruneFiles& f, const PruneSource& 
   j["output"] = {{"path", f.out}, {"fingerprint", written.fingerprint}};
   j["command"] = command;
   io::write_file_atomically(f.json_out, io::json_file_text(j));
+}
+
+namespace {
+
+/// "attn_output" of "blk.3.attn_output.weight"; the name itself for other names.
+std::string tensor_kind(const std::string& name) {
+  int l = -1;
+  char buf[32] = {};
+  if (std::sscanf(name.c_str(), "blk.%d.%31[a-z_].weight", &l, buf) == 2 &&
+      name == fmt::format("blk.{}.{}.weight", l, buf))
+    return buf;
+  return name;
+}
+
+std::string megabytes(std::uint64_t b) {
+  return fmt::format("{:.1f} MB", static_cast<double>(b) / 1e6);
+}
+
+/// Why the output is larger than its source, and which --type would make it smaller.
+std::string larger_hint(const std::vector<pruning::TypeChange>& changed) {
+  auto all = [&](auto pred) { return std::all_of(changed.begin(), changed.end(), pred); };
+  const bool exact = all([](const pruning::TypeChange& c) { return c.exact; });
+  const bool blocks = all(
+      [](const pruning::TypeChange& c) { return c.row_length % gguf::block_size(c.from) == 0; });
+  const bool f32 = !all([](const pruning::TypeChange& c) { return c.to != gguf::GGMLType::F32; });
+  std::string s = fmt::format("  the pruned model is LARGER than its source: {}",
+                              exact ? "the tensors above were widened to keep their values exact"
+                                    : "the tensors above are stored wider than in the source");
+  if (blocks) return s + "; --type source or --type q8_0 requantizes them (lossy)\n";
+  if (f32) s += "; --type f16 or --type bf16 halves the F32 ones (lossy)";
+  return s +
+         "; requantizing (--type source, q8_0) needs kept rows of whole quantization blocks, "
+         "which these kept widths do not give\n";
+}
+
+}  // namespace
+
+std::string written_model_text(const pruning::WrittenModel& w) {
+  struct Group {
+    std::string what;
+    int n;
+  };
+  std::vector<Group> groups;
+  for (const pruning::TypeChange& c : w.changed) {
+    const std::string how = c.exact ? "exact" : "lossy";
+    const std::string what = c.from == c.to
+                                 ? fmt::format("{} requantized in {} ({})", tensor_kind(c.name),
+                                               gguf::to_string(c.to), how)
+                                 : fmt::format("{} {} -> {} ({})", tensor_kind(c.name),
+                                               gguf::to_string(c.from), gguf::to_string(c.to), how);
+    auto g =
+        std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.what == what; });
+    if (g == groups.end())
+      groups.push_back({what, 1});
+    else
+      ++g->n;
+  }
+  std::string s =
+      fmt::format("  tensor types (--type {}): {} tensors kept their type", w.type_option, w.kept);
+  if (!w.changed.empty()) s += fmt::format("; {} changed:", w.changed.size());
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    s += fmt::format("{} {} in {} layer{}", i ? "," : "", groups[i].what, groups[i].n,
+                     groups[i].n == 1 ? "" : "s");
+  s += fmt::format("\n  file size: {} against the source's {} ({:.3f}x)\n",
+                   megabytes(w.output_bytes), megabytes(w.source_bytes),
+                   static_cast<double>(w.output_bytes) / static_cast<double>(w.source_bytes));
+  if (w.output_bytes > w.source_bytes) s += larger_hint(w.changed);
+  return s;
 }
 
 }  // namespace sparsim::app

@@ -8,6 +8,7 @@
 #include "eval/corpus.hpp"
 #include "model/loader.hpp"
 #include "sparsity/calibration.hpp"
+#include "transforms/pruned_gguf.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -148,5 +149,10 @@ ModelInfo check_written_pruned(const std::string& out, const Config& plan) {
 void write_prune_json(nlohmann::json j, const PruneFiles& f, const PruneSource& src,
                       const ModelInfo& source, const ModelInfo& written,
                       const std::string& command);
+
+/// The prune report's lines on the written model: "tensor types (--type …): …" grouped by kind
+/// and change, "file size: …", and which --type would make it smaller when it is larger than
+/// its source. Each line ends in a newline.
+std::string written_model_text(const pruning::WrittenModel& w);
 
 }  // namespace sparsim::app

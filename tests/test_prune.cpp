@@ -794,7 +794,7 @@ TEST(PrunedGgufTypes, WholeBlocksKeepTheirType) {
 }
 
 // A requantization whose rows are not whole blocks is refused, naming the tensor and the
-// block, and nothing is written; an unknown --type names the value and the accepted ones.
+// block, and nothing is written; an unknown tensor type names the value and the accepted ones.
 TEST(PrunedGgufTypes, RowsThatAreNotWholeBlocksAreRefused) {
   TempDir dir;
   SynthSpec s = tiny_spec(39);
@@ -813,6 +813,10 @@ TEST(PrunedGgufTypes, RowsThatAreNotWholeBlocksAreRefused) {
     const std::string m = e.what();
     EXPECT_NE(m.find("blk.1.attn_output.weight"), std::string::npos) << m;
     EXPECT_NE(m.find("32"), std::string::npos) << m;
+    // the library names the quantity; the command line maps it to --type
+    EXPECT_NE(m.find("the pruned model's tensor type source:"), std::string::npos) << m;
+    ASSERT_NE(dynamic_cast<const OptionError*>(&e), nullptr);
+    EXPECT_EQ(dynamic_cast<const OptionError&>(e).key(), "prune.type");
   }
   EXPECT_FALSE(std::filesystem::exists(out));
   EXPECT_NO_THROW(pruning::write_pruned_gguf(path, p, out));  // auto writes any row

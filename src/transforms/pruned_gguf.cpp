@@ -138,47 +138,16 @@ Encoded encode_cut(const CutType& cut, gguf::GGMLType from, const std::vector<fl
   }
   const T to = cut.mode == CutType::Mode::Source ? from : cut.type;
   const std::size_t B = gguf::block_size(to);
-  require(ne0 % B == 0,
-          "--type {}: tensor '{}' keeps rows of {} values, not a multiple of the {}-value blocks "
-          "of {}; --type auto, f16, bf16 or f32 write any row length",
-          cut.name(), name, ne0, B, gguf::to_string(to));
+  require_setting(ne0 % B == 0, "prune.type", "the pruned model's tensor type",
+                  "{}: tensor '{}' keeps rows of {} values, not a multiple of the {}-value "
+                  "blocks of {}; the types auto, f16, bf16 and f32 write any row length",
+                  cut.name(), name, ne0, B, gguf::to_string(to));
   return encode(to, x);
 }
 
 std::string lower(std::string s) {
   for (char& ch : s) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
   return s;
-}
-
-/// "attn_output" of "blk.3.attn_output.weight"; the name itself for other names.
-std::string tensor_kind(const std::string& name) {
-  int l = -1;
-  char buf[32] = {};
-  if (std::sscanf(name.c_str(), "blk.%d.%31[a-z_].weight", &l, buf) == 2 &&
-      name == fmt::format("blk.{}.{}.weight", l, buf))
-    return buf;
-  return name;
-}
-
-std::string megabytes(std::uint64_t b) {
-  return fmt::format("{:.1f} MB", static_cast<double>(b) / 1e6);
-}
-
-/// Why the output is larger than its source, and which --type would make it smaller.
-std::string larger_hint(const std::vector<TypeChange>& changed) {
-  auto all = [&](auto pred) { return std::all_of(changed.begin(), changed.end(), pred); };
-  const bool exact = all([](const TypeChange& c) { return c.exact; });
-  const bool blocks =
-      all([](const TypeChange& c) { return c.row_length % gguf::block_size(c.from) == 0; });
-  const bool f32 = !all([](const TypeChange& c) { return c.to != gguf::GGMLType::F32; });
-  std::string s = fmt::format("  the pruned model is LARGER than its source: {}",
-                              exact ? "the tensors above were widened to keep their values exact"
-                                    : "the tensors above are stored wider than in the source");
-  if (blocks) return s + "; --type source or --type q8_0 requantizes them (lossy)\n";
-  if (f32) s += "; --type f16 or --type bf16 halves the F32 ones (lossy)";
-  return s +
-         "; requantizing (--type source, q8_0) needs kept rows of whole quantization blocks, "
-         "which these kept widths do not give\n";
 }
 
 void copy_metadata(const gguf::File& f, gguf::Writer& w) {
@@ -212,9 +181,9 @@ CutType CutType::parse(const std::string& s) {
     return c;
   }
   const std::optional<gguf::GGMLType> t = gguf::supported_type_named(s);
-  require(t.has_value(),
-          "--type '{}' is not auto, source or a tensor type sparsim writes ({}; any case)", s,
-          lower(gguf::supported_types_list()));
+  require_setting(t.has_value(), "prune.type", "the pruned model's tensor type",
+                  "'{}' is not auto, source or a tensor type sparsim writes ({}; any case)", s,
+                  lower(gguf::supported_types_list()));
   c.mode = Mode::Fixed;
   c.type = *t;
   return c;
@@ -224,39 +193,6 @@ std::string CutType::name() const {
   if (mode == Mode::Auto) return "auto";
   if (mode == Mode::Source) return "source";
   return lower(gguf::to_string(type));
-}
-
-std::string WrittenModel::text() const {
-  struct Group {
-    std::string what;
-    int n;
-  };
-  std::vector<Group> groups;
-  for (const TypeChange& c : changed) {
-    const std::string how = c.exact ? "exact" : "lossy";
-    const std::string what = c.from == c.to
-                                 ? fmt::format("{} requantized in {} ({})", tensor_kind(c.name),
-                                               gguf::to_string(c.to), how)
-                                 : fmt::format("{} {} -> {} ({})", tensor_kind(c.name),
-                                               gguf::to_string(c.from), gguf::to_string(c.to), how);
-    auto g =
-        std::find_if(groups.begin(), groups.end(), [&](const Group& x) { return x.what == what; });
-    if (g == groups.end())
-      groups.push_back({what, 1});
-    else
-      ++g->n;
-  }
-  std::string s =
-      fmt::format("  tensor types (--type {}): {} tensors kept their type", type_option, kept);
-  if (!changed.empty()) s += fmt::format("; {} changed:", changed.size());
-  for (std::size_t i = 0; i < groups.size(); ++i)
-    s += fmt::format("{} {} in {} layer{}", i ? "," : "", groups[i].what, groups[i].n,
-                     groups[i].n == 1 ? "" : "s");
-  s += fmt::format("\n  file size: {} against the source's {} ({:.3f}x)\n", megabytes(output_bytes),
-                   megabytes(source_bytes),
-                   static_cast<double>(output_bytes) / static_cast<double>(source_bytes));
-  if (output_bytes > source_bytes) s += larger_hint(changed);
-  return s;
 }
 
 nlohmann::json WrittenModel::json() const {

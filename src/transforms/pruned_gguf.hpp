@@ -53,9 +53,6 @@ struct WrittenModel {
   int kept = 0;                     ///< tensors copied in their source type (whole rows/blocks)
   std::uint64_t output_bytes = 0, source_bytes = 0;
 
-  /// "tensor types: …" grouped by kind and change, "file size: …", and a hint when the output is
-  /// larger than the source. Each line ends in a newline.
-  std::string text() const;
   /// {"tensor_types": {"option", "changed": [{"name","from","to","exact"}], "kept"},
   ///  "file_bytes": {"output", "source"}}
   nlohmann::json json() const;
