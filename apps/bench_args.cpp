@@ -73,10 +73,9 @@ void BenchArgs::check(const po::variables_map& vm) {
   require(baseline.empty() || !ma.kv_prune,
           "--baseline and --method think/grace cannot be combined");
   require(!kv_synthetic || ma.kv_prune, "--kv-synthetic-cache is for --method think or grace");
-  require(!ma.evict() || (!ma.token_filter && !ma.sparse() && baseline.empty() && !kv_synthetic &&
-                          run_out.empty()),
-          "bench times --evict against dense, composed with think or grace at most: drop the "
-          "other methods, --baseline, --kv-synthetic-cache and --out");
+  require(!ma.evict() || (!ma.sparse() && baseline.empty() && !kv_synthetic && run_out.empty()),
+          "bench times --evict against dense, composed with think, grace or token-filter at "
+          "most: drop the other methods, --baseline, --kv-synthetic-cache and --out");
   require(run_out.empty() || baseline.empty(),
           "--out: not written for --baseline (its --json has the figures)");
   require(skipping == "on" || skipping == "off", "--column-skipping must be on or off, got '{}'",

@@ -1,10 +1,10 @@
 #pragma once
 // sparsim bench --evict: what token eviction costs at prefill and saves at decode. A dense
-// engine and one with the evictor (and ThinK / GRACE when --method names them) run the same
-// prompts, alternating within each repetition: prefill time, the evictor's own selection time
-// (for H2O: the sums inside the prefill attention and the top-k) and the method's prefill over
-// the dense one of the same repetition, both against the dense prefill, the median decode step
-// of each and the decode attention kernels' time.
+// engine and one with the evictor (and ThinK / GRACE or Token Filtering when --method names
+// them) run the same prompts, alternating within each repetition: prefill time, the evictor's
+// own selection time (for H2O: the sums inside the prefill attention and the top-k) and the
+// method's prefill over the dense one of the same repetition, both against the dense prefill,
+// the median decode step of each and the decode attention kernels' time.
 #include "bench_decode.hpp"
 #include "common.hpp"
 #include "core/timer.hpp"
@@ -103,6 +103,7 @@ int bench_evict(const E& exec, const MethodArgs& ma, std::shared_ptr<const Weigh
                         {"load_average", load_average()},
                         {"evict", ej}};
     if (kvp) j["kv_prune"] = kv_prune_json(*kvp, meth);
+    if (stack.token_filter()) j["token_filter"] = token_filter_json(*stack.token_filter());
     io::write_file_atomically(json_out, io::json_file_text(j));
   }
   return 0;

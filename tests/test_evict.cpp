@@ -942,6 +942,16 @@ TEST_F(CliEvict, EvalRecordsKeptTokensAndBytes) {
   EXPECT_GT(bj.at("decode_attention_seconds_method").get<double>(), 0.0);
   EXPECT_LT(bj.at("decode_attention_seconds_dense").get<double>(),
             bj.at("decode_step_seconds_dense").get<double>());
+  // with a dropping Token Filtering gate beside the evictor
+  r = run_cmd(sparsim_bin() + " bench --model " + model_ +
+              " --prompt 64 --decode 3 --reps 1 --method token-filter --tf-drop-skipped "
+              "--tf-warmup 8 --evict snapkv --evict-window 8 --json " +
+              dir_->file("bench_tf.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto tj = read_json(dir_->file("bench_tf.json"));
+  EXPECT_EQ(tj.at("evict").at("method"), "snapkv");
+  EXPECT_TRUE(tj.contains("token_filter"));
+  EXPECT_GT(tj.at("decode_attention_seconds_method").get<double>(), 0.0);
 }
 
 // H2O's votes come from the prefill attention's tiles (KeyMass): the run is the same with one

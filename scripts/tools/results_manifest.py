@@ -76,6 +76,12 @@ STUDIES = {
             "acdf803, before the kept tokens were moved together): the comparison of docs/eviction.md",
             "sparsim bench --model smollm2 --prompt 4096 --decode 32 --reps 3 --threads 1 --clock cpu "
             "--evict snapkv --evict-budget 0.5 --json eviction_bench_masked_snapkv_b0.5.json"),
+        "eviction_bench_tf_snapkv_b0.5.json": (
+            "SnapKV at half the prompt with a dropping Token Filtering gate beside it (kept tokens "
+            "moved together under the gate): the paragraph of docs/eviction.md",
+            "sparsim bench --model smollm2 --prompt 4096 --decode 16 --reps 1 --threads 1 --clock cpu "
+            "--method token-filter --tf-drop-skipped --evict snapkv --evict-budget 0.5 --json "
+            "eviction_bench_tf_snapkv_b0.5.json"),
         "eviction_bench_h2o_separate_pass.json": (
             "the H2O rows of the benchmark with the binary of 296a106, where H2O's selection was a "
             "separate pass over every prompt query (before its votes were summed inside the prefill "
