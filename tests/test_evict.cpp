@@ -54,6 +54,25 @@ std::vector<double> pooled_direct(const std::vector<double>& v, int k, EvictPool
   return out;
 }
 
+/// Adds to votes[p], p < np, the weight (in double) of position p in the softmax of the query
+/// `q` (d values) over the keys keys[p·stride …] scaled by `scale`; positions gone(p) take no
+/// part. The direct computation of H2O's and SnapKV's votes.
+template <class Gone>
+void add_softmax_weights(const float* q, const float* keys, int stride, int d, int np, double scale,
+                         Gone gone, std::vector<double>& votes) {
+  std::vector<double> sc(static_cast<std::size_t>(np), -1e300);
+  double mx = -1e300, z = 0;
+  for (int p = 0; p < np; ++p) {
+    if (gone(p)) continue;
+    double a = 0;
+    for (int j = 0; j < d; ++j) a += double(q[j]) * keys[static_cast<std::size_t>(p) * stride + j];
+    sc[p] = a * scale;
+    mx = std::max(mx, sc[p]);
+  }
+  for (int p = 0; p < np; ++p) z += std::exp(sc[p] - mx);
+  for (int p = 0; p < np; ++p) votes[p] += std::exp(sc[p] - mx) / z;
+}
+
 /// The best subset of `k` of the candidate positions below n by total score, by enumeration.
 std::vector<int> best_subset(const std::vector<double>& score, int n, int k,
                              const std::vector<char>& cand) {
@@ -228,22 +247,10 @@ TYPED_TEST(EvictEngine, VotesMatchDirectComputation) {
         for (int p = 0; p < T; ++p) cand[p] = dropped(s, p) ? 0 : 1;
         if (m != EvictMethod::Streaming)
           for (int gg = 0; gg < g; ++gg)
-            for (int i = 0; i < w; ++i) {
-              const int t = T - w + i, hq = h * g + gg;
-              std::vector<double> sc(t + 1, -1e300);
-              double mx = -1e300, z = 0;
-              for (int p = 0; p <= t; ++p) {
-                if (dropped(s, p)) continue;
-                double a = 0;
-                for (int j = 0; j < d; ++j)
-                  a += double(q[(s * w + i) * nh * d + hq * d + j]) *
-                       K[(s * T + p) * kw + h * d + j];
-                sc[p] = a * scale;
-                mx = std::max(mx, sc[p]);
-              }
-              for (int p = 0; p <= t; ++p) z += std::exp(sc[p] - mx);
-              for (int p = 0; p <= t; ++p) votes[p] += std::exp(sc[p] - mx) / z;
-            }
+            for (int i = 0; i < w; ++i)
+              add_softmax_weights(
+                  &q[(s * w + i) * nh * d + (h * g + gg) * d], &K[s * T * kw + h * d], kw, d,
+                  T - w + i + 1, scale, [&](int p) { return dropped(s, p); }, votes);
         std::vector<int> want;
         if (m == EvictMethod::Streaming) {
           want = {0, 1};
@@ -313,21 +320,10 @@ TYPED_TEST(EvictEngine, PrefillKeyMassEqualsDirectSums) {
         for (int h = 0; h < nkv; ++h) {
           std::vector<double> want(static_cast<std::size_t>(ctx), 0.0);
           for (int gg = 0; gg < g; ++gg)
-            for (int t = 0; t < T; ++t) {
-              const int hq = h * g + gg, np = p0 + t + 1;
-              std::vector<double> sc(static_cast<std::size_t>(np));
-              double mx = -1e300, z = 0;
-              for (int p = 0; p < np; ++p) {
-                double a = 0;
-                for (int j = 0; j < d; ++j)
-                  a += double(Q[(s * T + t) * nh * d + hq * d + j]) *
-                       K[(s * ctx + p) * kw + h * d + j];
-                sc[p] = a * scale;
-                mx = std::max(mx, sc[p]);
-              }
-              for (int p = 0; p < np; ++p) z += std::exp(sc[p] - mx);
-              for (int p = 0; p < np; ++p) want[p] += std::exp(sc[p] - mx) / z;
-            }
+            for (int t = 0; t < T; ++t)
+              add_softmax_weights(
+                  &Q[(s * T + t) * nh * d + (h * g + gg) * d], &K[s * ctx * kw + h * d], kw, d,
+                  p0 + t + 1, scale, [](int) { return false; }, want);
           for (int p = 0; p < ctx; ++p) {
             worst = std::max(worst, std::abs(hm(s, h, p) - want[p]) / std::max(1.0, want[p]));
             total += hm(s, h, p);
@@ -586,6 +582,32 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
   }
 }
 
+/// The tiny model with a context of 1,024 tokens: prompts long enough for whole 256-slot chunks.
+template <class E>
+std::shared_ptr<const Weights<E>> long_context_model(const TempDir& dir, int seed) {
+  SynthSpec spec = tiny_spec(seed);
+  spec.cfg.context_length = 1024;
+  return load_model<E>(make_model(dir, "m.gguf", spec), LoadOptions{});
+}
+
+/// Decodes positions P … P + D − 1 of s0 and s1 on `a` (kept tokens moved, host path), `b` (the
+/// same, device path) and `m` (evicted positions kept in place): each step's logits of a and b
+/// against m's to 1e−5. Returns a's logits of each step.
+template <class E>
+std::vector<std::vector<float>> decode_as_masked(Engine<E>& a, Engine<E>& b, Engine<E>& m,
+                                                 const std::vector<int>& s0,
+                                                 const std::vector<int>& s1, int P, int D) {
+  std::vector<std::vector<float>> out;
+  for (int t = P; t < P + D; ++t) {
+    out.push_back(to_host(a.forward({{s0[t]}, {s1[t]}}, t, false)));
+    const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
+    const auto z = to_host(m.forward({{s0[t]}, {s1[t]}}, t, false));
+    EXPECT_LE(rel_err(out.back(), z), 1e-5) << "host path, position " << t;
+    EXPECT_LE(rel_err(y, z), 1e-5) << "device path, position " << t;
+  }
+  return out;
+}
+
 // A long prompt: the cache moves each head's kept tokens to its first slots and the kernels skip
 // the whole chunks no head uses (KVLayer::gap_begin … gap_end). Decode on the host path and on
 // the device path (its split-K kernel), and a multi-row call after the prompt, give the logits
@@ -595,10 +617,7 @@ TYPED_TEST(EvictEngine, DecodeEqualsReferenceOverKeptTokens) {
 TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
   using E = TypeParam;
   TempDir dir;
-  SynthSpec spec = tiny_spec(63);
-  spec.cfg.context_length = 1024;
-  const std::string path = make_model(dir, "m.gguf", spec);
-  auto w = load_model<E>(path, LoadOptions{});
+  auto w = long_context_model<E>(dir, 63);
   const Config& c = w->cfg;
   const int n_seq = 2, P = 600, D = 4, V = c.vocab, d = c.head_dim;
   const auto s0 = tokens(P + D, V, 3), s1 = tokens(P + D, V, 4);
@@ -644,12 +663,9 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
       EXPECT_EQ(a.cache().layer(l).compacted(), cs.grace);
     }
     const auto many = to_host(tf.forward({part(s0, P, P + D), part(s1, P, P + D)}, P, true));
+    const auto steps = decode_as_masked(a, b, m, s0, s1, P, D);
     for (int t = P; t < P + D; ++t) {
-      const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
-      const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
-      const auto z = to_host(m.forward({{s0[t]}, {s1[t]}}, t, false));
-      EXPECT_LE(rel_err(x, z), 1e-5) << "host path, position " << t;
-      EXPECT_LE(rel_err(y, z), 1e-5) << "device path, position " << t;
+      const auto& x = steps[static_cast<std::size_t>(t - P)];
       for (int s = 0; s < n_seq; ++s) {
         const int i = s * D + (t - P);
         EXPECT_LE(rel_err(std::vector<float>(many.begin() + i * V, many.begin() + (i + 1) * V),
@@ -688,10 +704,7 @@ TYPED_TEST(EvictEngine, MovedTokensDecodeAsTheMaskedCache) {
 TYPED_TEST(EvictEngine, MovedTokensWithATokenGateDecodeAsTheMaskedCache) {
   using E = TypeParam;
   TempDir dir;
-  SynthSpec spec = tiny_spec(64);
-  spec.cfg.context_length = 1024;
-  const std::string path = make_model(dir, "m.gguf", spec);
-  auto w = load_model<E>(path, LoadOptions{});
+  auto w = long_context_model<E>(dir, 64);
   const Config& c = w->cfg;
   const int n_seq = 2, P = 600, D = 4, d = c.head_dim;
   const auto s0 = tokens(P + D, c.vocab, 5), s1 = tokens(P + D, c.vocab, 6);
@@ -727,16 +740,12 @@ TYPED_TEST(EvictEngine, MovedTokensWithATokenGateDecodeAsTheMaskedCache) {
       EXPECT_FALSE(m.cache().layer(l).has_gap());
     }
     EXPECT_TRUE(moved) << "the kept tokens were moved together";
-    for (int t = P; t < P + D; ++t) {
-      const auto x = to_host(a.forward({{s0[t]}, {s1[t]}}, t, false));
-      const auto y = to_host(b.forward({{s0[t]}, {s1[t]}}, t, false));
-      const auto z = to_host(m.forward({{s0[t]}, {s1[t]}}, t, false));
-      EXPECT_LE(rel_err(x, z), 1e-5) << "host path, position " << t;
-      EXPECT_LE(rel_err(y, z), 1e-5) << "device path, position " << t;
-    }
+    decode_as_masked(a, b, m, s0, s1, P, D);
     for (int l = 0; l < c.n_layer; ++l) {
       EXPECT_EQ(gates[0]->skipped(l), gates[2]->skipped(l)) << l;
-      if (l > 0) EXPECT_GT(gates[0]->skipped(l), 0u) << l;
+      if (l > 0) {
+        EXPECT_GT(gates[0]->skipped(l), 0u) << l;
+      }
     }
   }
 }
