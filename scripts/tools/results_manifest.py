@@ -55,13 +55,20 @@ STUDIES = {
                                "scripts/studies/ruler_study.py --outdir DIR --json docs/results/ruler/ruler_smollm2.json "
                                "--page docs/ruler-results.md"),
     }),
-    "ruler_budgets": (["ruler-budgets.md"], {
+    "ruler_budgets": (["ruler-budgets.md", "ruler-budgets-2048.md"], {
         "ruler_budgets_smollm2.json": ("the long-context suite with every KV-cache method at matched budgets, "
                                        "Token Filtering and FLAP",
                                        "scripts/studies/ruler_study.py --study budgets --task ruler:niah --lengths 1024 "
                                        "--samples 30 --seed 1 --budgets 0.5,0.25 --tf-ratios 0.2,0.5 --snapkv-kernels 9 "
                                        "--models flap_r0.2=FLAP_020.gguf,flap_r0.5=FLAP_050.gguf --outdir DIR --json "
                                        "docs/results/ruler_budgets/ruler_budgets_smollm2.json --page docs/ruler-budgets.md"),
+        "ruler_budgets_smollm2_2048.json": ("the same at 2,048 tokens on niah_single and niah_multikey, 20 samples each",
+                                            "scripts/studies/ruler_study.py --study budgets --task "
+                                            "ruler:niah_single,niah_multikey --lengths 2048 --samples 20 --seed 1 "
+                                            "--budgets 0.5,0.25 --tf-ratios 0.2,0.5 --snapkv-kernels 9 --models "
+                                            "flap_r0.2=FLAP_020.gguf,flap_r0.5=FLAP_050.gguf --jobs 2 --threads 1 "
+                                            "--outdir DIR --json docs/results/ruler_budgets/ruler_budgets_smollm2_2048.json "
+                                            "--page docs/ruler-budgets-2048.md"),
     }),
     "eviction": (["eviction.md"], {
         "eviction_smollm2.json": ("StreamingLLM, H2O, SnapKV and PyramidKV on SmolLM2-135M: perplexity, "
