@@ -157,6 +157,11 @@ STUDIES = {
     }),
     "tf_baselines": (["tf-baselines.md"], {
         "tf_baselines_smollm2.json": ("Token Filtering against FLAP, SlimGPT and Probe Pruning on SmolLM2", None),
+        "long_prompt_throughput.json": ("throughput of Token Filtering, FLAP and Probe Pruning at 50% with 1,024-token "
+                                        "prompts, batch 8 and 32",
+                                        "scripts/bench/long_prompt_throughput.py --flap FLAP_050.gguf --prompt 1024 "
+                                        "--decode 16 --batches 8,32 --reps 2 --threads 2 --outdir DIR --json "
+                                        "docs/results/tf_baselines/long_prompt_throughput.json --page docs/tf-baselines.md"),
     }),
     "sparsity": (["sparsity-results.md", "sparsity.md"], {
         "sparsity_smollm2.json": ("TEAL, WINA and TopK-Guided on SmolLM2-135M at the papers' settings",
