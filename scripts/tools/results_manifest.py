@@ -83,6 +83,11 @@ STUDIES = {
             "acdf803, before the kept tokens were moved together): the comparison of docs/eviction.md",
             "sparsim bench --model smollm2 --prompt 4096 --decode 32 --reps 3 --threads 1 --clock cpu "
             "--evict snapkv --evict-budget 0.5 --json eviction_bench_masked_snapkv_b0.5.json"),
+        "eviction_bench_snapkv_b0.25_loaded.json": (
+            "the first SnapKV run at a quarter of the prompt, at load 2.38 while a study shared the cores "
+            "(the table's row is the re-run on the idle machine)",
+            "sparsim bench --model smollm2 --prompt 4096 --decode 32 --reps 3 --threads 1 --clock cpu "
+            "--evict snapkv --evict-budget 0.25 --json eviction_bench_snapkv_b0.25_loaded.json"),
         "eviction_bench_tf_snapkv_b0.5.json": (
             "SnapKV at half the prompt with a dropping Token Filtering gate beside it (kept tokens "
             "moved together under the gate): the paragraph of docs/eviction.md",
