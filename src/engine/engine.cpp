@@ -764,6 +764,11 @@ KeyMass<E>* Engine<E>::key_mass(int l, int n_seq, int T, int p0) {
   if (!kOnHost<E> || p0 != 0 || T < 2 || !evictor_ || !evictor_->votes_are_key_mass() ||
       !evictor_->evicts(T))
     return nullptr;
+  // the kernel's partial sums, a row of T floats per (sequence, query head, tile of rows): past
+  // kKeyMassBytes the separate pass, whose scores go in bounded blocks, is the cheaper in memory
+  constexpr double kKeyMassBytes = 256.0 * (1 << 20);
+  const double tiles = (T + detail::kAttnTileRows - 1) / detail::kAttnTileRows;
+  if (4.0 * n_seq * cache_.shape(l).n_head * tiles * T > kKeyMassBytes) return nullptr;
   const int nkv = cache_.shape(l).n_kv_head;
   if (key_mass_.votes.extent(0) < static_cast<std::size_t>(n_seq) ||
       key_mass_.votes.extent(1) != static_cast<std::size_t>(nkv) ||
