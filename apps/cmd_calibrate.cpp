@@ -183,21 +183,29 @@ void calibrate_variants(const CalibrateArgs& a, std::shared_ptr<const Weights<E>
   }
 }
 
+/// The first `n` consecutive sequences of `tokens` tokens of the corpus, for the stage `stage`
+/// (its option, named in the error when the corpus is too short).
+std::vector<std::vector<int>> leading_sequences(const std::vector<int>& stream, int n, int tokens,
+                                                const char* stage) {
+  const std::size_t need = static_cast<std::size_t>(n) * tokens;
+  require(stream.size() >= need,
+          "calibrate {}: the corpus has {} tokens, {} sequences of {} need {}", stage,
+          stream.size(), n, tokens, need);
+  std::vector<std::vector<int>> seqs;
+  for (int i = 0; i < n; ++i) {
+    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * tokens;
+    seqs.emplace_back(b, b + tokens);
+  }
+  return seqs;
+}
+
 /// --fisher: the K/V channel and RoPE pair scores from backward passes over the first
 /// sequences of the corpus.
 template <class E>
 void calibrate_fisher(const CalibrateArgs& a, std::shared_ptr<const Weights<E>> w,
                       const std::vector<int>& stream, CalibrationProgress& prog,
                       sparsity::Calibration& cal) {
-  const std::size_t need = static_cast<std::size_t>(a.fisher_seqs) * a.fisher_tokens;
-  require(stream.size() >= need,
-          "calibrate --fisher: the corpus has {} tokens, {} sequences of {} need {}", stream.size(),
-          a.fisher_seqs, a.fisher_tokens, need);
-  std::vector<std::vector<int>> seqs;
-  for (int i = 0; i < a.fisher_seqs; ++i) {
-    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * a.fisher_tokens;
-    seqs.emplace_back(b, b + a.fisher_tokens);
-  }
+  const auto seqs = leading_sequences(stream, a.fisher_seqs, a.fisher_tokens, "--fisher");
   log().info("Fisher scores: backward passes over {} sequences of {} tokens", a.fisher_seqs,
              a.fisher_tokens);
   StageClock sc;
@@ -213,15 +221,7 @@ template <class E>
 void calibrate_pp_history(const CalibrateArgs& a, std::shared_ptr<const Weights<E>> w,
                           const std::vector<int>& stream, CalibrationProgress& prog,
                           sparsity::Calibration& cal) {
-  const std::size_t need = static_cast<std::size_t>(a.pp_seqs) * a.pp_tokens;
-  require(stream.size() >= need,
-          "calibrate --pp-history: the corpus has {} tokens, {} sequences of {} need {}",
-          stream.size(), a.pp_seqs, a.pp_tokens, need);
-  std::vector<std::vector<int>> seqs;
-  for (int i = 0; i < a.pp_seqs; ++i) {
-    const auto b = stream.begin() + static_cast<std::ptrdiff_t>(i) * a.pp_tokens;
-    seqs.emplace_back(b, b + a.pp_tokens);
-  }
+  const auto seqs = leading_sequences(stream, a.pp_seqs, a.pp_tokens, "--pp-history");
   log().info("Probe Pruning history: {} sequences of {} tokens", a.pp_seqs, a.pp_tokens);
   StageClock sc;
   const auto cb = prog.callback("");

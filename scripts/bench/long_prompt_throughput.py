@@ -42,11 +42,8 @@ def table(s):
          "load average at start |",
          "|---|---|---|---|---|---|---|"]
     for x in s["rows"]:
-        lab = tfb.LABEL[x["method"]] + ("" if x["method"] == "dense" else f" {st['ratio']:.0%}")
-        sr = f"{x['decode_vs_dense_same_run']:.3f}" if "decode_vs_dense_same_run" in x else "-"
-        ld = ", ".join(f"{v:.2f}" for v in x["load_average_start"] if v is not None)
+        lab, sr, pre, ld = tfb.bench_cells(x, st["ratio"])
         runs = ", ".join(f"{v:.1f}" for v in x["decode_tokens_per_s_all"])
-        pre = "-" if x["prefill_tokens_per_s"] is None else f"{x['prefill_tokens_per_s']:.1f}"
         L.append(f"| {x['batch']} | {lab} | {x['decode_tokens_per_s']:.1f} ({runs}) | "
                  f"{x.get('decode_vs_dense', 1.0):.3f} | {sr} | {pre} | {ld} |")
     return "\n".join(L)

@@ -329,6 +329,16 @@ def summarise_bench(a, cf):
     return out
 
 
+def bench_cells(x, ratio):
+    """A throughput row's label, same-process ratio, prefill rate and load averages as the tables
+    print them (summarise_bench's rows; `ratio` the methods' ratio)."""
+    lab = LABEL[x["method"]] + ("" if x["method"] == "dense" else f" {ratio:.0%}")
+    sr = f"{x['decode_vs_dense_same_run']:.3f}" if "decode_vs_dense_same_run" in x else "-"
+    pre = "-" if x["prefill_tokens_per_s"] is None else f"{x['prefill_tokens_per_s']:.1f}"
+    ld = ", ".join(f"{v:.2f}" for v in x["load_average_start"] if v is not None)
+    return lab, sr, pre, ld
+
+
 def f4(x):
     return f"{x:+.4f}"
 
@@ -452,13 +462,11 @@ def write_page(a, s):
                  "bytes allow | share of the bytes' gain | prefill tokens/s | load average at start |")
         L.append("|---|---|---|---|---|---|---|---|---|")
         for x in s["bench"]:
-            lab = LABEL[x["method"]] + ("" if x["method"] == "dense" else f" {st['ratios'][-1]:.0%}")
-            sr = f"{x['decode_vs_dense_same_run']:.3f}" if "decode_vs_dense_same_run" in x else "-"
-            ld = ", ".join(f"{v:.2f}" for v in x["load_average_start"] if v is not None)
+            lab, sr, pre, ld = bench_cells(x, st["ratios"][-1])
             L.append(f"| {x['batch']} | {lab} | {x['decode_tokens_per_s']:.1f} | {x.get('decode_vs_dense', 1.0):.3f} | "
                      f"{sr} | {format(x['bytes_allowed_speedup'], '.3f') if 'bytes_allowed_speedup' in x else '-'} | "
                      f"{format(x['share_of_bytes_gain'], '.2f') if 'share_of_bytes_gain' in x else '-'} | "
-                     f"{'-' if x['prefill_tokens_per_s'] is None else format(x['prefill_tokens_per_s'], '.1f')} | {ld} |")
+                     f"{pre} | {ld} |")
         pp = [x for x in s["bench"] if "probe_share_of_prefill" in x]
         if pp:
             L.append("\nProbe Pruning's probe (selected and run once per batch, in the prefill step) "

@@ -988,6 +988,14 @@ template <class E>
 void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const int* kept_rows,
                              int n_rows, flops::Phase ph) {
   const AttnShape& sh = cache_.shape(l);
+  if (key_mass_layer_ == l) {  // the prefill attention summed the votes: no queries to copy
+    key_mass_layer_ = -1;
+    finish_eviction(l,
+                    evictor_->select_voted(exec_, l, cache_.layer(l), sh, key_mass_.votes,
+                                           key_mass_.seconds, n_seq, T),
+                    ph);
+    return;
+  }
   const int w = std::max(0, std::min(evictor_->observation_window(T), T));
   const int qw = sh.q_width();
   const int nw = std::max(1, n_seq * w);
@@ -995,14 +1003,6 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
       qevict_.extent(1) != static_cast<std::size_t>(qw))
     qevict_ = Mat<E>("sparsim::evictor::q_obs", std::max(nw, max_seqs_ * w), qw);
   const Mat<E> qo = rows(qevict_, n_seq * w);
-  KeptTokens kept;
-  if (key_mass_layer_ == l) {  // the prefill attention summed the votes
-    key_mass_layer_ = -1;
-    kept = evictor_->select_voted(exec_, l, cache_.layer(l), sh, key_mass_.votes, key_mass_.seconds,
-                                  n_seq, T);
-    finish_eviction(l, kept, ph);
-    return;
-  }
   IVec<E> ok("sparsim::evictor::q_ok", nw);
   if (w > 0) {
     Kokkos::deep_copy(exec_, qo, 0.0f);
@@ -1026,9 +1026,10 @@ void Engine<E>::evict_tokens(int l, int n_seq, int T, const CMat<E>& q, const in
     Kokkos::deep_copy(exec_, dst, hd);
     copy_rows_to(exec_, q, IVec<E>(dst.data(), n_rows), qo);
   }
-  kept = evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo), IVec<E>(ok.data(), n_seq * w),
-                          n_seq, T);
-  finish_eviction(l, kept, ph);
+  finish_eviction(l,
+                  evictor_->select(exec_, l, cache_.layer(l), sh, CMat<E>(qo),
+                                   IVec<E>(ok.data(), n_seq * w), n_seq, T),
+                  ph);
 }
 
 template <class E>

@@ -192,14 +192,19 @@ int TokenEvictorPolicy<E>::begin(int layer, const KVLayer<E>& cache, const AttnS
 }
 
 template <class E>
+void TokenEvictorPolicy<E>::record(int layer, int head, int kept, int T, int C) {
+  EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + head)];
+  ++r.selections;
+  r.evicting += kept < T ? 1 : 0;
+  r.kept += kept;
+  r.budget += C;
+  r.prompt += T;
+}
+
+template <class E>
 void TokenEvictorPolicy<E>::keep_all(int layer, int n_seq, int T, int C) {
-  for (int h = 0; h < nkv_; ++h) {
-    EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
-    r.selections += static_cast<std::uint64_t>(n_seq);
-    r.kept += static_cast<double>(n_seq) * T;
-    r.budget += static_cast<double>(n_seq) * C;
-    r.prompt += static_cast<double>(n_seq) * T;
-  }
+  for (int s = 0; s < n_seq; ++s)
+    for (int h = 0; h < nkv_; ++h) record(layer, h, T, T, C);
 }
 
 template <class E>
@@ -239,13 +244,7 @@ KeptTokens TokenEvictorPolicy<E>::choose(int layer, const KVLayer<E>& cache, int
         v.assign(hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h) * T),
                  hvotes.begin() + static_cast<std::ptrdiff_t>((s * nkv_ + h + 1) * T));
       std::vector<int> keep = choose_tokens(opt_, T, C, v, cands[static_cast<std::size_t>(s)]);
-      EvictRecord& r = rec_[static_cast<std::size_t>(layer * nkv_ + h)];
-      const int kept = static_cast<int>(keep.size());
-      ++r.selections;
-      r.evicting += kept < T ? 1 : 0;
-      r.kept += kept;
-      r.budget += C;
-      r.prompt += T;
+      record(layer, h, static_cast<int>(keep.size()), T, C);
       out.idx[static_cast<std::size_t>(s)].push_back(std::move(keep));
     }
   // pooling and top-k on the host

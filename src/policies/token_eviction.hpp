@@ -125,6 +125,8 @@ class TokenEvictorPolicy final : public TokenEvictor<E> {
  private:
   /// Checks the call, counts it, and returns the layer's budget C.
   int begin(int layer, const KVLayer<E>& cache, const AttnShape& shape, int n_seq, int T);
+  /// Counts one selection of `head` in `layer`: `kept` of T prompt tokens at budget C.
+  void record(int layer, int head, int kept, int T, int C);
   /// Records a layer the whole prompt of which fits its budget.
   void keep_all(int layer, int n_seq, int T, int C);
   /// The kept tokens of every (sequence, head) from the votes on the host ([seq][head][T];
