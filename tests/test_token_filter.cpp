@@ -301,6 +301,70 @@ TYPED_TEST(TokenFilterTest, TeacherForcedAndTokenByTokenAgree) {
   }
 }
 
+// Every deep copy (Kokkos Tools' callback) whose source or destination is one of the gate's
+// per-row buffers: the flags, the kept-row lists, the gate's per-row output.
+std::vector<std::string>& gate_row_copies() {
+  static std::vector<std::string> seen;
+  return seen;
+}
+
+void note_copy(Kokkos::Tools::SpaceHandle, const char* dst, const void*, Kokkos::Tools::SpaceHandle,
+               const char* src, const void*, std::uint64_t) {
+  for (const char* name : {dst, src}) {
+    const std::string s = name ? name : "";
+    if (s.find("sparsim::gate::") != std::string::npos ||
+        s.find("sparsim::token_filter::out") != std::string::npos)
+      gate_row_copies().push_back(s);
+  }
+}
+
+TYPED_TEST(TokenFilterTest, DecisionsStayOnTheDeviceUnlessTheHostNeedsThem) {
+  using E = TypeParam;
+  TempDir dir;
+  auto w = filter_model<E>(dir, 4, 64, 24);
+  const Config& c = w->cfg;
+  const int T = 24, steps = 12;
+  const auto s0 = seq_tokens(T + steps, c.vocab, 6), s1 = seq_tokens(T + steps, c.vocab, 7);
+  TokenFilterOptions o;
+  o.ratio = 0.4;
+  o.num_layers = 3;
+  o.warmup = 6;
+  o.trace_sequences = 0;
+  // the same gate and model, without and with a FLOP ledger (which reads each row's decision)
+  TokenFilter<E> ga(o, c.n_layer, c.n_kv_head, c.head_dim, c.head_dim, 2),
+      gb(o, c.n_layer, c.n_kv_head, c.head_dim, c.head_dim, 2);
+  Engine<E> lean(w, 2, T + steps), counted(w, 2, T + steps);
+  flops::Ledger ledger(c.n_layer);
+  lean.set_token_gate(&ga);
+  counted.set_token_gate(&gb);
+  counted.set_ledger(&ledger);
+  const auto prompt = [&](const std::vector<int>& s) {
+    return std::vector<int>(s.begin(), s.begin() + T);
+  };
+  const auto a0 = to_host(lean.forward({prompt(s0), prompt(s1)}, 0, false));
+  const auto b0 = to_host(counted.forward({prompt(s0), prompt(s1)}, 0, false));
+  EXPECT_EQ(0, std::memcmp(a0.data(), b0.data(), a0.size() * sizeof(float)));
+  std::size_t lean_copies = 0, counted_copies = 0;
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(note_copy);
+  for (int t = T; t < T + steps; ++t) {
+    gate_row_copies().clear();
+    const auto a = to_host(lean.forward({{s0[t]}, {s1[t]}}, t, false));
+    lean_copies += gate_row_copies().size();
+    gate_row_copies().clear();
+    const auto b = to_host(counted.forward({{s0[t]}, {s1[t]}}, t, false));
+    counted_copies += gate_row_copies().size();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << "step " << t;
+  }
+  Kokkos::Tools::Experimental::set_begin_deep_copy_callback(nullptr);
+  // the decode steps skipped rows (the kept-rows path ran) and both runs decided alike
+  EXPECT_GT(ga.realised(), 0.1);
+  EXPECT_EQ(ga.realised(), gb.realised());
+  for (int l : ga.layers()) EXPECT_EQ(ga.skipped(l), gb.skipped(l)) << l;
+  EXPECT_EQ(ga.similarity_mean(c.n_layer - 1), gb.similarity_mean(c.n_layer - 1));
+  EXPECT_EQ(lean_copies, 0u) << "a per-row buffer of the gate was copied without a host reader";
+  EXPECT_GT(counted_copies, 0u) << "the ledger's copies of the decisions were not seen";
+}
+
 TYPED_TEST(TokenFilterTest, RatioZeroIsBitwiseDense) {
   using E = TypeParam;
   TempDir dir;

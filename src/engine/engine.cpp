@@ -163,6 +163,7 @@ void Engine<E>::ensure_rows(int n, int n_out) {
     pos_ = IVec<E>("sparsim::positions", n);
     seq_ = IVec<E>("sparsim::sequences", n);
     skip_ = IVec<E>("sparsim::gate::skip", n);
+    skip_host_ = Kokkos::create_mirror_view(skip_);
     keep_rows_ = IVec<E>("sparsim::gate::keep_rows", n);
     keep_seq_ = IVec<E>("sparsim::gate::keep_seq", n);
     keep_pos_ = IVec<E>("sparsim::gate::keep_pos", n);
@@ -449,7 +450,7 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
   h_slot_.clear();
 
   // Attention: Q, K, V of the rows, RoPE, the cache, attention and W_o into tmp.
-  std::vector<int> h_skip;  // the token gate's decisions (empty: every row kept)
+  std::vector<int> h_skip;  // the gate's decisions on the host (empty: none skipped, or not needed)
   int n_keep = n;
   if (c.low_rank_kv()) {
     attention_low_rank(l, xn, q, att, tmp, n_seq, T, p0, ph);
@@ -458,12 +459,12 @@ void Engine<E>::block(int l, const Mat<E>& x_in, int n_seq, int T, int p0, flops
       qkv_rows(l, xn, q, k, v, pos, n_seq, T, p0, ph);
     else
       n_keep = gate_rows(l, xn, k, v, pos, n_seq, T, p0, ph, tok_compact, h_skip);
-    if (h_skip.empty())
+    if (n_keep == n)
       attend_rows(l, x, xn, q, att, tmp, pos, n, n_seq, T, p0, ph, gated);
     else
-      attend_kept_rows(l, xn, tmp, h_skip, n, n_seq, T, p0, ph, tok_compact);
+      attend_kept_rows(l, xn, tmp, h_skip, n, n_keep, n_seq, T, p0, ph, tok_compact);
   }
-  if (record_mass_ && !cache_.layer(l).compacted() && !tok_compact && h_skip.empty() &&
+  if (record_mass_ && !cache_.layer(l).compacted() && !tok_compact && n_keep == n &&
       !c.low_rank_kv())
     sparsim::attention_mass(exec_, CMat<E>(q), cache_.layer(l), cache_.shape(l), n_seq, T, p0,
                             mass_[static_cast<std::size_t>(l)],
@@ -600,8 +601,10 @@ int Engine<E>::gate_rows(int l, const Mat<E>& xn, const Mat<E>& k, const Mat<E>&
   const int n_skip = tgate_->decide(exec_, l, CMat<E>(kg), CMat<E>(v), skip, gc);
   mark(flops::Op::GateSimilarity);
   if (ledger_) ledger_->add(flops::Op::GateSimilarity, l, ph, 0, gc.flops, 0, gc.bytes);
-  if (n_skip > 0) {
-    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), skip);
+  if (n_skip > 0 && gate_on_host(tok_compact, T, p0)) {
+    const auto hs = Kokkos::subview(skip_host_, std::make_pair(0, n));
+    Kokkos::deep_copy(exec_, hs, skip);
+    exec_.fence();
     h_skip.assign(hs.data(), hs.data() + n);
   }
   const int* hsk = h_skip.empty() ? nullptr : h_skip.data();
@@ -612,6 +615,12 @@ int Engine<E>::gate_rows(int l, const Mat<E>& xn, const Mat<E>& k, const Mat<E>&
     cache_.set_dropped(exec_, l, skip, hsk, n_seq, T, p0);
   }
   return n - n_skip;
+}
+
+template <class E>
+bool Engine<E>::gate_on_host(bool tok_compact, int T, int p0) const {
+  return ledger_ || tok_compact || tgate_->drop_skipped() || (masker_ && sparse_.count > 0) ||
+         (p0 == 0 && T > 1 && (selector_ || evictor_));
 }
 
 template <class E>
@@ -632,40 +641,37 @@ void Engine<E>::attend_rows(int l, const Mat<E>& x, const Mat<E>& xn, const Mat<
 
 template <class E>
 void Engine<E>::attend_kept_rows(int l, const Mat<E>& xn, const Mat<E>& tmp,
-                                 const std::vector<int>& h_skip, int n, int n_seq, int T, int p0,
-                                 flops::Phase ph, bool tok_compact) {
+                                 const std::vector<int>& h_skip, int n, int n_keep, int n_seq,
+                                 int T, int p0, flops::Phase ph, bool tok_compact) {
   // Gather the kept rows, run Q projection, attention and O projection on them alone, and
   // scatter the O output back; skipped rows get zeros (the residual passes through).
   const Config& c = w_->cfg;
   const AttnShape& sh = cache_.shape(l);
-  h_keep_rows_.clear();
-  for (int r = 0; r < n; ++r)
-    if (!h_skip[static_cast<std::size_t>(r)]) h_keep_rows_.push_back(r);
-  const int n_keep = static_cast<int>(h_keep_rows_.size());
   const IVec<E> kr(keep_rows_.data(), n_keep), ks(keep_seq_.data(), n_keep),
       kp(keep_pos_.data(), n_keep), kf(keep_flags_.data(), n_keep);
+  // the lists are made on the device from the gate's flags
+  if (n_keep > 0)
+    list_kept_rows(exec_, IVec<E>(skip_.data(), n), sparse_.count > 0 ? sparse_.flags : IVec<E>(),
+                   T, p0, kr, ks, kp, kf);
   SparseRows<E> krows;
-  if (n_keep > 0) {
-    auto hr = Kokkos::create_mirror_view(kr);
-    auto hsq = Kokkos::create_mirror_view(ks);
-    auto hp = Kokkos::create_mirror_view(kp);
-    auto hf = Kokkos::create_mirror_view(kf);
-    for (int i = 0; i < n_keep; ++i) {
-      const int r = h_keep_rows_[static_cast<std::size_t>(i)];
-      hr(i) = r;
-      hsq(i) = r / T;
-      hp(i) = p0 + r % T;
-      hf(i) = h_sparse_flags_.empty() ? 0 : h_sparse_flags_[static_cast<std::size_t>(r)];
-      krows.count += hf(i);
-    }
-    krows.host_flags = hf;
-    Kokkos::deep_copy(exec_, kr, hr);
-    Kokkos::deep_copy(exec_, ks, hsq);
-    Kokkos::deep_copy(exec_, kp, hp);
-    Kokkos::deep_copy(exec_, kf, hf);
-  }
   krows.flags = kf;
-  krows.origin = h_keep_rows_.data();
+  h_keep_rows_.clear();
+  if (!h_skip.empty()) {
+    // the host's copy, for the masker's per-row statistics, the selector's or evictor's
+    // observed rows and a token-compacted layer's slots
+    for (int r = 0; r < n; ++r)
+      if (!h_skip[static_cast<std::size_t>(r)]) h_keep_rows_.push_back(r);
+    if (n_keep > 0 && sparse_.count > 0) {
+      auto hf = Kokkos::create_mirror_view(kf);
+      for (int i = 0; i < n_keep; ++i) {
+        hf(i) =
+            h_sparse_flags_[static_cast<std::size_t>(h_keep_rows_[static_cast<std::size_t>(i)])];
+        krows.count += hf(i);
+      }
+      krows.host_flags = hf;
+    }
+    krows.origin = h_keep_rows_.data();
+  }
   const Mat<E> xg = rows(xg_, n_keep), qg = rows(q_, n_keep, c.q_dim(l)),
                ag = rows(att_, n_keep, c.att_dim(l)), og = rows(og_, n_keep);
   if (n_keep > 0) {

@@ -204,8 +204,9 @@ class Engine {
   /// Ungated layer: Q, K and V of every row, RoPE, the cache append.
   void qkv_rows(int l, const Mat<E>& xn, const Mat<E>& q, const Mat<E>& k, const Mat<E>& v,
                 const IVec<E>& pos, int n_seq, int T, int p0, flops::Phase ph);
-  /// Gated layer: K and V of every row into the cache, the gate's decision (h_skip, filled when
-  /// a row is skipped), the dropped rows' cache entries; returns the kept rows' count.
+  /// Gated layer: K and V of every row into the cache, the gate's decision (in skip_; h_skip
+  /// filled when a row is skipped and gate_on_host()), the dropped rows' cache entries; returns
+  /// the kept rows' count.
   int gate_rows(int l, const Mat<E>& xn, const Mat<E>& k, const Mat<E>& v, const IVec<E>& pos,
                 int n_seq, int T, int p0, flops::Phase ph, bool tok_compact,
                 std::vector<int>& h_skip);
@@ -214,8 +215,15 @@ class Engine {
                    const Mat<E>& tmp, const IVec<E>& pos, int n, int n_seq, int T, int p0,
                    flops::Phase ph, bool gated);
   /// The kept rows alone: gathered, Q, attention and W_o, scattered into tmp (skipped rows 0).
+  /// h_skip: the gate's decisions on the host, where gate_on_host() needs them (else empty).
   void attend_kept_rows(int l, const Mat<E>& xn, const Mat<E>& tmp, const std::vector<int>& h_skip,
-                        int n, int n_seq, int T, int p0, flops::Phase ph, bool tok_compact);
+                        int n, int n_keep, int n_seq, int T, int p0, flops::Phase ph,
+                        bool tok_compact);
+  /// Whether a gated layer's decisions must come to the host: for the ledger's per-row
+  /// attention counts, a token-compacted layer's slots, a dropping gate's counts of held
+  /// positions, the masker's per-row statistics, or the prompt rows a channel selector or token
+  /// evictor observes. Otherwise they stay on the device and only their count is read.
+  bool gate_on_host(bool tok_compact, int T, int p0) const;
   /// x ← x + tmp, or x ← x·Rᵀ + tmp with the rotation r of a WINA-rotated model.
   void residual_add(int l, const Mat<E>& x, const Mat<E>& tmp, const Mat<E>& rx, const Matrix<E>* r,
                     int n, flops::Phase ph);
@@ -264,6 +272,7 @@ class Engine {
   IVec<E> tok_, pos_, seq_, last_rows_, sparse_flags_;
   typename IVec<E>::HostMirror sparse_flags_host_;
   IVec<E> skip_, keep_rows_, keep_seq_, keep_pos_, keep_flags_;
+  typename IVec<E>::HostMirror skip_host_;
   IVec<E> keep_slot_;            // token-compacted layer: the slot each attending row reads up to
   std::vector<int> h_slot_;      // token-compacted layer: the slot of each row of the call
   bool drop_compaction_ = true;  // see set_drop_compaction

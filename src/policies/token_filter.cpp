@@ -250,6 +250,12 @@ TokenFilter<E>::TokenFilter(const TokenFilterOptions& opt, int n_layer, int n_kv
   tau_ = decltype(tau_)("sparsim::token_filter::tau", A, max_seqs);
   warm_ = decltype(warm_)("sparsim::token_filter::warmup_s", A, max_seqs, opt_.warmup);
   cos_ = decltype(cos_)("sparsim::token_filter::cos", max_seqs, 2 * nkv_);
+  tally_ = decltype(tally_)("sparsim::token_filter::tally", A, 2);
+  s_sum_d_ = decltype(s_sum_d_)("sparsim::token_filter::s_sum", A);
+  tau_last_d_ = decltype(tau_last_d_)("sparsim::token_filter::tau_last", A, max_seqs);
+  Kokkos::deep_copy(tau_last_d_, std::numeric_limits<double>::quiet_NaN());
+  n_skip_d_ = decltype(n_skip_d_)("sparsim::token_filter::n_skip", 1);
+  n_skip_h_ = Kokkos::create_mirror_view(n_skip_d_);
   skipped_.assign(layers_.size(), 0);
   decided_l_.assign(layers_.size(), 0);
   s_sum_.assign(layers_.size(), 0.0);
@@ -275,7 +281,8 @@ void TokenFilter<E>::begin_call(const E& exec, int n_seq, int T, int p0) {
   Kokkos::deep_copy(exec, decided_, 0);
   Kokkos::deep_copy(exec, nskipped_, 0);
   Kokkos::deep_copy(exec, tau_, 0.0);
-  std::fill(tau_last_.begin(), tau_last_.end(), std::numeric_limits<double>::quiet_NaN());
+  Kokkos::deep_copy(exec, tau_last_d_, std::numeric_limits<double>::quiet_NaN());
+  stale_ = true;
   for (int s = 0; s < max_seqs_; ++s) {
     int& tr = trace_of_seq_[static_cast<std::size_t>(s)];
     tr = -1;
@@ -322,32 +329,58 @@ int TokenFilter<E>::decide(const E& exec, int layer, const CMat<E>& k, const CMa
   f.target = target_;
   f.eta = opt_.eta;
   Kokkos::parallel_for("sparsim::gating::token_filter", light(team_policy(exec, n_seq_)), f);
-  auto ho = Kokkos::create_mirror_view_and_copy(
-      Kokkos::HostSpace(), Kokkos::subview(out_, Kokkos::make_pair(0, n), Kokkos::ALL));
-  const std::size_t ai = static_cast<std::size_t>(a);
-  int n_skip = 0;
-  for (int s = 0; s < n_seq_; ++s) {
-    const int tr = trace_of_seq_[static_cast<std::size_t>(s)];
-    for (int t = 0; t < T_; ++t) {
-      const int r = s * T_ + t, pos = p0_ + t;
-      const bool has = ho(r, 3) > 0;
-      const int sk = ho(r, 2) > 0 ? 1 : 0;
-      n_skip += sk;
-      if (has) tau_last_[ai * max_seqs_ + s] = ho(r, 1);
-      if (has && pos >= opt_.warmup) {
-        ++decided_l_[ai];
-        skipped_[ai] += sk;
-        s_sum_[ai] += ho(r, 0);
-        if (a == 0) ++decided_tokens_;
-      }
-      if (tr >= 0) {
-        GateTrace& g = traces_[static_cast<std::size_t>(tr)][ai];
+  // The statistics stay on the device: one thread adds the rows in order (as a host loop
+  // would, so the sums do not depend on the backend), and only the skipped count comes back.
+  {
+    const auto o = out_;
+    const auto tally = tally_;
+    const auto ssum = s_sum_d_;
+    const auto tl = tau_last_d_;
+    const auto ns = n_skip_d_;
+    const int T = T_, p0 = p0_, W = opt_.warmup;
+    Kokkos::parallel_for(
+        "sparsim::gating::token_filter::tally", light(Kokkos::RangePolicy<E>(exec, 0, 1)),
+        KOKKOS_LAMBDA(const int) {
+          int nsk = 0;
+          for (int r = 0; r < n; ++r) {
+            const int s = r / T, pos = p0 + r % T;
+            const bool has = o(r, 3) > 0;
+            const int sk = o(r, 2) > 0 ? 1 : 0;
+            nsk += sk;
+            if (has) tl(a, s) = o(r, 1);
+            if (has && pos >= W) {
+              tally(a, 0) += 1;
+              tally(a, 1) += static_cast<std::uint64_t>(sk);
+              ssum(a) += static_cast<double>(o(r, 0));
+            }
+          }
+          ns(0) = nsk;
+        });
+  }
+  Kokkos::deep_copy(exec, n_skip_h_, n_skip_d_);
+  stale_ = true;
+  bool traced = false;
+  for (int s = 0; s < n_seq_; ++s)
+    traced = traced || trace_of_seq_[static_cast<std::size_t>(s)] >= 0;
+  if (traced) {  // a diagnostic: the traced sequences' rows come to the host
+    const auto ho = Kokkos::create_mirror_view_and_copy(
+        Kokkos::HostSpace(), Kokkos::subview(out_, Kokkos::make_pair(0, n), Kokkos::ALL));
+    const std::size_t ai = static_cast<std::size_t>(a);
+    for (int s = 0; s < n_seq_; ++s) {
+      const int tr = trace_of_seq_[static_cast<std::size_t>(s)];
+      if (tr < 0) continue;
+      GateTrace& g = traces_[static_cast<std::size_t>(tr)][ai];
+      for (int t = 0; t < T_; ++t) {
+        const int r = s * T_ + t;
+        const bool has = ho(r, 3) > 0;
         g.similarity.push_back(has ? ho(r, 0) : std::numeric_limits<float>::quiet_NaN());
         g.threshold.push_back(has ? ho(r, 1) : std::numeric_limits<float>::quiet_NaN());
-        g.skipped.push_back(static_cast<std::uint8_t>(sk));
+        g.skipped.push_back(static_cast<std::uint8_t>(ho(r, 2) > 0 ? 1 : 0));
       }
     }
   }
+  exec.fence();
+  const int n_skip = n_skip_h_(0);
   const double kvw = static_cast<double>(nkv_) * (qk_ + vd_);
   cost.flops = static_cast<double>(n) * (8.0 * kvw + 10.0 * nkv_);
   cost.bytes = static_cast<double>(n) * 28.0 * kvw;
@@ -356,12 +389,32 @@ int TokenFilter<E>::decide(const E& exec, int layer, const CMat<E>& k, const CMa
 
 template <class E>
 std::uint64_t TokenFilter<E>::skipped(int layer) const {
+  pull();
   const int a = slot_.at(static_cast<std::size_t>(layer));
   return a < 0 ? 0 : skipped_[static_cast<std::size_t>(a)];
 }
 
 template <class E>
+void TokenFilter<E>::pull() const {
+  if (!stale_) return;
+  stale_ = false;
+  const auto t = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tally_);
+  const auto ss = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), s_sum_d_);
+  const auto tl = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), tau_last_d_);
+  for (std::size_t a = 0; a < layers_.size(); ++a) {
+    decided_l_[a] = t(a, 0);
+    skipped_[a] = t(a, 1);
+    s_sum_[a] = ss(a);
+    for (int s = 0; s < max_seqs_; ++s)
+      tau_last_[a * static_cast<std::size_t>(max_seqs_) + static_cast<std::size_t>(s)] = tl(a, s);
+  }
+  // every call decides the same rows in every gated layer
+  decided_tokens_ = layers_.empty() ? 0 : decided_l_[0];
+}
+
+template <class E>
 double TokenFilter<E>::realised() const {
+  pull();
   if (decided_tokens_ == 0) return 0.0;
   std::uint64_t tot = 0;
   for (std::uint64_t s : skipped_) tot += s;
@@ -370,6 +423,7 @@ double TokenFilter<E>::realised() const {
 
 template <class E>
 double TokenFilter<E>::realised(int layer) const {
+  pull();
   const int a = slot_.at(static_cast<std::size_t>(layer));
   if (a < 0 || decided_l_[static_cast<std::size_t>(a)] == 0) return 0.0;
   return static_cast<double>(skipped_[static_cast<std::size_t>(a)]) /
@@ -378,6 +432,7 @@ double TokenFilter<E>::realised(int layer) const {
 
 template <class E>
 double TokenFilter<E>::similarity_mean(int layer) const {
+  pull();
   const int a = slot_.at(static_cast<std::size_t>(layer));
   if (a < 0 || decided_l_[static_cast<std::size_t>(a)] == 0) return 0.0;
   return s_sum_[static_cast<std::size_t>(a)] / decided_l_[static_cast<std::size_t>(a)];
@@ -385,6 +440,7 @@ double TokenFilter<E>::similarity_mean(int layer) const {
 
 template <class E>
 double TokenFilter<E>::threshold_final_mean(int layer) const {
+  pull();
   const int a = slot_.at(static_cast<std::size_t>(layer));
   if (a < 0) return 0.0;
   double sum = 0;
@@ -433,6 +489,9 @@ void TokenFilter<E>::account_cache(const std::vector<KVOccupancy>& occ) {
 template <class E>
 void TokenFilter<E>::reset_stats() {
   kv_ = KVCacheRecord{};
+  Kokkos::deep_copy(tally_, 0);
+  Kokkos::deep_copy(s_sum_d_, 0.0);
+  stale_ = false;
   decided_tokens_ = 0;
   std::fill(skipped_.begin(), skipped_.end(), 0);
   std::fill(decided_l_.begin(), decided_l_.end(), 0);
@@ -443,6 +502,7 @@ void TokenFilter<E>::reset_stats() {
 
 template <class E>
 void TokenFilter<E>::write(io::Group& g) const {
+  pull();
   g.set_attr("target", opt_.ratio);
   g.set_attr("realised", realised());
   g.set_attr("layer_target", target_);

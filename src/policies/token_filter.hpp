@@ -154,7 +154,10 @@ class TokenFilter final : public TokenGate<E> {
   double layer_target() const { return target_; }
 
   /// Counts since construction (or reset_stats), over all sequences, warm-up excluded.
-  std::uint64_t decided_tokens() const { return decided_tokens_; }
+  std::uint64_t decided_tokens() const {
+    pull();
+    return decided_tokens_;
+  }
   std::uint64_t skipped(int layer) const;
   /// Model-wide realised skip ratio: skipped (token, layer) pairs / (L · decided tokens).
   double realised() const;
@@ -183,13 +186,23 @@ class TokenFilter final : public TokenGate<E> {
   Kokkos::View<double**, Layout, DeviceOf<E>> tau_;
   Kokkos::View<double***, Layout, DeviceOf<E>> warm_;  // sorted warm-up S values
   Kokkos::View<double**, Layout, DeviceOf<E>> cos_;    // [seq][2·n_kv] scratch
-  Kokkos::View<float**, Layout, DeviceOf<E>> out_;     // [3][rows]: S, τ, skip
+  Kokkos::View<float**, Layout, DeviceOf<E>> out_;     // [row][S, τ, skip, has anchor]
+  // The statistics as the calls' kernels leave them, so that no decision leaves the device
+  // per layer: [gated layer][decided, skipped], Σ S, τ after the latest token per sequence,
+  // and the latest call's skipped rows (the one number read back per gated layer).
+  Kokkos::View<std::uint64_t**, Layout, DeviceOf<E>> tally_;
+  Kokkos::View<double*, Layout, DeviceOf<E>> s_sum_d_;
+  Kokkos::View<double**, Layout, DeviceOf<E>> tau_last_d_;
+  Kokkos::View<int*, Layout, DeviceOf<E>> n_skip_d_;
+  typename Kokkos::View<int*, Layout, DeviceOf<E>>::HostMirror n_skip_h_;
 
-  // Host statistics
-  std::uint64_t decided_tokens_ = 0;
-  std::vector<std::uint64_t> skipped_, decided_l_;
-  std::vector<double> s_sum_;
-  std::vector<double> tau_last_;  // per gated layer × sequence: τ after the latest token
+  // Host statistics: copies of the device ones, refreshed by pull() when a decision changed them
+  void pull() const;
+  mutable bool stale_ = false;
+  mutable std::uint64_t decided_tokens_ = 0;
+  mutable std::vector<std::uint64_t> skipped_, decided_l_;
+  mutable std::vector<double> s_sum_;
+  mutable std::vector<double> tau_last_;  // per gated layer × sequence: τ after the latest token
   std::vector<std::vector<GateTrace>> traces_;
   std::vector<int> trace_of_seq_;  // call sequence → trace index (−1: not traced)
   int sequences_started_ = 0;
