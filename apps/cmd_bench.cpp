@@ -31,7 +31,7 @@ int cmd_bench(int argc, char** argv) {
   BenchRun r;
   r.load.storage = parse_dtype(a.storage);
   r.load.bf16_compute = a.bf16_compute;
-  check_load_options(r.load);
+  check_as_options([&] { check_load_options(r.load); });
   r.model = resolve_model(a.model);
   io::guard_run({{"--model", r.model.path}, {"--calibration", a.ma.calib_path}},
                 {{"--json", a.json_out}, {"--out", a.run_out}});
@@ -74,7 +74,8 @@ int cmd_bench(int argc, char** argv) {
          sb.runtime_copy.median > 0 ? sb.copy.median / sb.runtime_copy.median : 0.0},
         {"reference", bw}};
     ModelInfo mi;
-    std::shared_ptr<const Weights<E>> w = load_model<E>(r.model.path, r.load, &mi);
+    std::shared_ptr<const Weights<E>> w;
+    check_as_options([&] { w = load_model<E>(r.model.path, r.load, &mi); });
     const Config& c = w->cfg;
     // (a synthetic K cache decodes one position after the prompt)
     const int needed = prompt + (a.kv_synthetic ? 1 : decode);

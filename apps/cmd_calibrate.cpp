@@ -327,7 +327,7 @@ int cmd_calibrate(int argc, char** argv) {
   const ResolvedModel rm = resolve_model(a.model_arg);
   io::guard_run({{"--model", rm.path}, {"--corpus", corpus_input_path(a.corpus_arg)}},
                 {{"--out", a.out}});
-  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  const Corpus corpus = load_corpus_arg(a.corpus_arg, CorpusOptions{a.text_field});
 
   Runtime rt(a.co);
   return with_backend(a.co.backend, [&](auto exec) {

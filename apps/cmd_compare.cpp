@@ -156,7 +156,7 @@ struct CompareArgs {
     lo.storage = parse_dtype(storage);
     lo.strict = strict;
     lo.bf16_compute = bf16_compute;
-    check_load_options(lo);
+    check_as_options([&] { check_load_options(lo); });
   }
 };
 
@@ -340,7 +340,8 @@ int run_compare(CompareArgs& a, const ResolvedModel& rm, const Corpus& corpus, c
   const std::string backend = resolve_backend(a.co.backend);
   Stopwatch wall;
   ModelInfo mi;
-  std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, a.lo, &mi);
+  std::shared_ptr<const Weights<E>> w;
+  check_as_options([&] { w = load_model<E>(rm.path, a.lo, &mi); });
   const Config& c = w->cfg;
   const Tokenizer tok = tokenizer_for(rm.path);
   const bool add_bos =
@@ -426,7 +427,7 @@ int cmd_compare(int argc, char** argv) {
     return 0;
   a.check();
   const ResolvedModel rm = resolve_model(a.model_arg);
-  const Corpus corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  const Corpus corpus = load_corpus_arg(a.corpus_arg, CorpusOptions{a.text_field});
 
   Runtime rt(a.co);
   return with_backend(a.co.backend,

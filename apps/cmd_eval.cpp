@@ -281,7 +281,8 @@ int run_eval(EvalArgs& a, const po::variables_map& vm, const ResolvedModel& rm, 
              int argc, char** argv) {
   Stopwatch sw;
   ModelInfo mi;
-  std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, a.lo, &mi);
+  std::shared_ptr<const Weights<E>> w;
+  check_as_options([&] { w = load_model<E>(rm.path, a.lo, &mi); });
   EvalResults r;
   r.t.load = sw.seconds();
   // (rotated plans replace w: take the config reference afterwards)
@@ -396,7 +397,7 @@ int cmd_eval(int argc, char** argv) {
   Stopwatch wall;
   Corpus corpus;
   std::vector<TaskItem> tasks;
-  if (a.reads_corpus()) corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  if (a.reads_corpus()) corpus = load_corpus_arg(a.corpus_arg, CorpusOptions{a.text_field});
   if (!a.tasks_path.empty()) tasks = load_tasks(a.tasks_path);
 
   Runtime rt(a.co);

@@ -89,14 +89,15 @@ int cmd_generate(int argc, char** argv) {
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
   lo.bf16_compute = bf16_compute;
-  check_load_options(lo);
+  check_as_options([&] { check_load_options(lo); });
   const ResolvedModel rm = resolve_model(model_arg);
   Runtime rt(co);  // (sets the log level)
   log().info("model {} ({})", rm.path, rm.origin);
   return with_backend(co.backend, [&](auto exec) {
     using E = decltype(exec);
     ModelInfo mi;
-    std::shared_ptr<const Weights<E>> w = load_model<E>(rm.path, lo, &mi);
+    std::shared_ptr<const Weights<E>> w;
+    check_as_options([&] { w = load_model<E>(rm.path, lo, &mi); });
     const sparsity::Plan plan = prepare_method(ma, mi, w, lo.storage);
     const Config& c = w->cfg;
     const Tokenizer tok = tokenizer_for(rm.path);

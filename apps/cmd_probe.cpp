@@ -214,8 +214,8 @@ std::string run_child(const std::string& cmd) {
 /// device: copy bandwidth (the faster of the copy kernel and the runtime's copy, or the read),
 /// sparsim's prefill product in fp32 and in bf16 (cuBLAS), the decode GEMV's bandwidth, and the
 /// cost per kernel of a stream of back-to-back launches.
-int probe_device(const CommonOptions& co, const std::string& out, const std::string& name,
-                 int reps, double size_mb, Clock clock, const std::string& clock_name, int argc,
+int probe_device(const CommonOptions& co, const std::string& out, const std::string& name, int reps,
+                 double size_mb, Clock clock, const std::string& clock_name, int argc,
                  char** argv) {
   io::AtomicTextFile file(out);  // fails now, not after the measurements, if out is unwritable
   const double array_bytes = size_mb > 0 ? size_mb * 1024 * 1024 : 1024.0 * 1024 * 1024;
@@ -233,9 +233,9 @@ int probe_device(const CommonOptions& co, const std::string& out, const std::str
   const std::string when = utc_now();
   const std::string how = fmt::format("measured by `{}` on {} ({}) at {} ({} clock)",
                                       command_line(argc, argv), dev.name, host, when, clock_name);
-  const double bw = std::max({r["copy_bandwidth"].get<double>(),
-                              r["runtime_copy_bandwidth"].get<double>(),
-                              r["read_bandwidth"].get<double>()});
+  const double bw =
+      std::max({r["copy_bandwidth"].get<double>(), r["runtime_copy_bandwidth"].get<double>(),
+                r["read_bandwidth"].get<double>()});
   nlohmann::json j;
   j["format"] = "sparsim-hardware";
   j["version"] = 1;
@@ -288,9 +288,9 @@ int probe_device(const CommonOptions& co, const std::string& out, const std::str
   std::cout << fmt::format(
       "wrote {}: {}: fp32 GEMM {:.1f} TFLOP/s, bf16 GEMM {:.1f} TFLOP/s, bandwidth {:.0f} GB/s "
       "(decode GEMV {:.0f} GB/s), {:.2f} us a launch in a stream ({:.2f} us with a fence)\n",
-      out, dev.name, r["sgemm_flops"].get<double>() / 1e12,
-      r.value("bf16_gemm_flops", 0.0) / 1e12, bw / 1e9, r["gemv_bandwidth"].get<double>() / 1e9,
-      r["launch_overhead_s"].get<double>() * 1e6, r["launch_overhead_sync_s"].get<double>() * 1e6);
+      out, dev.name, r["sgemm_flops"].get<double>() / 1e12, r.value("bf16_gemm_flops", 0.0) / 1e12,
+      bw / 1e9, r["gemv_bandwidth"].get<double>() / 1e9, r["launch_overhead_s"].get<double>() * 1e6,
+      r["launch_overhead_sync_s"].get<double>() * 1e6);
   return 0;
 }
 
@@ -346,8 +346,8 @@ int cmd_probe(int argc, char** argv) {
     });
   }
   require(!out.empty(), "--out is required: the profile file to write");
-  if (resolve_backend(co.backend) == "cuda") return probe_device(co, out, name, reps, size_mb, clock,
-                                                                 clock_name, argc, argv);
+  if (resolve_backend(co.backend) == "cuda")
+    return probe_device(co, out, name, reps, size_mb, clock, clock_name, argc, argv);
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> counts;
   if (threads_s.empty()) {

@@ -375,7 +375,7 @@ int cmd_profile(int argc, char** argv) {
   lo.strict = a.strict;
   const ResolvedModel& rm = *rm_;
   Corpus corpus;
-  if (!a.from_file) corpus = load_corpus(a.corpus_arg, CorpusOptions{a.text_field});
+  if (!a.from_file) corpus = load_corpus_arg(a.corpus_arg, CorpusOptions{a.text_field});
 
   Runtime rt(a.co);
   const std::string backend = resolve_backend(a.co.backend);

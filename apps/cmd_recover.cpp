@@ -654,7 +654,7 @@ int cmd_recover(int argc, char** argv) {
                  {"--dump-gradients", a.dump_gradients},
                  {a.checkpoint == "auto" ? "the checkpoint (--checkpoint auto)" : "--checkpoint",
                   ckpt_path, false, true}});
-  const Corpus corpus = load_corpus(a.corpus, CorpusOptions{a.text_field});
+  const Corpus corpus = load_corpus_arg(a.corpus, CorpusOptions{a.text_field});
   Runtime rt(a.co);
   return with_backend(a.co.backend, [&](auto exec) {
     return run_recover(a, vm, student_m, teacher_m, ckpt_path, corpus, rt, exec, argc, argv);

@@ -231,7 +231,8 @@ int summarize(const SweepResult& r, double seconds, bool quiet) {
 }
 
 std::vector<int> chunk_subset(const Plan& plan, const std::string& chunk_file, int chunk) {
-  const auto ids = read_chunk(chunk_file, chunk);
+  std::vector<std::string> ids;
+  check_as_options([&] { ids = read_chunk(chunk_file, chunk); });
   std::map<std::string, int> index;
   for (int i = 0; i < static_cast<int>(plan.points.size()); ++i)
     index[plan.points[static_cast<std::size_t>(i)].id] = i;
@@ -279,7 +280,8 @@ std::string shell_quote(const std::string& s) {
 
 int do_slurm(const Spec& spec, const Plan& plan, const Store& store, const SlurmOptions& so,
              bool submit) {
-  const int limit = parse_time_limit(so.time);
+  int limit = 0;
+  check_as_options([&] { limit = parse_time_limit(so.time); });
   std::vector<int> pending;
   int done = 0, running = 0;
   for (int i = 0; i < static_cast<int>(plan.points.size()); ++i) {
@@ -418,7 +420,7 @@ struct SweepArgs {
     require(so.gpus_per_task >= 0 && so.cpus_per_task >= 0 && so.chunks >= 0 && so.max_requeue >= 0,
             "--gpus-per-task, --cpus-per-task, --chunks and --max-requeue must not be negative");
     set_log_level(log_level);
-    if (slurm) parse_time_limit(so.time);
+    if (slurm) check_as_options([&] { parse_time_limit(so.time); });
   }
 };
 

@@ -175,6 +175,12 @@ std::vector<double> parse_double_list(const std::string& s, const std::string& w
   return out;
 }
 
+Corpus load_corpus_arg(const std::string& spec, const CorpusOptions& opt) {
+  Corpus c;
+  check_as_options([&] { c = load_corpus(spec, opt); });
+  return c;
+}
+
 std::string corpus_input_path(const std::string& spec) {
   if (spec == "default") return find_default_corpus().value_or("");
   return spec;
@@ -318,7 +324,12 @@ const std::string* option_of_setting(const std::string& key) {
       {"slimgpt.damp", "--slimgpt-damp"},
       {"slimgpt.ffn_group", "--slimgpt-ffn-group"},
       {"slimgpt.windows", "--slimgpt-windows"},
-      {"slimgpt.tokens", "--slimgpt-tokens"}};
+      {"slimgpt.tokens", "--slimgpt-tokens"},
+      {"load.bf16_compute", "--bf16-compute"},
+      {"load.storage", "--storage"},
+      {"corpus.path", "--corpus"},
+      {"slurm.time", "--time"},
+      {"sweep.chunk", "--chunk"}};
   const auto it = flags.find(key);
   return it == flags.end() ? nullptr : &it->second;
 }

@@ -2,6 +2,7 @@
 // Shared plumbing of the sparsim subcommands: option parsing, Kokkos start-up, backend choice.
 #include "core/compat.hpp"
 #include "core/error.hpp"
+#include "eval/corpus.hpp"
 
 #include <Kokkos_Core.hpp>
 #include <boost/program_options.hpp>
@@ -92,6 +93,9 @@ int with_backend(const std::string& requested, F&& f) {
 /// Enabled backends, comma separated.
 std::string enabled_backends();
 
+/// The corpus --corpus names (load_corpus), with its errors naming the option.
+Corpus load_corpus_arg(const std::string& spec, const CorpusOptions& opt);
+
 /// The path a --corpus argument reads: the installed corpus for "default" ("" when there is
 /// none: loading then says so), else the argument itself.
 std::string corpus_input_path(const std::string& spec);
@@ -140,7 +144,9 @@ inline constexpr const char* kBf16ComputeHelp =
 const std::string* option_of_setting(const std::string& key);
 
 /// Runs `f` (a library check of settings the user gave as options); an OptionError of a setting
-/// that has an option is raised again as an Error naming the option: "--tf-ratio must be …".
+/// that has an option is raised again as an Error naming the option: "--tf-ratio must be …"
+/// (with a fix: "… (--storage bf16)"), a UsageError (exit status 2) where the setting cannot
+/// work on this command line.
 template <class F>
 void check_as_options(F&& f) {
   try {
@@ -148,7 +154,11 @@ void check_as_options(F&& f) {
   } catch (const OptionError& e) {
     const std::string* flag = option_of_setting(e.key());
     if (!flag) throw;
-    throw Error(OptionError::join(*flag, e.rest()));
+    const std::string* fix = option_of_setting(e.fix().key);
+    const std::string msg = OptionError::join(*flag, e.rest()) +
+                            OptionError::fix_text(fix ? *fix : e.fix().name, e.fix());
+    if (e.usage()) throw UsageError(msg);
+    throw Error(msg);
   }
 }
 

@@ -134,7 +134,7 @@ void EvalArgs::check(const po::variables_map& vm) {
   lo.storage = parse_dtype(storage);
   lo.strict = strict;
   lo.bf16_compute = bf16_compute;
-  check_load_options(lo);
+  check_as_options([&] { check_load_options(lo); });
   show_progress = progress_mode == "always" || (progress_mode == "auto" && ::isatty(STDERR_FILENO));
   if (!no_ppl && checkpoint_arg == "auto") {
     const std::string& base = !out.empty() ? out : json_out;

@@ -171,7 +171,9 @@ int main(int argc, char** argv) {
     } catch (const sparsim::Error& e) {
       if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
       std::cerr << "sparsim " << cmd << ": error: " << e.what() << "\n";
-      return 1;
+      // a setting that cannot work here, in the library's words (e.g. from a sweep's TOML file)
+      const auto* oe = dynamic_cast<const sparsim::OptionError*>(&e);
+      return oe && oe->usage() ? 2 : 1;
     } catch (const std::exception& e) {
       if (const int sig = sparsim::interrupt_signal()) return interrupted(sig);
       // Kokkos reports an allocation it could not make (size and label in its message)

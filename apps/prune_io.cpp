@@ -27,7 +27,7 @@ PruneSource open_prune_source(const PruneFiles& f,
   io::guard_run(
       {{"--model", src.model.path}, {"--calibration", f.calibration}, {"--corpus", corpus_path}},
       {{"--out", f.out}, {"--json", f.json_out}});
-  if (f.reads_corpus) src.corpus = load_corpus(f.corpus_arg, CorpusOptions{f.text_field});
+  if (f.reads_corpus) src.corpus = load_corpus_arg(f.corpus_arg, CorpusOptions{f.text_field});
   return src;
 }
 

@@ -4,10 +4,13 @@
 // the state of the output folder and of every input (hashes before and after).
 #include "cli_process.hpp"
 #include "core/device_blas.hpp"
+#include "core/error.hpp"
+#include "eval/corpus.hpp"
 #include "gemm_bf16/bf16_gemm.hpp"
 #include "helpers.hpp"
 #include "io/hdf5.hpp"
 #include "io/temp_file.hpp"
+#include "model/loader.hpp"
 
 #include <sys/wait.h>
 #include <nlohmann/json.hpp>
@@ -15,6 +18,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include <cstring>
 
@@ -22,6 +26,30 @@ namespace sparsim::test {
 namespace {
 
 namespace fs = std::filesystem;
+
+/// Sets (or with nullptr unsets) an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = std::string(old);
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_.c_str(), old_->c_str(), 1);
+    else
+      ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
 
 class CliPaths : public ::testing::Test {
  protected:
@@ -254,6 +282,46 @@ TEST_F(CliPaths, WindowResultsDoNotDependOnTheBatchBitwise) {
     for (std::size_t w = 0; w < nll[0].size(); ++w)
       EXPECT_EQ(std::memcmp(&nll[0][w], &nll[i][w], sizeof(double)), 0)
           << "--batch " << i + 1 << ", window " << w << ": " << nll[0][w] << " vs " << nll[i][w];
+  }
+}
+
+// Without the default corpus installed, a command that reads it names --corpus and what to do,
+// and writes nothing; the library's messages name quantities, the command line maps them.
+TEST_F(CliPaths, LibraryWordsBecomeOptionsOnTheCommandLine) {
+  const std::string home = dir_.file("empty-home");
+  fs::create_directories(home);
+  const std::string js = dir_.file("e.json");
+  const RunResult r =
+      run_cmd("env -u SPARSIM_CORPUS SPARSIM_DEPS= HOME=" + home + " " + sparsim_bin() +
+              " eval --model " + model_ + " --context 32 --stride 24 --max-windows 2 --json " + js);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--corpus 'default' is not installed: run scripts/setup.sh"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(js));
+  // the library's own words name the quantity, not an option
+  {
+    const ScopedEnv no_corpus("SPARSIM_CORPUS", nullptr), deps("SPARSIM_DEPS", home.c_str()),
+        empty_home("HOME", home.c_str());
+    try {
+      load_corpus("default");
+      ADD_FAILURE() << "the default corpus was found in an empty home";
+    } catch (const sparsim::OptionError& e) {
+      EXPECT_EQ(e.key(), "corpus.path");
+      EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
+    }
+  }
+  // and the loader's bf16 check its setting and the storage it needs
+  LoadOptions lo;
+  lo.bf16_compute = true;
+  try {
+    check_load_options(lo);
+    ADD_FAILURE() << "bf16 compute over f32 storage was accepted";
+  } catch (const sparsim::OptionError& e) {
+    EXPECT_EQ(e.key(), "load.bf16_compute");
+    EXPECT_EQ(e.fix().key, "load.storage");
+    EXPECT_TRUE(e.usage());
+    EXPECT_EQ(std::string(e.what()).find("--"), std::string::npos) << e.what();
   }
 }
 

@@ -840,7 +840,7 @@ TEST_F(SweepBadInput, NonsenseOptionsNameTheOptionAndWriteNothing) {
       {"--jobs 0", "--jobs 0"},
       {"--threads -3", "--threads -3"},
       {"--chunk 1", "--chunk-file and --chunk go together"},
-      {"--slurm --no-submit --time soon", "soon"},
+      {"--slurm --no-submit --time soon", "--time 'soon' is not one of"},
       {"--slurm --no-submit --chunks -1", "--chunks"},
       {"--no-such-option", "no-such-option"},
   };

@@ -129,9 +129,10 @@ Corpus load_corpus(const std::string& spec, const CorpusOptions& opt) {
   std::string path = spec;
   if (spec == "default") {
     auto d = find_default_corpus();
-    require(d.has_value(),
-            "corpus: the default corpus is not installed (run scripts/setup.sh, or set "
-            "SPARSIM_CORPUS, or pass --corpus FILE|DIR|JSONL)");
+    if (!d)
+      throw OptionError("corpus.path", "the corpus",
+                        "'default' is not installed: run scripts/setup.sh, set SPARSIM_CORPUS, or "
+                        "name a text file, a directory of them or a JSONL file");
     path = *d;
   }
   c.source = path;

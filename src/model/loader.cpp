@@ -122,17 +122,25 @@ std::shared_ptr<Weights<E>> load_gguf(const std::string& path, const LoadOptions
   return w;
 }
 
+namespace {
+constexpr const char* kBf16Key = "load.bf16_compute";
+constexpr const char* kBf16Name = "bf16 prefill arithmetic";
+}  // namespace
+
 void check_load_options(const LoadOptions& o) {
   if (!o.bf16_compute) return;
-  // UsageError: a command line that cannot work, refused (exit 2) before any work starts
+  // usage errors: a setting that cannot work, refused (exit 2) before any work starts
   if (o.storage != DType::BF16)
-    throw UsageError(fmt::format(
-        "--bf16-compute multiplies bf16 weights in bf16: it needs --storage bf16 (got {})",
-        to_string(o.storage)));
+    throw OptionError(kBf16Key, kBf16Name,
+                      fmt::format("multiplies bf16 weights in bf16: it needs the weights stored "
+                                  "as bf16, not {}",
+                                  to_string(o.storage)),
+                      true, SettingFix{"load.storage", "weight storage", "bf16"});
   // a CUDA build multiplies on the GPU (cuBLAS); the host backends need oneDNN's bf16 matmul
   if (!host::bf16_gemm_available() && !device_blas::available())
-    throw UsageError(
-        fmt::format("--bf16-compute is unavailable: {}", host::bf16_gemm_unavailable_reason()));
+    throw OptionError(kBf16Key, kBf16Name,
+                      fmt::format("is unavailable: {}", host::bf16_gemm_unavailable_reason()),
+                      true);
 }
 
 ModelFormat detect_model_format(const std::string& path) {
@@ -165,12 +173,15 @@ std::shared_ptr<Weights<E>> load_model(const std::string& path, const LoadOption
   if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
                                            typename E::memory_space>::accessible) {
     if (opt.bf16_compute && !host::bf16_gemm_available())
-      throw UsageError(fmt::format("--bf16-compute is unavailable on the host backends: {}{}",
-                                   host::bf16_gemm_unavailable_reason(),
-                                   device_blas::available() ? " (the cuda backend has it)" : ""));
+      throw OptionError(kBf16Key, kBf16Name,
+                        fmt::format("is unavailable on the host backends: {}{}",
+                                    host::bf16_gemm_unavailable_reason(),
+                                    device_blas::available() ? " (the cuda backend has it)" : ""),
+                        true);
   } else {
     if (opt.bf16_compute && !device_blas::available())
-      throw UsageError("--bf16-compute is unavailable on this device backend (it needs cuBLAS)");
+      throw OptionError(kBf16Key, kBf16Name,
+                        "is unavailable on this device backend (it needs cuBLAS)", true);
   }
   std::shared_ptr<Weights<E>> w = detect_model_format(path) == ModelFormat::HfDirectory
                                       ? load_safetensors<E>(path, opt, info)

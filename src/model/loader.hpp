@@ -23,7 +23,8 @@ struct LoadOptions {
   bool bf16_compute = false;
 };
 
-/// Throws sparsim::UsageError naming the problem when `o` asks for bf16 compute that cannot run.
+/// Throws an OptionError (load.bf16_compute, a usage error) naming the problem when `o` asks for
+/// bf16 compute that cannot run.
 void check_load_options(const LoadOptions& o);
 
 /// Facts about a loaded model file, for records.

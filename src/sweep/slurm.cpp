@@ -14,7 +14,8 @@ using json = nlohmann::json;
 
 int parse_time_limit(const std::string& s) {
   auto bad = [&]() -> int {
-    fail("--time '{}': not a Slurm time limit (M, M:S, H:M:S, D-H, D-H:M or D-H:M:S)", s);
+    throw OptionError("slurm.time", "the Slurm time limit",
+                      fmt::format("'{}' is not one of M, M:S, H:M:S, D-H, D-H:M or D-H:M:S", s));
   };
   auto number = [&](const std::string& t) {
     if (t.empty() || t.size() > 6 || t.find_first_not_of("0123456789") != std::string::npos) bad();
@@ -47,7 +48,8 @@ int parse_time_limit(const std::string& s) {
   } else {
     bad();
   }
-  require(secs > 0 && secs < 366L * 86400L, "--time '{}': must be positive and under a year", s);
+  require_setting(secs > 0 && secs < 366L * 86400L, "slurm.time", "the Slurm time limit",
+                  "'{}' must be positive and under a year", s);
   return static_cast<int>(secs);
 }
 
@@ -177,9 +179,9 @@ std::vector<std::string> read_chunk(const std::string& chunk_file, int index) {
   require(j.contains("chunks") && j["chunks"].is_array(), "chunk file '{}' has no chunk list",
           chunk_file);
   const auto& c = j["chunks"];
-  require(index >= 0 && index < static_cast<int>(c.size()),
-          "--chunk {}: the chunk file '{}' has chunks 0 … {}", index, chunk_file,
-          static_cast<int>(c.size()) - 1);
+  require_setting(index >= 0 && index < static_cast<int>(c.size()), "sweep.chunk",
+                  "the chunk index", "{} is not in the chunk file '{}' (chunks 0 … {})", index,
+                  chunk_file, static_cast<int>(c.size()) - 1);
   return c[static_cast<std::size_t>(index)].get<std::vector<std::string>>();
 }
 
