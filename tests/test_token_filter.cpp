@@ -5,6 +5,7 @@
 #include "core/error.hpp"
 #include "engine/engine.hpp"
 #include "helpers.hpp"
+#include "kernels/gather.hpp"
 #include "model/loader.hpp"
 #include "policies/token_filter.hpp"
 
@@ -298,6 +299,49 @@ TYPED_TEST(TokenFilterTest, TeacherForcedAndTokenByTokenAgree) {
     EXPECT_GT(ga.realised(), 0.1);
     EXPECT_EQ(ga.realised(), gb.realised());
     EXPECT_EQ(ga.decided_tokens(), 2u * (T - o.warmup));
+  }
+}
+
+// The kept-row lists against a loop over the flags: random flags, with and without the masker's
+// row flags, a call of several sequences at a later position.
+TYPED_TEST(TokenFilterTest, KeptRowListsMatchTheFlags) {
+  using E = TypeParam;
+  const int n_seq = 5, T = 7, p0 = 11, n = n_seq * T;
+  std::uint64_t x = 12345;
+  std::vector<int> skip(n), sparse(n);
+  for (int r = 0; r < n; ++r) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    skip[r] = x % 3 == 0;
+    sparse[r] = (x >> 8) % 2;
+  }
+  const auto dev = [](const std::vector<int>& h) {
+    IVec<E> d("flags", h.size());
+    auto m = Kokkos::create_mirror_view(d);
+    for (std::size_t i = 0; i < h.size(); ++i) m(i) = h[i];
+    Kokkos::deep_copy(d, m);
+    return d;
+  };
+  const IVec<E> dskip = dev(skip), dsparse = dev(sparse);
+  for (bool with_flags : {false, true}) {
+    std::vector<int> rows, seqs, pos, flags;
+    for (int r = 0; r < n; ++r)
+      if (!skip[r]) {
+        rows.push_back(r);
+        seqs.push_back(r / T);
+        pos.push_back(p0 + r % T);
+        flags.push_back(with_flags ? sparse[r] : 0);
+      }
+    const int k = static_cast<int>(rows.size());
+    IVec<E> kr("rows", k), ks("seqs", k), kp("pos", k), kf("flags", k);
+    list_kept_rows(E(), dskip, with_flags ? dsparse : IVec<E>(), T, p0, kr, ks, kp, kf);
+    const auto host = [](const IVec<E>& d) {
+      auto m = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), d);
+      return std::vector<int>(m.data(), m.data() + m.extent(0));
+    };
+    EXPECT_EQ(host(kr), rows);
+    EXPECT_EQ(host(ks), seqs);
+    EXPECT_EQ(host(kp), pos);
+    EXPECT_EQ(host(kf), flags);
   }
 }
 

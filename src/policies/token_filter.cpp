@@ -228,6 +228,36 @@ struct GateStep {
   }
 };
 
+/// The statistics of one decide() call, added row by row in order: per gated layer a the
+/// decided and skipped counts and Σ S (warm-up excluded), τ after each sequence's latest token,
+/// and the call's skipped rows.
+template <class E>
+struct GateTally {
+  Kokkos::View<float**, Layout, DeviceOf<E>> out;  // [row][S, τ, skip, has anchor]
+  Kokkos::View<std::uint64_t**, Layout, DeviceOf<E>> tally;
+  Kokkos::View<double*, Layout, DeviceOf<E>> s_sum;
+  Kokkos::View<double**, Layout, DeviceOf<E>> tau_last;
+  Kokkos::View<int*, Layout, DeviceOf<E>> n_skip;
+  int n, T, p0, W, a;
+
+  KOKKOS_FUNCTION void operator()(const int) const {
+    int nsk = 0;
+    for (int r = 0; r < n; ++r) {
+      const int s = r / T, pos = p0 + r % T;
+      const bool has = out(r, 3) > 0;
+      const int sk = out(r, 2) > 0 ? 1 : 0;
+      nsk += sk;
+      if (has) tau_last(a, s) = out(r, 1);
+      if (has && pos >= W) {
+        tally(a, 0) += 1;
+        tally(a, 1) += static_cast<std::uint64_t>(sk);
+        s_sum(a) += static_cast<double>(out(r, 0));
+      }
+    }
+    n_skip(0) = nsk;
+  }
+};
+
 }  // namespace detail
 
 template <class E>
@@ -329,33 +359,17 @@ int TokenFilter<E>::decide(const E& exec, int layer, const CMat<E>& k, const CMa
   f.target = target_;
   f.eta = opt_.eta;
   Kokkos::parallel_for("sparsim::gating::token_filter", light(team_policy(exec, n_seq_)), f);
-  // The statistics stay on the device: one thread adds the rows in order (as a host loop
-  // would, so the sums do not depend on the backend), and only the skipped count comes back.
-  {
-    const auto o = out_;
-    const auto tally = tally_;
-    const auto ssum = s_sum_d_;
-    const auto tl = tau_last_d_;
-    const auto ns = n_skip_d_;
-    const int T = T_, p0 = p0_, W = opt_.warmup;
-    Kokkos::parallel_for(
-        "sparsim::gating::token_filter::tally", light(Kokkos::RangePolicy<E>(exec, 0, 1)),
-        KOKKOS_LAMBDA(const int) {
-          int nsk = 0;
-          for (int r = 0; r < n; ++r) {
-            const int s = r / T, pos = p0 + r % T;
-            const bool has = o(r, 3) > 0;
-            const int sk = o(r, 2) > 0 ? 1 : 0;
-            nsk += sk;
-            if (has) tl(a, s) = o(r, 1);
-            if (has && pos >= W) {
-              tally(a, 0) += 1;
-              tally(a, 1) += static_cast<std::uint64_t>(sk);
-              ssum(a) += static_cast<double>(o(r, 0));
-            }
-          }
-          ns(0) = nsk;
-        });
+  // The statistics stay where the decisions are: the rows are added in order (as one loop on
+  // the host, by one thread on a device), and only the skipped count is read.
+  const detail::GateTally<E> tally{out_, tally_, s_sum_d_, tau_last_d_, n_skip_d_,
+                                   n,    T_,     p0_,      opt_.warmup, a};
+  if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace,
+                                           typename E::memory_space>::accessible) {
+    exec.fence();
+    tally(0);
+  } else {
+    Kokkos::parallel_for("sparsim::gating::token_filter::tally",
+                         light(Kokkos::RangePolicy<E>(exec, 0, 1)), tally);
   }
   Kokkos::deep_copy(exec, n_skip_h_, n_skip_d_);
   stale_ = true;
@@ -491,7 +505,7 @@ void TokenFilter<E>::reset_stats() {
   kv_ = KVCacheRecord{};
   Kokkos::deep_copy(tally_, 0);
   Kokkos::deep_copy(s_sum_d_, 0.0);
-  stale_ = false;
+  stale_ = true;  // (the counts are now zero; τ after the latest token is kept)
   decided_tokens_ = 0;
   std::fill(skipped_.begin(), skipped_.end(), 0);
   std::fill(decided_l_.begin(), decided_l_.end(), 0);
