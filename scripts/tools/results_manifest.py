@@ -41,6 +41,28 @@ STUDIES = {
                                                   "sparsim bench --model smollm2 --method token-filter --tf-ratio 0.5 "
                                                   "--batch 8 --prompt 16 --decode 2048 --reps 5 --threads 2 --json "
                                                   "docs/results/token_filter/token_filter_bench_r0.5_b8_d2048.json"),
+        "token_filter_bench_r0.5_b8_d2048_host_lists.json": (
+            "the same bench, 3 repetitions, with the kept-row lists built on the host from copied flags "
+            "(the binary of the commit before the decisions stayed on the device), run just before the next file",
+            "sparsim bench --model smollm2 --method token-filter --tf-ratio 0.5 --batch 8 --prompt 16 --decode 2048 "
+            "--reps 3 --threads 2 --json docs/results/token_filter/token_filter_bench_r0.5_b8_d2048_host_lists.json "
+            "## with the build of 336de33"),
+        "token_filter_bench_r0.5_b8_d2048_device_lists.json": (
+            "the same bench with the gate's decisions kept on the device (the kept-row lists from the flags where "
+            "they are, one count read back per gated layer)",
+            "sparsim bench --model smollm2 --method token-filter --tf-ratio 0.5 --batch 8 --prompt 16 --decode 2048 "
+            "--reps 3 --threads 2 --json docs/results/token_filter/token_filter_bench_r0.5_b8_d2048_device_lists.json"),
+        "token_filter_bench_r0_b8_d512_cpu_host_lists.json": (
+            "r = 0 (the gate's work without a skip), batch 8, 512 decode steps, process CPU time on one thread, "
+            "kept-row lists built on the host from copied flags",
+            "sparsim bench --model smollm2 --method token-filter --tf-ratio 0 --batch 8 --prompt 16 --decode 512 "
+            "--reps 5 --threads 1 --clock cpu --json "
+            "docs/results/token_filter/token_filter_bench_r0_b8_d512_cpu_host_lists.json ## with the build of 336de33"),
+        "token_filter_bench_r0_b8_d512_cpu_device_lists.json": (
+            "r = 0, batch 8, 512 decode steps, process CPU time on one thread, decisions kept on the device",
+            "sparsim bench --model smollm2 --method token-filter --tf-ratio 0 --batch 8 --prompt 16 --decode 512 "
+            "--reps 5 --threads 1 --clock cpu --json "
+            "docs/results/token_filter/token_filter_bench_r0_b8_d512_cpu_device_lists.json"),
         "token_filter_kv_bytes.json": ("KV bytes held and allocated against dense with --tf-drop-skipped",
                                        "scripts/bench/token_filter_kv_bench.py --model smollm2 --json "
                                        "docs/results/token_filter/token_filter_kv_bytes.json"),
