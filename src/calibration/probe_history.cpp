@@ -22,4 +22,12 @@ void ProbeHistory::validate() const {
               v == &o ? "W_o" : "W_down", (*v)[i], i);
 }
 
+void ProbeHistory::check_covers(int layers, int o_inputs, int down_inputs,
+                                const char* prefix) const {
+  require(n_layer == layers && o_width == o_inputs && down_width == down_inputs,
+          "{}Probe Pruning's history covers {} layers of {} W_o and {} W_down inputs, the model "
+          "has {} of {} and {}",
+          prefix, n_layer, o_width, down_width, layers, o_inputs, down_inputs);
+}
+
 }  // namespace sparsim::calibration

@@ -27,6 +27,9 @@ struct ProbeHistory {
   /// Throws sparsim::Error naming the first inconsistent field (sizes, negative or non-finite
   /// values).
   void validate() const;
+  /// Throws sparsim::Error (its message starting with `prefix`) unless the history is of a model
+  /// of `layers` layers with `o_inputs` W_o and `down_inputs` W_down inputs.
+  void check_covers(int layers, int o_inputs, int down_inputs, const char* prefix = "") const;
 };
 
 /// Probe Pruning's fusion of one channel at one position (the reference's dynamic ratio): with

@@ -83,12 +83,7 @@ ProbePruner<E>::ProbePruner(const ProbePruningOptions& o, const Weights<E>& w,
   const Config& c = w.cfg;
   require(!c.structured() && !c.low_rank_kv(),
           "Probe Pruning needs a dense model, not a pruned or low-rank one ({})", c.prune.method);
-  require(!history || (history->n_layer == c.n_layer && history->o_width == c.q_dim() &&
-                       history->down_width == c.d_ff),
-          "Probe Pruning's history covers {} layers of {} W_o and {} W_down inputs, the model "
-          "has {} of {} and {}",
-          history ? history->n_layer : 0, history ? history->o_width : 0,
-          history ? history->down_width : 0, c.n_layer, c.q_dim(), c.d_ff);
+  if (history) history->check_covers(c.n_layer, c.q_dim(), c.d_ff);
   n_layer_ = c.n_layer;
   n_head_ = c.n_head;
   n_kv_head_ = c.n_kv_head;
@@ -227,9 +222,12 @@ std::vector<double> ProbePruner<E>::fused_stat(const E& exec, int layer, bool do
                                                const std::vector<int>& h_rows, int width) {
   // the probe rows' squares, on the host
   const int k = static_cast<int>(h_rows.size());
-  Kokkos::View<double**, Layout, DeviceOf<E>> sq(
-      Kokkos::view_alloc(std::string("sparsim::pp::probe_squares"), Kokkos::WithoutInitializing), k,
-      width);
+  const std::size_t need = static_cast<std::size_t>(k) * width;
+  if (sq_.extent(0) < need)
+    sq_ = Kokkos::View<double*, DeviceOf<E>>(
+        Kokkos::view_alloc(std::string("sparsim::pp::probe_squares"), Kokkos::WithoutInitializing),
+        need);
+  const Kokkos::View<double**, Layout, DeviceOf<E>> sq(sq_.data(), k, width);
   Kokkos::parallel_for(
       "sparsim::pp::probe_squares",
       Kokkos::MDRangePolicy<E, Kokkos::Rank<2>>(exec, {0, 0}, {k, width}),

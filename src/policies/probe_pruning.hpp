@@ -153,7 +153,7 @@ class ProbePruner final : public StructuredPruner<E> {
   bool select_ = true;
   std::uint64_t reused_ = 0;
   double select_seconds_ = 0;
-  Kokkos::View<double*, DeviceOf<E>> norms_, stat_;  ///< scratch, grown on demand
+  Kokkos::View<double*, DeviceOf<E>> norms_, stat_, sq_;  ///< scratch, grown on demand
   IVec<E> rows_;
 };
 

@@ -338,12 +338,7 @@ void Calibration::validate() const {
       "Pruning's history are present");
   if (probe_history) {
     probe_history->validate();
-    require(probe_history->n_layer == n_layer && probe_history->o_width == q_dim &&
-                probe_history->down_width == d_ff,
-            "calibration: Probe Pruning's history covers {} layers of {} W_o and {} W_down "
-            "inputs, the model has {} of {} and {}",
-            probe_history->n_layer, probe_history->o_width, probe_history->down_width, n_layer,
-            q_dim, d_ff);
+    probe_history->check_covers(n_layer, q_dim, d_ff, "calibration: ");
   }
   if (plain) validate_variant(*this, *plain, "plain");
   if (rotated) validate_variant(*this, *rotated, "rotated");
